@@ -11,10 +11,27 @@ import { type DiscoveryInputs, type FoundLibrary, findCudaLibrary, systemDiscove
 import { type NativeLibrary, openLibrary } from "./ffi.ts";
 import { hostMemory } from "./host-memory.ts";
 
-const CUBLAS_OP_N = 0, CUBLAS_OP_T = 1;
-const CUDA_R_32F = 0, CUDA_R_16BF = 14;
-const CUBLAS_COMPUTE_32F = 68;
-const CUBLAS_GEMM_DEFAULT = -1;
+import type { NativeSignature } from "./ffi.ts";
+
+/** Every cuBLAS / cuBLASLt symbol bound, with its C signature (test/cuda/abi.test.ts checks them against the headers). */
+export const cublasSignatures = {
+  cublasCreate_v2: { result: "i32", args: ["buffer"] },
+  cublasDestroy_v2: { result: "i32", args: ["pointer"] },
+  cublasSetStream_v2: { result: "i32", args: ["pointer", "pointer"] },
+  cublasGetStatusName: { result: "pointer", args: ["i32"] },
+  cublasGemmEx: {
+    result: "i32",
+    args: ["pointer", "i32", "i32", "i32", "i32", "i32", "buffer", "pointer", "i32", "i32", "pointer", "i32", "i32",
+      "buffer", "pointer", "i32", "i32", "i32", "i32"],
+  },
+} satisfies Record<string, NativeSignature>;
+export const cublasLtSignatures = { cublasLtGetVersion: { result: "u64", args: [] } } satisfies Record<string, NativeSignature>;
+
+/** The enumerators used here, by their header names (library_types.h, cublas_api.h; checked by the ABI test). */
+export const blasConstants = {
+  CUBLAS_OP_N: 0, CUBLAS_OP_T: 1, CUDA_R_32F: 0, CUDA_R_16BF: 14, CUBLAS_COMPUTE_32F: 68, CUBLAS_GEMM_DEFAULT: -1,
+} as const;
+const { CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT } = blasConstants;
 
 export type GemmType = "f32" | "bf16";
 
@@ -38,18 +55,8 @@ export class Blas {
   constructor(stream: bigint, libraries: BlasLibraries = findBlasLibraries()) {
     this.libraries = libraries;
     // Opening cublasLt first makes its soname resolvable for cublas (same directory, any search path).
-    this.#lt = openLibrary(libraries.cublasLt.path, { cublasLtGetVersion: { result: "u64", args: [] } });
-    this.#lib = openLibrary(libraries.cublas.path, {
-      cublasCreate_v2: { result: "i32", args: ["buffer"] },
-      cublasDestroy_v2: { result: "i32", args: ["pointer"] },
-      cublasSetStream_v2: { result: "i32", args: ["pointer", "pointer"] },
-      cublasGetStatusName: { result: "pointer", args: ["i32"] },
-      cublasGemmEx: {
-        result: "i32",
-        args: ["pointer", "i32", "i32", "i32", "i32", "i32", "buffer", "pointer", "i32", "i32", "pointer", "i32", "i32",
-          "buffer", "pointer", "i32", "i32", "i32", "i32"],
-      },
-    });
+    this.#lt = openLibrary(libraries.cublasLt.path, cublasLtSignatures);
+    this.#lib = openLibrary(libraries.cublas.path, cublasSignatures);
     const out = new BigUint64Array(1);
     this.#check(this.#lib.symbols.cublasCreate_v2(out), "cublasCreate");
     this.#handle = out[0];

@@ -132,6 +132,16 @@ function candidateDirectories(spec: LibrarySpec, inputs: DiscoveryInputs): Candi
   return out;
 }
 
+/** CUDA header directories that exist, in preference order: toolkits' include/, then the Python wheels' include/. */
+export function cudaIncludeDirectories(inputs: DiscoveryInputs): string[] {
+  const candidates = [
+    ...inputs.toolkitRoots.map((root) => join(root, "include")),
+    ...inputs.sitePackages.flatMap((site) =>
+      ["cu13", "cuda_runtime", "cuda_nvrtc", "cublas"].map((pkg) => join(site, "nvidia", pkg, "include"))),
+  ];
+  return candidates.filter(isDirectory);
+}
+
 /** The preferred versioned file for `stem` in `dir`: libX.so.13* over libX.so.12*, then an unversioned libX.so. */
 export function bestLibraryInDirectory(dir: string, stem: string): string | null {
   let names: string[];

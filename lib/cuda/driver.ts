@@ -10,10 +10,11 @@ import { type HostMemory, hostMemory } from "./host-memory.ts";
 import { type KernelArg, kernelArgBlockBytes, packKernelArgs } from "./kernel-args.ts";
 import { MemoryPool } from "./memory-pool.ts";
 
-const p = "pointer", b = "buffer", i32 = "i32", u32 = "u32", u64 = "u64";
+const p = "pointer", b = "buffer", u8 = "u8", i32 = "i32", u32 = "u32", u64 = "u64";
 const fn = (result: NativeSignature["result"], ...args: NativeSignature["args"][number][]): NativeSignature => ({ result, args });
 
-const driverSignatures = {
+/** Every driver symbol bound, with its C signature (test/cuda/abi.test.ts checks each against cuda.h and libcuda). */
+export const driverSignatures = {
   cuInit: fn(i32, u32),
   cuDriverGetVersion: fn(i32, b),
   cuDeviceGetCount: fn(i32, b),
@@ -40,7 +41,7 @@ const driverSignatures = {
   cuMemcpyHtoDAsync_v2: fn(i32, p, p, u64, p),
   cuMemcpyDtoHAsync_v2: fn(i32, p, p, u64, p),
   cuMemcpyDtoDAsync_v2: fn(i32, p, p, u64, p),
-  cuMemsetD8Async: fn(i32, p, u32, u64, p),
+  cuMemsetD8Async: fn(i32, p, u8, u64, p),
   cuModuleLoadData: fn(i32, b, b),
   cuModuleUnload: fn(i32, p),
   cuModuleGetFunction: fn(i32, b, p, b),
@@ -48,18 +49,27 @@ const driverSignatures = {
   cuLaunchKernel: fn(i32, p, u32, u32, u32, u32, u32, u32, u32, p, p, p),
   cuGetErrorName: fn(i32, i32, b),
   cuGetErrorString: fn(i32, i32, b),
-  // CUDA 12.8 added cuEventElapsedTime_v2; CUDA 13 keeps only that name.
+  // CUDA 12.8 added cuEventElapsedTime_v2 (cuda.h maps cuEventElapsedTime to it); older drivers have only the first.
   cuEventElapsedTime_v2: { ...fn(i32, b, p, p), optional: true },
-  cuEventElapsedTime: { ...fn(i32, b, p, p), optional: true },
+  cuEventElapsedTime: { ...fn(i32, b, p, p), optional: true, legacyNameOf: "cuEventElapsedTime_v2" },
 } satisfies Record<string, NativeSignature>;
 
-const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
-const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
-const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
-const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
-const CU_MEMHOSTALLOC_PORTABLE = 1;
-const CU_EVENT_DEFAULT = 0;
-const CU_STREAM_NON_BLOCKING = 1;
+/** The cuda.h enumerators used here, by their header names (the ABI test checks every value). */
+export const driverConstants = {
+  CUDA_ERROR_OUT_OF_MEMORY: 2,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 75,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 76,
+  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 16,
+  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: 8,
+  CU_MEMHOSTALLOC_PORTABLE: 1,
+  CU_EVENT_DEFAULT: 0,
+  CU_STREAM_NON_BLOCKING: 1,
+} as const;
+const {
+  CUDA_ERROR_OUT_OF_MEMORY, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, CU_MEMHOSTALLOC_PORTABLE,
+  CU_EVENT_DEFAULT, CU_STREAM_NON_BLOCKING,
+} = driverConstants;
 
 export interface DeviceInfo {
   ordinal: number;
@@ -181,7 +191,7 @@ export class CudaContext {
     this.pool = new MemoryPool({
       allocate: (bytes) => {
         const code = this.#c.cuMemAlloc_v2(out, bytes) as number;
-        if (code === 2 /* CUDA_ERROR_OUT_OF_MEMORY */) return null;
+        if (code === CUDA_ERROR_OUT_OF_MEMORY) return null;
         this.check(code, `cuMemAlloc(${bytes})`);
         return out[0];
       },

@@ -12,13 +12,18 @@ import { createRequire } from "node:module";
 import { ArtError } from "../core/errors.ts";
 
 /** C types a binding may use. "pointer" is an address as bigint (0n is NULL); "buffer" is host memory for the call. */
-export type NativeType = "void" | "i32" | "u32" | "i64" | "u64" | "f32" | "f64" | "pointer" | "buffer";
+export type NativeType = "void" | "u8" | "i32" | "u32" | "i64" | "u64" | "f32" | "f64" | "pointer" | "buffer";
 export type NativeArg = number | bigint | ArrayBufferView | null;
 export interface NativeSignature {
   result: NativeType;
   args: readonly NativeType[];
   /** Bind when present, leave out of `symbols` when the library lacks it (symbols that differ between versions). */
   optional?: boolean;
+  /**
+   * This entry binds the older, unversioned export of the symbol named here (same C signature), for libraries that
+   * predate it; the ABI check (test/cuda/abi.test.ts) expects the headers to map this name to that one.
+   */
+  legacyNameOf?: string;
 }
 export type NativeFunction = (...args: NativeArg[]) => number | bigint;
 
@@ -70,7 +75,7 @@ function koffi(): KoffiModule {
 }
 
 const koffiTypes: Record<NativeType, string> = {
-  void: "void", i32: "int32", u32: "uint32", i64: "int64", u64: "uint64", f32: "float", f64: "double",
+  void: "void", u8: "uint8", i32: "int32", u32: "uint32", i64: "int64", u64: "uint64", f32: "float", f64: "double",
   pointer: "uint64", buffer: "void *",
 };
 
@@ -115,7 +120,7 @@ function denoGlobal(): DenoFfi | null {
 }
 
 const denoTypes: Record<NativeType, string> = {
-  void: "void", i32: "i32", u32: "u32", i64: "i64", u64: "u64", f32: "f32", f64: "f64", pointer: "u64", buffer: "buffer",
+  void: "void", u8: "u8", i32: "i32", u32: "u32", i64: "i64", u64: "u64", f32: "f32", f64: "f64", pointer: "u64", buffer: "buffer",
 };
 
 function openWithDeno(deno: DenoFfi, path: string, signatures: Record<string, NativeSignature>): NativeLibrary {

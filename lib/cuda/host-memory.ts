@@ -4,7 +4,7 @@
  * C strings a library returns). Copies go through memcpy, so no runtime-specific "view an address" API is needed.
  */
 import { ArtError } from "../core/errors.ts";
-import { type NativeLibrary, openLibrary } from "./ffi.ts";
+import { type NativeLibrary, type NativeSignature, openLibrary } from "./ffi.ts";
 
 export interface HostMemory {
   malloc(bytes: number): bigint;
@@ -17,19 +17,27 @@ export interface HostMemory {
   readCString(address: bigint): string;
 }
 
+/** The libc symbols bound (test/cuda/abi.test.ts checks them against the C headers and libc). */
+export const libcSignatures = {
+  malloc: { result: "pointer", args: ["u64"] },
+  free: { result: "void", args: ["pointer"] },
+  memcpy: { result: "pointer", args: ["pointer", "pointer", "u64"] },
+  strlen: { result: "u64", args: ["pointer"] },
+} satisfies Record<string, NativeSignature>;
+
+/** memcpy bound again per direction: a typed-array source or destination needs the "buffer" slot. */
+export const memcpySignatures = {
+  toNative: { memcpy: { result: "pointer", args: ["pointer", "buffer", "u64"] } },
+  fromNative: { memcpy: { result: "pointer", args: ["buffer", "pointer", "u64"] } },
+} satisfies Record<string, Record<"memcpy", NativeSignature>>;
+
 let libc: NativeLibrary | null = null;
 
 export function hostMemory(): HostMemory {
-  libc ??= openLibrary("libc.so.6", {
-    malloc: { result: "pointer", args: ["u64"] },
-    free: { result: "void", args: ["pointer"] },
-    memcpy: { result: "pointer", args: ["pointer", "pointer", "u64"] },
-    strlen: { result: "u64", args: ["pointer"] },
-  });
+  libc ??= openLibrary("libc.so.6", libcSignatures);
   const c = libc.symbols;
-  // memcpy is bound twice over one symbol: typed-array source or destination needs the "buffer" slot.
-  const toNative = bindMemcpy(libc.path, ["pointer", "buffer", "u64"]);
-  const fromNative = bindMemcpy(libc.path, ["buffer", "pointer", "u64"]);
+  const toNative = bindMemcpy(libc.path, "toNative");
+  const fromNative = bindMemcpy(libc.path, "fromNative");
   return {
     malloc(bytes) {
       const address = c.malloc(bytes) as bigint;
@@ -50,12 +58,11 @@ export function hostMemory(): HostMemory {
 
 const memcpyBindings = new Map<string, NativeLibrary["symbols"][string]>();
 
-function bindMemcpy(path: string, args: ["pointer", "buffer", "u64"] | ["buffer", "pointer", "u64"]) {
-  const key = args.join(",");
-  let fn = memcpyBindings.get(key);
+function bindMemcpy(path: string, direction: keyof typeof memcpySignatures) {
+  let fn = memcpyBindings.get(direction);
   if (!fn) {
-    fn = openLibrary(path, { memcpy: { result: "pointer", args } }).symbols.memcpy;
-    memcpyBindings.set(key, fn);
+    fn = openLibrary(path, memcpySignatures[direction]).symbols.memcpy;
+    memcpyBindings.set(direction, fn);
   }
   return fn;
 }

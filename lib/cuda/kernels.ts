@@ -5,7 +5,7 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { ArtError } from "../core/errors.ts";
-import { type DiscoveryInputs, findNvrtc, systemDiscoveryInputs } from "./discovery.ts";
+import { cudaIncludeDirectories, type DiscoveryInputs, findNvrtc, systemDiscoveryInputs } from "./discovery.ts";
 import type { CudaContext, KernelFunction } from "./driver.ts";
 import {
   cachedNvccCubins, findNvcc, type KernelModuleName, type KernelName, kernelModules, kernelSources, readPrebuiltKernels,
@@ -70,9 +70,5 @@ export function loadKernels(context: CudaContext, inputs: DiscoveryInputs = syst
 
 /** Directories that hold cuda_bf16.h (NVRTC needs it when its built-in headers lack it). */
 function cudaIncludeDirs(inputs: DiscoveryInputs): string[] {
-  const candidates = [
-    ...inputs.toolkitRoots.map((root) => join(root, "include")),
-    ...inputs.sitePackages.flatMap((site) => ["cu13", "cuda_runtime", "cuda_nvrtc"].map((pkg) => join(site, "nvidia", pkg, "include"))),
-  ];
-  return candidates.filter((dir) => existsSync(join(dir, "cuda_bf16.h")));
+  return cudaIncludeDirectories(inputs).filter((dir) => existsSync(join(dir, "cuda_bf16.h")));
 }

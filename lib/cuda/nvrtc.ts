@@ -5,8 +5,20 @@
  */
 import { ArtError } from "../core/errors.ts";
 import type { FoundLibrary } from "./discovery.ts";
-import { cString, type NativeLibrary, openLibrary } from "./ffi.ts";
+import { cString, type NativeLibrary, type NativeSignature, openLibrary } from "./ffi.ts";
 import { hostMemory } from "./host-memory.ts";
+
+/** Every NVRTC symbol bound, with its C signature (test/cuda/abi.test.ts checks them against nvrtc.h and libnvrtc). */
+export const nvrtcSignatures = {
+  nvrtcCreateProgram: { result: "i32", args: ["buffer", "buffer", "buffer", "i32", "buffer", "buffer"] },
+  nvrtcCompileProgram: { result: "i32", args: ["pointer", "i32", "buffer"] },
+  nvrtcGetProgramLogSize: { result: "i32", args: ["pointer", "buffer"] },
+  nvrtcGetProgramLog: { result: "i32", args: ["pointer", "buffer"] },
+  nvrtcGetCUBINSize: { result: "i32", args: ["pointer", "buffer"] },
+  nvrtcGetCUBIN: { result: "i32", args: ["pointer", "buffer"] },
+  nvrtcDestroyProgram: { result: "i32", args: ["buffer"] },
+  nvrtcGetErrorString: { result: "pointer", args: ["i32"] },
+} satisfies Record<string, NativeSignature>;
 
 export class Nvrtc {
   readonly #builtins: NativeLibrary | null;
@@ -14,16 +26,7 @@ export class Nvrtc {
 
   constructor(nvrtc: FoundLibrary, builtins: FoundLibrary | null) {
     this.#builtins = builtins ? openLibrary(builtins.path, {}) : null;
-    this.#lib = openLibrary(nvrtc.path, {
-      nvrtcCreateProgram: { result: "i32", args: ["buffer", "buffer", "buffer", "i32", "buffer", "buffer"] },
-      nvrtcCompileProgram: { result: "i32", args: ["pointer", "i32", "buffer"] },
-      nvrtcGetProgramLogSize: { result: "i32", args: ["pointer", "buffer"] },
-      nvrtcGetProgramLog: { result: "i32", args: ["pointer", "buffer"] },
-      nvrtcGetCUBINSize: { result: "i32", args: ["pointer", "buffer"] },
-      nvrtcGetCUBIN: { result: "i32", args: ["pointer", "buffer"] },
-      nvrtcDestroyProgram: { result: "i32", args: ["buffer"] },
-      nvrtcGetErrorString: { result: "pointer", args: ["i32"] },
-    });
+    this.#lib = openLibrary(nvrtc.path, nvrtcSignatures);
   }
 
   /** Compiles `source` (which may #include the given headers by name) to a cubin for sm_`sm`. */
