@@ -44,6 +44,28 @@ export function findBlasLibraries(inputs: DiscoveryInputs = systemDiscoveryInput
   return { cublasLt: findCudaLibrary("cublasLt", inputs), cublas: findCudaLibrary("cublas", inputs) };
 }
 
+/** The column-major GEMM (cuBLAS's terms: C = op(A) · op(B), C m×n) that computes a row-major linear layer. */
+export interface GemmExArguments {
+  transa: number; transb: number; m: number; n: number; k: number;
+  a: bigint; aType: number; lda: number;
+  b: bigint; bType: number; ldb: number;
+  c: bigint; cType: number; ldc: number;
+}
+
+/**
+ * cublasGemmEx arguments for y[rows, outF] = x[rows, inF] · w[outF, inF]ᵀ with all three row-major (see the file
+ * comment). The emulated device runs the same arguments through a column-major reference GEMM, so the parity
+ * suite checks this mapping against the CPU backend.
+ */
+export function gemmExArguments(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number,
+                                operandType: GemmType): GemmExArguments {
+  const type = operandType === "bf16" ? CUDA_R_16BF : CUDA_R_32F;
+  return {
+    transa: CUBLAS_OP_T, transb: CUBLAS_OP_N, m: outF, n: rows, k: inF,
+    a: w, aType: type, lda: inF, b: x, bType: type, ldb: inF, c: y, cType: CUDA_R_32F, ldc: outF,
+  };
+}
+
 export class Blas {
   readonly libraries: BlasLibraries;
   readonly #lt: NativeLibrary;
@@ -70,9 +92,9 @@ export class Blas {
          alpha = 1, beta = 0): void {
     this.#alpha[0] = alpha;
     this.#beta[0] = beta;
-    const type = operandType === "bf16" ? CUDA_R_16BF : CUDA_R_32F;
-    this.#check(this.#lib.symbols.cublasGemmEx(this.#handle, CUBLAS_OP_T, CUBLAS_OP_N, outF, rows, inF, this.#alpha,
-      w, type, inF, x, type, inF, this.#beta, y, CUDA_R_32F, outF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    const g = gemmExArguments(x, w, y, rows, inF, outF, operandType);
+    this.#check(this.#lib.symbols.cublasGemmEx(this.#handle, g.transa, g.transb, g.m, g.n, g.k, this.#alpha,
+      g.a, g.aType, g.lda, g.b, g.bType, g.ldb, this.#beta, g.c, g.cType, g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
     `cublasGemmEx(${rows}x${inF} · ${outF}x${inF}ᵀ, ${operandType})`);
   }
 

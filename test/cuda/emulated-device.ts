@@ -1,7 +1,8 @@
 // The CUDA backend on an emulated device: the real kernel sources, compiled for the CPU by g++ against
-// test/cuda/emulator (one thread per CUDA thread), loaded through the project's own FFI, with a reference GEMM in
-// place of cuBLAS. It runs the parity suite without a GPU, so the kernels' arithmetic (tiling, online softmax,
-// key splits, sampling thresholds) is checked here; speed, real cuBLAS and the driver are checked on a GPU.
+// test/cuda/emulator (one thread per CUDA thread), loaded through the project's own FFI, with a column-major
+// reference of cublasGemmEx in place of cuBLAS, fed the arguments Blas gives cuBLAS. It runs the parity suite
+// without a GPU, so the kernels' arithmetic (tiling, online softmax, key splits, sampling thresholds) and the
+// row-major to column-major GEMM mapping are checked here; speed, real cuBLAS and the driver are checked on a GPU.
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, writeFileSync } from "node:fs";
@@ -9,6 +10,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { CudaBackend, type DeviceQueue, type GemmRunner } from "../../lib/cuda/backend.ts";
+import { gemmExArguments } from "../../lib/cuda/blas.ts";
 import type { KernelFunction, LaunchConfig } from "../../lib/cuda/driver.ts";
 import { cString, type NativeLibrary, openLibrary } from "../../lib/cuda/ffi.ts";
 import { hostMemory } from "../../lib/cuda/host-memory.ts";
@@ -63,7 +65,10 @@ class EmulatedDevice implements DeviceQueue {
       emu_alloc: { result: "pointer", args: ["u64"] },
       emu_free: { result: "void", args: ["pointer"] },
       emu_launch: { result: "i32", args: ["buffer", "u32", "u32", "u32", "u32", "u32", "u32", "u32", "pointer"] },
-      emu_gemm: { result: "void", args: ["pointer", "pointer", "pointer", "i32", "i32", "i32", "i32", "f32", "f32"] },
+      emu_gemm_ex: {
+        result: "i32",
+        args: ["i32", "i32", "i32", "i32", "i32", "f32", "pointer", "i32", "i32", "pointer", "i32", "i32", "f32", "pointer", "i32", "i32"],
+      },
     });
     const c = this.#lib.symbols;
     this.pool = new MemoryPool({ allocate: (bytes) => c.emu_alloc(bytes) as bigint, release: (address) => void c.emu_free(address) });
@@ -89,10 +94,15 @@ class EmulatedDevice implements DeviceQueue {
     if (status !== 0) throw new Error(`emulator: unknown kernel ${kernel.name}`);
   }
 
+  /** GEMMs with the arguments Blas gives cublasGemmEx, run by the emulator's column-major reference. */
   gemm(): GemmRunner {
     return {
-      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0) =>
-        void this.#lib.symbols.emu_gemm(x, w, y, rows, inF, outF, type === "bf16" ? 1 : 0, alpha, beta),
+      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0) => {
+        const g = gemmExArguments(x, w, y, rows, inF, outF, type);
+        const status = this.#lib.symbols.emu_gemm_ex(g.transa, g.transb, g.m, g.n, g.k, alpha, g.a, g.aType, g.lda, g.b,
+          g.bType, g.ldb, beta, g.c, g.cType, g.ldc);
+        if (status !== 0) throw new Error(`emulator: cublasGemmEx arguments rejected (status ${status}): ${JSON.stringify(g, (_k, v) => typeof v === "bigint" ? `0x${v.toString(16)}` : v)}`);
+      },
       dispose: () => {},
     };
   }

@@ -1,5 +1,5 @@
 // The emulated device behind test/cuda/emulated-device.ts: host memory as device memory, kernel launches from a
-// cuLaunchKernel-style parameter array, and the reference GEMM standing in for cuBLAS. Built as a shared library
+// cuLaunchKernel-style parameter array, and a column-major reference of cublasGemmEx standing in for cuBLAS. Built as a shared library
 // by the test, with the kernels (kernels.inc) and their launch table (registry.inc) it generates.
 //
 // Fibers: a minimal x86-64 context switch (callee-saved registers and the stack pointer; the kernels change no
@@ -176,18 +176,30 @@ int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned
 }
 
 /** y[rows, out] = alpha · x[rows, in] · w[out, in]^T + beta · y, operands f32 (type 0) or bf16 (type 1), f32 sums. */
-void emu_gemm(uint64_t x, uint64_t w, uint64_t y, int rows, int in, int out, int type, float alpha, float beta) {
-  auto load = [type](uint64_t base, long long i) {
+// cublasGemmEx's definition, column-major: C[i + j·ldc] = alpha · Σ_l op(A)[i, l] · op(B)[l, j] + beta · C, with
+// op(X) = X (0, CUBLAS_OP_N) or Xᵀ (1, CUBLAS_OP_T), and operand types CUDA_R_32F (0) or CUDA_R_16BF (14). The
+// backend's row-major linear layers reach it through the same arguments it gives cuBLAS; C is CUDA_R_32F here.
+// beta == 0 does not read C, as in cuBLAS.
+int emu_gemm_ex(int transa, int transb, int m, int n, int k, float alpha, uint64_t a, int a_type, int lda,
+                uint64_t b, int b_type, int ldb, float beta, uint64_t c, int c_type, int ldc) {
+  if ((a_type != 0 && a_type != 14) || (b_type != 0 && b_type != 14) || c_type != 0) return 1;
+  if (lda < (transa ? k : m) || ldb < (transb ? n : k) || ldc < m) return 2;
+  auto load = [](uint64_t base, int type, long long i) {
     return type == 0 ? reinterpret_cast<const float*>(base)[i]
                      : __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(base)[i]);
   };
-  float* result = reinterpret_cast<float*>(y);
-  for (int r = 0; r < rows; r++) for (int o = 0; o < out; o++) {
+  float* result = reinterpret_cast<float*>(c);
+  for (int j = 0; j < n; j++) for (int i = 0; i < m; i++) {
     float sum = 0.0f;
-    for (int k = 0; k < in; k++) sum += load(x, (long long)r * in + k) * load(w, (long long)o * in + k);
-    float& cell = result[(long long)r * out + o];
+    for (int l = 0; l < k; l++) {
+      const float op_a = load(a, a_type, transa ? l + (long long)i * lda : i + (long long)l * lda);
+      const float op_b = load(b, b_type, transb ? j + (long long)l * ldb : l + (long long)j * ldb);
+      sum += op_a * op_b;
+    }
+    float& cell = result[i + (long long)j * ldc];
     cell = alpha * sum + (beta == 0.0f ? 0.0f : beta * cell);
   }
+  return 0;
 }
 
 }  // extern "C"
