@@ -406,13 +406,16 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.context.synchronize();
   }
 
+  /** cuBLAS goes first (its destroy waits for the device), then the context, which runs even if cuBLAS fails. */
   dispose(): void {
-    this.context.synchronize();
     this.#dropBf16Copy();
     for (const entry of this.#indexCache) this.context.pool.free(entry.address);
     this.#indexCache = [];
-    this.blas.dispose();
-    this.context.dispose();
+    try {
+      this.blas.dispose();
+    } finally {
+      this.context.dispose();
+    }
   }
 
   // ---- helpers --------------------------------------------------------------------------------------------------

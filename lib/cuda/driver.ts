@@ -25,7 +25,6 @@ export const driverSignatures = {
   cuDevicePrimaryCtxRetain: fn(i32, b, i32),
   cuDevicePrimaryCtxRelease_v2: fn(i32, i32),
   cuCtxSetCurrent: fn(i32, p),
-  cuCtxSynchronize: fn(i32),
   cuMemGetInfo_v2: fn(i32, b, b),
   cuStreamCreate: fn(i32, b, u32),
   cuStreamDestroy_v2: fn(i32, p),
@@ -73,6 +72,8 @@ const {
 
 export interface DeviceInfo {
   ordinal: number;
+  /** The driver's CUdevice for this ordinal (cuDeviceGet), which every per-device call takes. */
+  handle: number;
   name: string;
   computeCapability: [number, number];
   multiprocessors: number;
@@ -122,16 +123,19 @@ export function listDevices(): DeviceInfo[] {
   const count = value[0];
   const devices: DeviceInfo[] = [];
   for (let ordinal = 0; ordinal < count; ordinal++) {
+    check(c.cuDeviceGet(value, ordinal), "cuDeviceGet");
+    const handle = value[0];
     const attribute = (which: number) => {
-      check(c.cuDeviceGetAttribute(value, which, ordinal), "cuDeviceGetAttribute");
+      check(c.cuDeviceGetAttribute(value, which, handle), "cuDeviceGetAttribute");
       return value[0];
     };
     const nameBytes = new Uint8Array(256);
-    check(c.cuDeviceGetName(nameBytes, nameBytes.length, ordinal), "cuDeviceGetName");
+    check(c.cuDeviceGetName(nameBytes, nameBytes.length, handle), "cuDeviceGetName");
     const total = new BigUint64Array(1);
-    check(c.cuDeviceTotalMem_v2(total, ordinal), "cuDeviceTotalMem");
+    check(c.cuDeviceTotalMem_v2(total, handle), "cuDeviceTotalMem");
     devices.push({
       ordinal,
+      handle,
       name: new TextDecoder().decode(nameBytes.subarray(0, nameBytes.indexOf(0))),
       computeCapability: [attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)],
       multiprocessors: attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
@@ -166,7 +170,12 @@ export class CudaContext {
   #stagingOffset = 0;
   readonly #argBlock: bigint;
   readonly #argBlockBytes = kernelArgBlockBytes(64);
-  readonly #modules: bigint[] = [];
+  /**
+   * Loaded modules with their images. The driver reads an image during cuModuleLoadData and, by default, keeps its
+   * own copy (cuda.h says so for cuLibraryLoadData; cuModuleLoadData's documentation is silent): holding the image
+   * until the module is unloaded costs a few MB and leaves nothing to that assumption under lazy loading.
+   */
+  readonly #modules: Array<{ handle: bigint; image: Uint8Array }> = [];
   readonly #sharedLimits = new Map<bigint, number>();
   #disposed = false;
 
@@ -181,7 +190,7 @@ export class CudaContext {
     if (!device) throw new ArtError("cuda_no_device", `GPU ${ordinal} requested but the driver reports ${devices.length}`);
     this.device = device;
     const out = new BigUint64Array(1);
-    this.check(this.#c.cuDevicePrimaryCtxRetain(out, ordinal), "cuDevicePrimaryCtxRetain");
+    this.check(this.#c.cuDevicePrimaryCtxRetain(out, device.handle), "cuDevicePrimaryCtxRetain");
     this.check(this.#c.cuCtxSetCurrent(out[0]), "cuCtxSetCurrent");
     this.check(this.#c.cuStreamCreate(out, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     this.stream = out[0];
@@ -191,7 +200,12 @@ export class CudaContext {
     this.pool = new MemoryPool({
       allocate: (bytes) => {
         const code = this.#c.cuMemAlloc_v2(out, bytes) as number;
-        if (code === CUDA_ERROR_OUT_OF_MEMORY) return null;
+        if (code === CUDA_ERROR_OUT_OF_MEMORY) {
+          // The pool now frees its cached blocks, which queued kernels may still use; cuMemFree is not documented
+          // to wait for a non-blocking stream, so wait here (a rare path).
+          this.synchronize();
+          return null;
+        }
         this.check(code, `cuMemAlloc(${bytes})`);
         return out[0];
       },
@@ -250,7 +264,7 @@ export class CudaContext {
     const out = new BigUint64Array(1);
     this.check(this.#c.cuModuleLoadData(out, image), `cuModuleLoadData(${label})`);
     const module = out[0];
-    this.#modules.push(module);
+    this.#modules.push({ handle: module, image });
     const functions: Record<string, KernelFunction> = {};
     for (const name of names) {
       this.check(this.#c.cuModuleGetFunction(out, module, cString(name)), `cuModuleGetFunction(${label}.${name})`);
@@ -307,16 +321,31 @@ export class CudaContext {
     return { freeBytes: Number(free[0]), totalBytes: Number(total[0]) };
   }
 
+  /**
+   * Frees everything in dependency order: device memory and modules, pinned and argument memory, the stream, then
+   * the context reference. Every step is tried even when one fails (after a sticky kernel fault every call fails),
+   * so the primary context is released regardless; the first failure is thrown at the end.
+   */
   dispose(): void {
     if (this.#disposed) return;
     this.#disposed = true;
-    this.synchronize();
-    this.pool.releaseAll();
-    for (const module of this.#modules) this.check(this.#c.cuModuleUnload(module), "cuModuleUnload");
-    this.check(this.#c.cuMemFreeHost(this.#staging), "cuMemFreeHost");
+    const failures: unknown[] = [];
+    const attempt = (release: () => void) => {
+      try {
+        release();
+      } catch (error) {
+        failures.push(error);
+      }
+    };
+    attempt(() => this.synchronize());
+    attempt(() => this.pool.releaseAll());
+    for (const module of this.#modules) attempt(() => this.check(this.#c.cuModuleUnload(module.handle), "cuModuleUnload"));
+    this.#modules.length = 0;
+    attempt(() => this.check(this.#c.cuMemFreeHost(this.#staging), "cuMemFreeHost"));
     this.#memory.free(this.#argBlock);
-    this.check(this.#c.cuStreamDestroy_v2(this.stream), "cuStreamDestroy");
-    this.check(this.#c.cuDevicePrimaryCtxRelease_v2(this.device.ordinal), "cuDevicePrimaryCtxRelease");
+    attempt(() => this.check(this.#c.cuStreamDestroy_v2(this.stream), "cuStreamDestroy"));
+    attempt(() => this.check(this.#c.cuDevicePrimaryCtxRelease_v2(this.device.handle), "cuDevicePrimaryCtxRelease"));
+    if (failures.length > 0) throw failures[0];
   }
 
   /** The next `bytes` of the staging ring; wrapping waits for queued copies that may still read the ring. */
