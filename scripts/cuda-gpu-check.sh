@@ -1,57 +1,89 @@
 #!/usr/bin/env bash
-# Everything the CUDA path must prove on a GPU machine, in one device call; results under $OUT (at most 8 files):
-#   env.txt        GPU, driver, toolkit, Python packages, where cuBLAS/NVRTC live, the kernel build log
-#   tests.txt      ART_TEST_GPU=1 vitest of test/cuda (parity with the CPU backend, tiny checkpoints, greedy
-#                  generation, logits vs transformers at the Qwen2.5-0.5B shape), kernels from the prebuilt fatbin
-#   fallback.txt   the same parity tests with kernels compiled at run time by NVRTC (ART_CUDA_KERNELS=nvrtc)
-#   hf.json        the transformers peer (bench/peers/hf_generate.py)
-#   bench.json     bench/cuda-decode.ts with the peer's numbers beside ours and the roofline fraction
-#   summary.json   exit status and seconds of each step
-#   log.txt        every step's stderr
+# Everything the CUDA path must prove on a GPU machine, in one device call; results under $OUT:
+#   env.txt        GPU, driver, toolkit, Node, Python packages, where art-ts finds cuBLAS/NVRTC, the kernel build log
+#   tests.txt      ART_TEST_GPU=1 vitest of test/cuda: the ABI check against the machine's headers and libraries,
+#                  parity with the CPU backend, tiny checkpoints, greedy generation, and (when the transformers
+#                  reference could be written) logits vs transformers; kernels from the prebuilt fatbin
+#   fallback.txt   the parity suite with kernels compiled at run time by NVRTC (ART_CUDA_KERNELS=nvrtc)
+#   hf.json        the transformers peer (bench/peers/hf_generate.py), when transformers is installed
+#   bench.json     bench/cuda-decode.ts, with the peer's numbers beside ours when hf.json is valid
+#   summary.json   every step with its status ("ok", "failed (exit N)", "timed out after N s", "skipped: why"),
+#                  rewritten after each step, so a call cut short still leaves valid JSON
+#   log.txt        every step's command and stderr
 # Prepare here first: bash scripts/cuda-device-bundle.sh; then run on the device, carrying ".device" and
 # "lib/cuda/build":  bash scripts/cuda-gpu-check.sh
+# ART_GPU_CHECK_STEPS picks steps (default: all, in the order below); ART_GPU_CHECK_SECONDS is the whole budget
+# (default 570, under the device command's 600 s); every step's limit is cut to what is left of it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
-if [ -f .device/node.xz ]; then
-  mkdir -p /tmp/nb && xz -dc .device/node.xz > /tmp/nb/node && chmod +x /tmp/nb/node && export PATH=/tmp/nb:$PATH
-fi
-[ -d node_modules/vitest ] || tar -xJf .device/node_modules.tar.xz
-# One device command may run 10 minutes: every step's limit is cut to what is left of ART_GPU_CHECK_SECONDS.
-# ART_GPU_CHECK_STEPS picks steps (to split the work over two calls).
+all_steps="env build hf_reference tests nvrtc_fallback hf_peer bench"
+selected=" ${ART_GPU_CHECK_STEPS:-$all_steps} "
 deadline=$((SECONDS + ${ART_GPU_CHECK_SECONDS:-570}))
-steps=" ${ART_GPU_CHECK_STEPS:-build hf_reference tests nvrtc_fallback hf_peer bench} "
-summary=()
-step() {  # step <name> <seconds limit> <stdout file> <command...>   (stderr goes to log.txt)
-  local name=$1 limit=$2 file=$3; shift 3
-  [[ $steps == *" $name "* ]] || return 0
-  local left=$((deadline - SECONDS))
-  (( limit > left )) && limit=$left
-  if (( limit < 10 )); then summary+=("\"$name\": {\"status\": \"skipped: out of time\"}"); return 0; fi
-  local started=$SECONDS
-  echo "== $name ($*)" >> "$OUT/log.txt"
-  timeout "$limit" "$@" >> "$OUT/$file" 2>> "$OUT/log.txt"
-  local status=$?
-  summary+=("\"$name\": {\"status\": $status, \"seconds\": $((SECONDS - started)), \"limit\": $limit}")
+declare -A status
+
+write_summary() {
+  local entries=() name
+  for name in $all_steps; do entries+=("\"$name\": {\"status\": \"${status[$name]:-skipped: not selected}\"}"); done
+  (IFS=,; echo "{${entries[*]}}") > "$OUT/summary.json"
 }
 
-{
-  nvidia-smi; echo; command -v nvcc && nvcc --version; node -v
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  echo "cuBLAS / NVRTC found on disk:"
-  find / -xdev \( -name 'libcublas*.so*' -o -name 'libnvrtc*.so*' \) 2>/dev/null | head -40
-} > "$OUT/env.txt" 2>&1
-step build 90 env.txt node scripts/cuda-build-kernels.ts
+skip() {  # skip <name> <reason>: record a selected step that cannot run
+  [[ $selected == *" $1 "* ]] && status[$1]="skipped: $2"
+  write_summary
+}
+
+step() {  # step <name> <seconds limit> <stdout file> <command...>   (stderr goes to log.txt)
+  local name=$1 limit=$2 file=$3; shift 3
+  [[ $selected == *" $name "* ]] || return 0
+  local left=$((deadline - SECONDS))
+  (( limit > left )) && limit=$left
+  if (( limit < 5 )); then skip "$name" "out of time"; return 0; fi
+  status[$name]="running"
+  write_summary
+  local started=$SECONDS
+  echo "== $name (limit ${limit}s): $*" >> "$OUT/log.txt"
+  timeout --kill-after=10 "$limit" "$@" >> "$OUT/$file" 2>> "$OUT/log.txt"
+  local code=$?
+  case $code in
+    0) status[$name]="ok" ;;
+    124|137) status[$name]="timed out after ${limit} s" ;;
+    *) status[$name]="failed (exit $code)" ;;
+  esac
+  status[$name]+=", $((SECONDS - started)) s"
+  write_summary
+}
+
+write_summary
+# The device machine may have no Node (or one too old to run .ts files) and no node_modules: the bundle carries both.
+if ! node -e "process.exit(process.features.typescript ? 0 : 1)" 2> /dev/null && [ -f .device/node.xz ]; then
+  mkdir -p /tmp/nb && xz -dc .device/node.xz > /tmp/nb/node && chmod +x /tmp/nb/node && export PATH=/tmp/nb:$PATH
+fi
+if [ ! -d node_modules/vitest ] && [ -f .device/node_modules.tar.xz ]; then tar -xJf .device/node_modules.tar.xz; fi
+node -e "process.exit(process.features.typescript ? 0 : 1)" 2> /dev/null ||
+  echo "no Node >= 22.18 on PATH and no .device/node.xz: run scripts/cuda-device-bundle.sh here and carry .device" >> "$OUT/log.txt"
+
+step env 60 env.txt bash -c '
+  timeout 20 nvidia-smi; echo; timeout 10 nvcc --version; echo "node $(node -v)"
+  timeout 30 python3 -c "import torch, transformers; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__)"
+  echo "where art-ts finds the CUDA libraries:"
+  timeout 30 node --input-type=module -e "
+    const d = await import(\"./lib/cuda/discovery.ts\");
+    const inputs = d.systemDiscoveryInputs();
+    for (const name of [\"cublasLt\", \"cublas\", \"nvrtc\"]) console.log(name, JSON.stringify(d.tryFindCudaLibrary(name, inputs)));
+    console.log(\"include directories\", JSON.stringify(d.cudaIncludeDirectories(inputs)));"'
+step build 120 env.txt node scripts/cuda-build-kernels.ts
 step hf_reference 120 log.txt python3 scripts/cuda-hf-logits.py /tmp/art-hf-reference
-# vitest reports on stdout and stderr: both into the file.
-step tests 200 tests.txt bash -c 'ART_TEST_GPU=1 ART_HF_REFERENCE=/tmp/art-hf-reference node node_modules/vitest/vitest.mjs run test/cuda --reporter=verbose 2>&1'
+# hf-parity runs only when the reference was written (transformers may be missing); vitest reports on both streams.
+reference=""
+[[ ${status[hf_reference]:-} == ok* ]] && reference="ART_HF_REFERENCE=/tmp/art-hf-reference"
+step tests 200 tests.txt bash -c "ART_TEST_GPU=1 $reference node node_modules/vitest/vitest.mjs run test/cuda --reporter=verbose 2>&1"
 step nvrtc_fallback 120 fallback.txt bash -c 'ART_TEST_GPU=1 ART_CUDA_KERNELS=nvrtc node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts --reporter=verbose 2>&1'
 step hf_peer 150 hf.json python3 bench/peers/hf_generate.py
-if python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$OUT/hf.json" 2>/dev/null; then
+if [[ ${status[hf_peer]:-} == ok* ]]; then
   step bench 150 bench.json node bench/cuda-decode.ts --peer "$OUT/hf.json"
 else
   step bench 150 bench.json node bench/cuda-decode.ts
 fi
-(IFS=,; echo "{${summary[*]}}") > "$OUT/summary.json"
 cat "$OUT/summary.json"
