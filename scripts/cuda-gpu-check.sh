@@ -7,8 +7,8 @@
 #   fallback.txt   the parity suite with kernels compiled at run time by NVRTC (ART_CUDA_KERNELS=nvrtc)
 #   hf.json        the transformers peer (bench/peers/hf_generate.py), when transformers is installed
 #   bench.json     bench/cuda-decode.ts, with the peer's numbers beside ours when hf.json is valid
-#   summary.json   every step with its status ("ok", "failed (exit N)", "timed out after N s", "skipped: why"),
-#                  rewritten after each step, so a call cut short still leaves valid JSON
+#   summary.json   every step with its status ("ok", "failed (exit N)", "timed out after N s", "skipped: why",
+#                  "running", "pending"), rewritten after each step, so a call cut short still leaves valid JSON
 #   log.txt        every step's command and stderr
 # Prepare here first: bash scripts/cuda-device-bundle.sh; then run on the device, carrying ".device" and
 # "lib/cuda/build":  bash scripts/cuda-gpu-check.sh
@@ -25,7 +25,11 @@ declare -A status
 
 write_summary() {
   local entries=() name
-  for name in $all_steps; do entries+=("\"$name\": {\"status\": \"${status[$name]:-skipped: not selected}\"}"); done
+  for name in $all_steps; do
+    local state="skipped: not selected"
+    [[ $selected == *" $name "* ]] && state="pending"  # not reached (yet)
+    entries+=("\"$name\": {\"status\": \"${status[$name]:-$state}\"}")
+  done
   (IFS=,; echo "{${entries[*]}}") > "$OUT/summary.json"
 }
 

@@ -10,8 +10,8 @@ import { hostMemory } from "./host-memory.ts";
 
 /** Every NVRTC symbol bound, with its C signature (test/cuda/abi.test.ts checks them against nvrtc.h and libnvrtc). */
 export const nvrtcSignatures = {
-  nvrtcCreateProgram: { result: "i32", args: ["buffer", "buffer", "buffer", "i32", "buffer", "buffer"] },
-  nvrtcCompileProgram: { result: "i32", args: ["pointer", "i32", "buffer"] },
+  nvrtcCreateProgram: { result: "i32", args: ["buffer", "pointer", "pointer", "i32", "pointer", "pointer"] },
+  nvrtcCompileProgram: { result: "i32", args: ["pointer", "i32", "pointer"] },
   nvrtcGetProgramLogSize: { result: "i32", args: ["pointer", "buffer"] },
   nvrtcGetProgramLog: { result: "i32", args: ["pointer", "buffer"] },
   nvrtcGetCUBINSize: { result: "i32", args: ["pointer", "buffer"] },
@@ -33,22 +33,24 @@ export class Nvrtc {
   compile(name: string, source: string, headers: Record<string, string>, sm: number, includeDirs: string[]): Uint8Array {
     const c = this.#lib.symbols;
     const memory = hostMemory();
+    // Every string and string array NVRTC is handed lives in native memory until the program is destroyed: the
+    // documentation does not say whether nvrtcCreateProgram copies them, and a JS buffer may be collected.
     const owned: bigint[] = [];
-    const cStrings = (texts: string[]) => BigUint64Array.from(texts, (text) => {
-      const bytes = cString(text);
-      const address = memory.malloc(bytes.length);
+    const native = (bytes: ArrayBufferView) => {
+      const address = memory.malloc(Math.max(1, bytes.byteLength));
       memory.write(address, bytes);
       owned.push(address);
       return address;
-    });
+    };
+    const cStringArray = (texts: string[]) => native(BigUint64Array.from(texts, (text) => native(cString(text))));
     const program = new BigUint64Array(1);
     try {
       const headerNames = Object.keys(headers);
-      this.#check(c.nvrtcCreateProgram(program, cString(source), cString(`${name}.cu`), headerNames.length,
-        cStrings(headerNames.map((h) => headers[h])), cStrings(headerNames)), `nvrtcCreateProgram(${name})`);
+      this.#check(c.nvrtcCreateProgram(program, native(cString(source)), native(cString(`${name}.cu`)), headerNames.length,
+        cStringArray(headerNames.map((h) => headers[h])), cStringArray(headerNames)), `nvrtcCreateProgram(${name})`);
       const options = [`--gpu-architecture=sm_${sm}`, "-std=c++17", "-default-device",
         ...includeDirs.map((dir) => `-I${dir}`)];
-      const status = c.nvrtcCompileProgram(program[0], options.length, cStrings(options)) as number;
+      const status = c.nvrtcCompileProgram(program[0], options.length, cStringArray(options)) as number;
       if (status !== 0) {
         const size = new BigUint64Array(1);
         c.nvrtcGetProgramLogSize(program[0], size);
