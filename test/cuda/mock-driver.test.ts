@@ -1,0 +1,59 @@
+// CudaContext (lib/cuda/driver.ts) end to end through the FFI, against mock-driver/libcuda.cpp: a libcuda.so.1
+// built from cuda.h that defers stream work until the host waits and records misuse (see its header comment).
+// What it checks that nothing else here can: the staging ring is never rewritten while a queued copy may still
+// read it, downloads wait before reading, async copies use pinned memory, kernels get their arguments through
+// cuLaunchKernel's pointer array, more than 48 KiB of shared memory is opted into, device handles come from
+// cuDeviceGet, the context is current on every call, OOM recovery waits before freeing, error names come back,
+// and dispose frees everything before releasing the context. On Node (koffi) and Deno (Deno.dlopen).
+import { execFileSync } from "node:child_process";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { afterAll, describe, expect, it } from "vitest";
+import { systemDiscoveryInputs } from "../../lib/cuda/discovery.ts";
+import { findCompiler } from "./emulated-device.ts";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = join(here, "..", "..");
+const compiler = findCompiler();
+const cudaInclude = systemDiscoveryInputs().toolkitRoots.map((r) => join(r, "include")).find((d) => existsSync(join(d, "cuda.h")));
+const skip = !compiler ? "no C++ compiler (g++ or clang++; set CXX)" : !cudaInclude ? "no CUDA toolkit include/cuda.h" : "";
+
+const expected = {
+  device: { ordinal: 0, handle: 7, name: "Mock GPU", computeCapability: [9, 0], multiprocessors: 132, totalMemoryBytes: 80 * 2 ** 30, driverVersion: 13000 },
+  uploadsIntact: [true, true, true, true, true],
+  filled: [2.5, -1.25],
+  zeroThenCopy: true,
+  elapsedMs: 0.5,
+  allocatedAfterOom: true,
+  errors: ["mock call failed: CUDA_ERROR_OUT_OF_MEMORY: out of memory (code 2)", "mock call failed: CUresult 12345 (code 12345)"],
+  driver: { launches: 2, retains: 0, violations: [] },
+};
+
+describe.skipIf(skip !== "")(`CudaContext against a recording libcuda${skip ? ` (skipped: ${skip})` : ""}`, () => {
+  const dir = mkdtempSync(join(tmpdir(), "art-mock-cuda-"));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const build = () => {
+    if (!existsSync(join(dir, "libcuda.so.1"))) {
+      execFileSync(compiler!, ["-std=c++17", "-O1", "-shared", "-fPIC", "-I", cudaInclude!, join(here, "mock-driver", "libcuda.cpp"),
+        "-o", join(dir, "libcuda.so.1")], { stdio: ["ignore", "ignore", "pipe"] });
+    }
+  };
+  // 256 MiB of mock device memory: the script's 150 MiB request fails until the pool releases its cache.
+  const run = (command: string, args: string[]) => JSON.parse(execFileSync(command, [...args, join(here, "mock-driver-main.ts")], {
+    encoding: "utf8", env: { ...process.env, LD_LIBRARY_PATH: dir, MOCK_CUDA_MEMORY_LIMIT: String(256 << 20) }, timeout: 60_000,
+  }));
+
+  const node = join(root, "node_modules", ".bin", "node");
+  it.skipIf(!existsSync(node))("on Node: copies, launches, events, OOM recovery, errors and dispose behave as on a driver", () => {
+    build();
+    expect(run(node, [])).toEqual(expected);
+  });
+
+  const deno = join(root, "node_modules", ".bin", "deno");
+  it.skipIf(!existsSync(deno))("on Deno: the same", () => {
+    build();
+    expect(run(deno, ["run", "--allow-ffi", "--allow-read", "--allow-env"])).toEqual(expected);
+  });
+});
