@@ -3,8 +3,10 @@
  * TF32, so f32 weights give f32 results for parity). libcublasLt is loaded first by absolute path: libcublas
  * depends on it by soname, which the loader can then resolve from the already-loaded copy.
  *
- * Row-major to column-major: y[n, out] = x[n, in] · W[out, in]ᵀ is, read column-major, yᵀ = W · xᵀ where the
- * row-major W buffer is the column-major matrix Wᵀ (in × out): so op(A) = Aᵀ with A = W (lda = in), B = x (ldb = in).
+ * Row-major to column-major: cuBLAS reads every row-major buffer as its transpose, so the row-major
+ * c[m, n] = op(a) · op(b) is the column-major cᵀ = op(b)ᵀ · op(a)ᵀ: b goes first (see gemmExArguments). A linear
+ * layer y[n, out] = x[n, in] · W[out, in]ᵀ is the case a = x, b = W transposed: op(A) = Aᵀ with A = W (lda = in),
+ * B = x (ldb = in), ldc = out.
  */
 import { ArtError } from "../core/errors.ts";
 import { type DiscoveryInputs, type FoundLibrary, findCudaLibrary, systemDiscoveryInputs } from "./discovery.ts";
@@ -53,22 +55,27 @@ export interface GemmExArguments {
 }
 
 /**
- * cublasGemmEx arguments for y[rows, outF] = x[rows, inF] · w[outF, inF]ᵀ with all three row-major (see the file
- * comment). The emulated device runs the same arguments through a column-major reference GEMM, so the parity
- * suite checks this mapping against the CPU backend.
+ * cublasGemmEx arguments for the row-major c[m, n] = op(a)[m, k] · op(b)[k, n], where op(a) is a, or aᵀ with a stored
+ * [k, m] when `transA` (likewise b): column-major, cᵀ = op(b)ᵀ · op(a)ᵀ. The emulated device runs the same arguments
+ * through a column-major reference of cublasGemmEx, so the parity suite checks this mapping against the CPU backend.
  */
-export function gemmExArguments(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number,
-                                operandType: GemmType): GemmExArguments {
+export function gemmExArguments(a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, transA: boolean,
+                                transB: boolean, operandType: GemmType): GemmExArguments {
   const type = operandType === "bf16" ? CUDA_R_16BF : CUDA_R_32F;
   return {
-    transa: CUBLAS_OP_T, transb: CUBLAS_OP_N, m: outF, n: rows, k: inF,
-    a: w, aType: type, lda: inF, b: x, bType: type, ldb: inF, c: y, cType: CUDA_R_32F, ldc: outF,
+    transa: transB ? CUBLAS_OP_T : CUBLAS_OP_N, transb: transA ? CUBLAS_OP_T : CUBLAS_OP_N, m: n, n: m, k,
+    a: b, aType: type, lda: transB ? k : n, b: a, bType: type, ldb: transA ? m : k, c, cType: CUDA_R_32F, ldc: n,
   };
+}
+
+/** The linear layer y[rows, outF] = x[rows, inF] · w[outF, inF]ᵀ as a row-major GEMM. */
+export function linearGemmArguments(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number,
+                                    operandType: GemmType): GemmExArguments {
+  return gemmExArguments(x, w, y, rows, outF, inF, false, true, operandType);
 }
 
 export class Blas {
   readonly libraries: BlasLibraries;
-  readonly #lt: NativeLibrary;
   readonly #lib: NativeLibrary;
   readonly #handle: bigint;
   readonly #alpha = new Float32Array(1);
@@ -77,7 +84,7 @@ export class Blas {
   constructor(stream: bigint, libraries: BlasLibraries = findBlasLibraries()) {
     this.libraries = libraries;
     // Opening cublasLt first makes its soname resolvable for cublas (same directory, any search path).
-    this.#lt = openLibrary(libraries.cublasLt.path, cublasLtSignatures);
+    openLibrary(libraries.cublasLt.path, cublasLtSignatures);
     this.#lib = openLibrary(libraries.cublas.path, cublasSignatures);
     const out = new BigUint64Array(1);
     this.#check(this.#lib.symbols.cublasCreate_v2(out), "cublasCreate");
@@ -92,16 +99,15 @@ export class Blas {
          alpha = 1, beta = 0): void {
     this.#alpha[0] = alpha;
     this.#beta[0] = beta;
-    const g = gemmExArguments(x, w, y, rows, inF, outF, operandType);
+    const g = linearGemmArguments(x, w, y, rows, inF, outF, operandType);
     this.#check(this.#lib.symbols.cublasGemmEx(this.#handle, g.transa, g.transb, g.m, g.n, g.k, this.#alpha,
       g.a, g.aType, g.lda, g.b, g.bType, g.ldb, this.#beta, g.c, g.cType, g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
     `cublasGemmEx(${rows}x${inF} · ${outF}x${inF}ᵀ, ${operandType})`);
   }
 
+  /** Destroys the handle; the libraries stay loaded (see openLibrary). */
   dispose(): void {
     this.#check(this.#lib.symbols.cublasDestroy_v2(this.#handle), "cublasDestroy");
-    this.#lib.close();
-    this.#lt.close();
   }
 
   #check(status: number | bigint, what: string): void {

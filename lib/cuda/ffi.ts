@@ -31,7 +31,6 @@ export interface NativeLibrary {
   readonly path: string;
   /** The bound functions, by symbol name; integer results are numbers, 64-bit and pointer results bigints. */
   readonly symbols: Record<string, NativeFunction>;
-  close(): void;
 }
 
 /** Which FFI this process uses: Deno's built-in one under Deno, koffi under Node. */
@@ -41,7 +40,9 @@ export function ffiRuntime(): "deno" | "node" {
 
 /**
  * Opens `path` (an absolute path or a soname the loader resolves) and binds `signatures`. Throws ArtError naming the
- * library when it cannot be opened or a symbol is missing.
+ * library when it cannot be opened or a symbol is missing. A library stays loaded for the life of the process: cuBLAS
+ * and NVRTC carry the CUDA runtime statically, which registers exit-time teardown, and unloading libraries that do
+ * so is a known cause of crashes at exit. Opening one again is cheap (the loader hands back the same copy).
  */
 export function openLibrary(path: string, signatures: Record<string, NativeSignature>): NativeLibrary {
   const deno = denoGlobal();
@@ -63,7 +64,7 @@ function is64(type: NativeType): boolean {
 // ---- Node: koffi ------------------------------------------------------------------------------------------------
 
 interface KoffiModule {
-  load(path: string): { func(name: string, result: string, args: string[]): (...args: unknown[]) => unknown; unload(): void };
+  load(path: string): { func(name: string, result: string, args: string[]): (...args: unknown[]) => unknown };
 }
 
 let koffiModule: KoffiModule | null = null;
@@ -93,7 +94,6 @@ function openWithKoffi(path: string, signatures: Record<string, NativeSignature>
       fn = handle.func(name, koffiTypes[signature.result], signature.args.map((type) => koffiTypes[type]));
     } catch (error) {
       if (signature.optional) continue;
-      handle.unload();
       throw new ArtError("ffi_symbol", `symbol ${name} not found in ${path} (library too old?): ${(error as Error).message}`,
         { cause: error });
     }
@@ -102,7 +102,7 @@ function openWithKoffi(path: string, signatures: Record<string, NativeSignature>
       ? (...args) => BigInt(fn(...args) as number | bigint)
       : (...args) => (fn(...args) as number | undefined) ?? 0;
   }
-  return { path, symbols, close: () => handle.unload() };
+  return { path, symbols };
 }
 
 // ---- Deno: Deno.dlopen ------------------------------------------------------------------------------------------
@@ -110,7 +110,6 @@ function openWithKoffi(path: string, signatures: Record<string, NativeSignature>
 interface DenoFfi {
   dlopen(path: string, symbols: Record<string, { parameters: string[]; result: string; optional?: boolean }>): {
     symbols: Record<string, (...args: unknown[]) => unknown>;
-    close(): void;
   };
 }
 
@@ -148,5 +147,5 @@ function openWithDeno(deno: DenoFfi, path: string, signatures: Record<string, Na
       ? (...values) => BigInt(fn(...convert(values)) as number | bigint)
       : (...values) => (fn(...convert(values)) as number | undefined) ?? 0;
   }
-  return { path, symbols, close: () => handle.close() };
+  return { path, symbols };
 }

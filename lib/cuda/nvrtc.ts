@@ -21,11 +21,10 @@ export const nvrtcSignatures = {
 } satisfies Record<string, NativeSignature>;
 
 export class Nvrtc {
-  readonly #builtins: NativeLibrary | null;
   readonly #lib: NativeLibrary;
 
   constructor(nvrtc: FoundLibrary, builtins: FoundLibrary | null) {
-    this.#builtins = builtins ? openLibrary(builtins.path, {}) : null;
+    if (builtins) openLibrary(builtins.path, {});
     this.#lib = openLibrary(nvrtc.path, nvrtcSignatures);
   }
 
@@ -67,11 +66,6 @@ export class Nvrtc {
       if (program[0] !== 0n) c.nvrtcDestroyProgram(program);
       for (const address of owned) memory.free(address);
     }
-  }
-
-  dispose(): void {
-    this.#lib.close();
-    this.#builtins?.close();
   }
 
   #check(status: number | bigint, what: string): void {

@@ -10,7 +10,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { CudaBackend, type DeviceQueue, type GemmRunner } from "../../lib/cuda/backend.ts";
-import { gemmExArguments } from "../../lib/cuda/blas.ts";
+import { type GemmExArguments, linearGemmArguments } from "../../lib/cuda/blas.ts";
 import type { KernelFunction, LaunchConfig } from "../../lib/cuda/driver.ts";
 import { cString, type NativeLibrary, openLibrary } from "../../lib/cuda/ffi.ts";
 import { hostMemory } from "../../lib/cuda/host-memory.ts";
@@ -53,23 +53,38 @@ export function buildEmulator(compiler: string): string {
   return library;
 }
 
+/** The emulator's column-major cublasGemmEx reference, called with the arguments Blas would give cuBLAS. */
+export function emulatedGemmEx(library: string): (g: GemmExArguments, alpha: number, beta: number) => void {
+  const { emu_gemm_ex: gemmEx } = openLibrary(library, {
+    emu_gemm_ex: {
+      result: "i32",
+      args: ["i32", "i32", "i32", "i32", "i32", "f32", "pointer", "i32", "i32", "pointer", "i32", "i32", "f32", "pointer", "i32", "i32"],
+    },
+  }).symbols;
+  return (g, alpha, beta) => {
+    const status = gemmEx(g.transa, g.transb, g.m, g.n, g.k, alpha, g.a, g.aType, g.lda, g.b, g.bType, g.ldb, beta, g.c, g.cType, g.ldc);
+    if (status !== 0) {
+      const shown = JSON.stringify(g, (_key, value) => (typeof value === "bigint" ? `0x${value.toString(16)}` : value));
+      throw new Error(`emulator: cublasGemmEx arguments rejected (status ${status}): ${shown}`);
+    }
+  };
+}
+
 class EmulatedDevice implements DeviceQueue {
   readonly device = { name: "CPU emulation", multiprocessors: 8 };
   readonly pool: MemoryPool;
   readonly #lib: NativeLibrary;
   readonly #memory = hostMemory();
   readonly #argBlock: bigint;
+  readonly #gemmEx: ReturnType<typeof emulatedGemmEx>;
 
   constructor(library: string) {
     this.#lib = openLibrary(library, {
       emu_alloc: { result: "pointer", args: ["u64"] },
       emu_free: { result: "void", args: ["pointer"] },
       emu_launch: { result: "i32", args: ["buffer", "u32", "u32", "u32", "u32", "u32", "u32", "u32", "pointer"] },
-      emu_gemm_ex: {
-        result: "i32",
-        args: ["i32", "i32", "i32", "i32", "i32", "f32", "pointer", "i32", "i32", "pointer", "i32", "i32", "f32", "pointer", "i32", "i32"],
-      },
     });
+    this.#gemmEx = emulatedGemmEx(library);
     const c = this.#lib.symbols;
     this.pool = new MemoryPool({ allocate: (bytes) => c.emu_alloc(bytes) as bigint, release: (address) => void c.emu_free(address) });
     this.#argBlock = this.#memory.malloc(kernelArgBlockBytes(64));
@@ -97,12 +112,8 @@ class EmulatedDevice implements DeviceQueue {
   /** GEMMs with the arguments Blas gives cublasGemmEx, run by the emulator's column-major reference. */
   gemm(): GemmRunner {
     return {
-      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0) => {
-        const g = gemmExArguments(x, w, y, rows, inF, outF, type);
-        const status = this.#lib.symbols.emu_gemm_ex(g.transa, g.transb, g.m, g.n, g.k, alpha, g.a, g.aType, g.lda, g.b,
-          g.bType, g.ldb, beta, g.c, g.cType, g.ldc);
-        if (status !== 0) throw new Error(`emulator: cublasGemmEx arguments rejected (status ${status}): ${JSON.stringify(g, (_k, v) => typeof v === "bigint" ? `0x${v.toString(16)}` : v)}`);
-      },
+      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0) =>
+        this.#gemmEx(linearGemmArguments(x, w, y, rows, inF, outF, type), alpha, beta),
       dispose: () => {},
     };
   }

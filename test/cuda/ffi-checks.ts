@@ -42,7 +42,6 @@ export function runFfiChecks(): Record<string, unknown> {
     firstArg: firstValue[0],
     thirdArg: thirdValue[0],
   };
-  libc.close();
   return result;
 }
 
