@@ -30,7 +30,7 @@ export function buildEmulator(compiler: string): string {
   const sources = kernelSourceDirectory();
   const files = readdirSync(sources).filter((name) => name.endsWith(".cu") || name.endsWith(".cuh")).sort();
   const hash = createHash("sha256");
-  for (const file of [...files.map((f) => join(sources, f)), join(emulatorDir, "emulator.h"), join(emulatorDir, "runtime.cpp")]) {
+  for (const file of [...files.map((f) => join(sources, f)), ...["emulator.h", "gemm-reference.h", "runtime.cpp"].map((f) => join(emulatorDir, f))]) {
     hash.update(file).update(readFileSync(file));
   }
   const dir = join(tmpdir(), `art-cuda-emulator-${hash.digest("hex").slice(0, 16)}`);

@@ -6,6 +6,7 @@
 // floating-point control state). A fiber waiting at a barrier is resumed only once every participant has arrived
 // (the barrier's generation moved on), so warps that take different paths between __syncthreads stay correct.
 #include "emulator.h"
+#include "gemm-reference.h"
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -175,31 +176,11 @@ int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned
   return 0;
 }
 
-/** y[rows, out] = alpha · x[rows, in] · w[out, in]^T + beta · y, operands f32 (type 0) or bf16 (type 1), f32 sums. */
-// cublasGemmEx's definition, column-major: C[i + j·ldc] = alpha · Σ_l op(A)[i, l] · op(B)[l, j] + beta · C, with
-// op(X) = X (0, CUBLAS_OP_N) or Xᵀ (1, CUBLAS_OP_T), and operand types CUDA_R_32F (0) or CUDA_R_16BF (14). The
-// backend's row-major linear layers reach it through the same arguments it gives cuBLAS; C is CUDA_R_32F here.
-// beta == 0 does not read C, as in cuBLAS.
+// The reference cublasGemmEx (gemm-reference.h), fed the arguments Blas gives cuBLAS.
 int emu_gemm_ex(int transa, int transb, int m, int n, int k, float alpha, uint64_t a, int a_type, int lda,
                 uint64_t b, int b_type, int ldb, float beta, uint64_t c, int c_type, int ldc) {
-  if ((a_type != 0 && a_type != 14) || (b_type != 0 && b_type != 14) || c_type != 0) return 1;
-  if (lda < (transa ? k : m) || ldb < (transb ? n : k) || ldc < m) return 2;
-  auto load = [](uint64_t base, int type, long long i) {
-    return type == 0 ? reinterpret_cast<const float*>(base)[i]
-                     : __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(base)[i]);
-  };
-  float* result = reinterpret_cast<float*>(c);
-  for (int j = 0; j < n; j++) for (int i = 0; i < m; i++) {
-    float sum = 0.0f;
-    for (int l = 0; l < k; l++) {
-      const float op_a = load(a, a_type, transa ? l + (long long)i * lda : i + (long long)l * lda);
-      const float op_b = load(b, b_type, transb ? j + (long long)l * ldb : l + (long long)j * ldb);
-      sum += op_a * op_b;
-    }
-    float& cell = result[i + (long long)j * ldc];
-    cell = alpha * sum + (beta == 0.0f ? 0.0f : beta * cell);
-  }
-  return 0;
+  return reference_gemm_ex(transa, transb, m, n, k, alpha, reinterpret_cast<const void*>(a), a_type, lda,
+                           reinterpret_cast<const void*>(b), b_type, ldb, beta, reinterpret_cast<void*>(c), c_type, ldc);
 }
 
 }  // extern "C"
