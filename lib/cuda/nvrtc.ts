@@ -55,7 +55,9 @@ export class Nvrtc {
         c.nvrtcGetProgramLogSize(program[0], size);
         const log = new Uint8Array(Number(size[0]));
         c.nvrtcGetProgramLog(program[0], log);
-        throw new ArtError("cuda_compile", `NVRTC failed to compile ${name}.cu for sm_${sm}:\n${new TextDecoder().decode(log)}`);
+        // The log size counts the terminating NUL.
+        const text = new TextDecoder().decode(log).replace(/\0+$/, "");
+        throw new ArtError("cuda_compile", `NVRTC failed to compile ${name}.cu for sm_${sm}:\n${text}`);
       }
       const size = new BigUint64Array(1);
       this.#check(c.nvrtcGetCUBINSize(program[0], size), "nvrtcGetCUBINSize");
