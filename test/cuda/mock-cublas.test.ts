@@ -1,4 +1,4 @@
-// Blas (lib/cuda/blas.ts) through the FFI against mock-driver/libcublas.cpp: the handle is bound to the backend's
+// Blas (lib/cuda/blas.ts) through the FFI against mocks/libcublas.cpp: the handle is bound to the backend's
 // stream, cublasGemmEx gets its 19 arguments in order (computed with the emulator's column-major reference on host
 // memory), alpha/beta are host scalars, failures carry cuBLAS's status name, dispose destroys the handle.
 import { execFileSync } from "node:child_process";
@@ -22,7 +22,7 @@ describe.skipIf(!compiler)(`Blas against a recording cuBLAS${compiler ? "" : " (
 
   it("runs row-major linear layers (f32 and bf16, alpha and beta) on the bound stream and names failures", () => {
     const path = join(dir, "libcublas.so");
-    execFileSync(compiler!, ["-std=c++17", "-O1", "-shared", "-fPIC", join(here, "mock-driver", "libcublas.cpp"), "-o", path],
+    execFileSync(compiler!, ["-std=c++17", "-O1", "-shared", "-fPIC", join(here, "mocks", "libcublas.cpp"), "-o", path],
       { stdio: ["ignore", "ignore", "pipe"] });
     const stream = 0xabcn;
     const blas = new Blas(stream, { cublasLt: { name: "cublasLt", path, source: "test" }, cublas: { name: "cublas", path, source: "test" } });

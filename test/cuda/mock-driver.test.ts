@@ -1,4 +1,4 @@
-// CudaContext (lib/cuda/driver.ts) end to end through the FFI, against mock-driver/libcuda.cpp: a libcuda.so.1
+// CudaContext (lib/cuda/driver.ts) end to end through the FFI, against mocks/libcuda.cpp: a libcuda.so.1
 // built from cuda.h that defers stream work until the host waits and records misuse (see its header comment).
 // What it checks that nothing else here can: the staging ring is never rewritten while a queued copy may still
 // read it, downloads wait before reading, async copies use pinned memory, kernels get their arguments through
@@ -36,7 +36,7 @@ describe.skipIf(skip !== "")(`CudaContext against a recording libcuda${skip ? ` 
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
   const build = () => {
     if (!existsSync(join(dir, "libcuda.so.1"))) {
-      execFileSync(compiler!, ["-std=c++17", "-O1", "-shared", "-fPIC", "-I", cudaInclude!, join(here, "mock-driver", "libcuda.cpp"),
+      execFileSync(compiler!, ["-std=c++17", "-O1", "-shared", "-fPIC", "-I", cudaInclude!, join(here, "mocks", "libcuda.cpp"),
         "-o", join(dir, "libcuda.so.1")], { stdio: ["ignore", "ignore", "pipe"] });
     }
   };

@@ -1,4 +1,4 @@
-// Nvrtc (lib/cuda/nvrtc.ts) through the FFI against mock-driver/libnvrtc.cpp, which reads the source, name, headers
+// Nvrtc (lib/cuda/nvrtc.ts) through the FFI against mocks/libnvrtc.cpp, which reads the source, name, headers
 // and include names only when compiling (so they must outlive nvrtcCreateProgram) and records what it was handed.
 import { execFileSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -19,7 +19,7 @@ describe.skipIf(!compiler)(`Nvrtc against a recording NVRTC${compiler ? "" : " (
 
   it("hands NVRTC the source, headers by name and options, returns the cubin, and reports a failed compile with its log", () => {
     const path = join(dir, "libnvrtc.so");
-    execFileSync(compiler!, ["-std=c++17", "-O1", "-shared", "-fPIC", join(here, "mock-driver", "libnvrtc.cpp"), "-o", path],
+    execFileSync(compiler!, ["-std=c++17", "-O1", "-shared", "-fPIC", join(here, "mocks", "libnvrtc.cpp"), "-o", path],
       { stdio: ["ignore", "ignore", "pipe"] });
     const nvrtc = new Nvrtc({ name: "nvrtc", path, source: "test" }, null);
     const source = '#include "common.cuh"\n#include "extra.cuh"\nextern "C" __global__ void k() {}\n';
