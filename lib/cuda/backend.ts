@@ -9,7 +9,7 @@
 import { ArtError } from "../core/errors.ts";
 import {
   type Backend, type DType, type KvCache, type KvCacheSpec, type LoraWeights, type RowPlacement, type SampleResult,
-  type SamplingParams, type Tensor, shapeSize,
+  type SamplingParams, type Tensor, checkKvSlotCopy, shapeSize,
 } from "../model/backend.ts";
 import {
   attentionDimsPerLane, attentionQueryVectors, attentionSharedBytes, attentionWarps, planSplits, planTiles,
@@ -98,6 +98,11 @@ class CudaKvCache implements KvCache {
 function cuda(tensor: Tensor): CudaTensor {
   if (!(tensor instanceof CudaTensor)) throw new ArtError("wrong_backend", "a tensor from another backend was passed to the CUDA backend");
   return tensor;
+}
+
+function cudaKvCache(cache: KvCache): CudaKvCache {
+  if (!(cache instanceof CudaKvCache)) throw new ArtError("wrong_backend", "a KV cache from another backend was passed to the CUDA backend");
+  return cache;
 }
 
 function expectSize(name: string, tensor: Tensor, size: number): void {
@@ -283,8 +288,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     return new CudaKvCache({ ...spec }, address, (a) => this.context.pool.free(a));
   }
 
-  attention(q: Tensor, k: Tensor, v: Tensor, cache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void {
-    if (!(cache instanceof CudaKvCache)) throw new ArtError("wrong_backend", "a KV cache from another backend was passed to the CUDA backend");
+  attention(q: Tensor, k: Tensor, v: Tensor, kvCache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void {
+    const cache = cudaKvCache(kvCache);
     const { numKvHeads, headDim, maxPositions, numSlots } = cache.spec;
     const n = rows.slots.length;
     const kvWidth = numKvHeads * headDim;
@@ -327,6 +332,18 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       this.context.pool.free(partialO);
       this.context.pool.free(partialMl);
     }
+  }
+
+  copyKvSlot(kvCache: KvCache, from: number, to: number, numPositions: number): void {
+    const cache = cudaKvCache(kvCache);
+    const { numLayers, numSlots, numKvHeads, maxPositions, headDim } = cache.spec;
+    checkKvSlotCopy(cache.spec, from, to, numPositions);
+    if (numPositions === 0) return;
+    // One launch for every layer's K and V (a cuMemcpy3D could do the same strided copy, but would need its own
+    // driver binding and would not run on the kernel emulator the tests use).
+    this.#launch("kv_copy_slot", [gridFor(2 * numLayers * numKvHeads * numPositions * headDim)], [256], [["ptr", cache.address],
+      ["i32", 2 * numLayers], ["i32", numSlots], ["i32", numKvHeads], ["i32", maxPositions], ["i32", headDim], ["i32", from],
+      ["i32", to], ["i32", numPositions]]);
   }
 
   swiglu(gate: Tensor, up: Tensor, out: Tensor): void {

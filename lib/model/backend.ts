@@ -13,6 +13,7 @@
  * - Within one forward pass the transformer hands every layer the same `positions` / RowPlacement arrays (the same
  *   objects), so a device backend can upload them once per pass and reuse them by identity.
  */
+import { ArtError } from "../core/errors.ts";
 
 export type DType = "f32" | "bf16";
 
@@ -112,6 +113,12 @@ export interface Backend {
    * q:[n, numHeads·hd], k, v:[n, numKvHeads·hd], out:[n, numHeads·hd].
    */
   attention(q: Tensor, k: Tensor, v: Tensor, cache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void;
+  /**
+   * Copies the keys and values at positions 0..numPositions-1 of slot `from` into slot `to`, every layer; the rest
+   * of `to` is left as it was. Keys and values depend only on ids and positions, so sequences that share a prompt
+   * prefill it once and copy it (continuous batching). Ordered after the attention writes queued before it.
+   */
+  copyKvSlot(cache: KvCache, from: number, to: number, numPositions: number): void;
   /** out = silu(gate) · up, elementwise. */
   swiglu(gate: Tensor, up: Tensor, out: Tensor): void;
   /** residual += x, in place. */
@@ -129,4 +136,17 @@ export function shapeSize(shape: readonly number[]): number {
   let size = 1;
   for (const d of shape) size *= d;
   return size;
+}
+
+/** Throws ArtError unless copyKvSlot's arguments name two different slots of `spec` and a position count it holds. */
+export function checkKvSlotCopy(spec: KvCacheSpec, from: number, to: number, numPositions: number): void {
+  for (const [name, slot] of [["source", from], ["target", to]] as const) {
+    if (!(Number.isInteger(slot) && slot >= 0 && slot < spec.numSlots)) {
+      throw new ArtError("kv_cache_range", `copyKvSlot: ${name} slot ${slot} does not exist; the KV cache has slots 0..${spec.numSlots - 1}`);
+    }
+  }
+  if (from === to) throw new ArtError("kv_cache_range", `copyKvSlot: source and target are both slot ${from}; copy between two different slots`);
+  if (!(Number.isInteger(numPositions) && numPositions >= 0 && numPositions <= spec.maxPositions)) {
+    throw new ArtError("kv_cache_range", `copyKvSlot: cannot copy ${numPositions} positions; a slot holds 0..${spec.maxPositions} positions`);
+  }
 }

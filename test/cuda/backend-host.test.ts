@@ -59,6 +59,24 @@ describe("CUDA backend host logic (recording device)", () => {
     expect(device.outstandingBytes).toBe(0);
   });
 
+  it("copies a KV slot in one launch over every layer's keys and values, and names bad arguments", () => {
+    const { device, backend } = recordingBackend();
+    const spec = { numLayers: 3, numKvHeads: 2, headDim: 64, numSlots: 4, maxPositions: 128 };
+    const cache = backend.createKvCache(spec);
+    backend.copyKvSlot(cache, 3, 1, 100);
+    expect(device.launches.map((l) => [l.name, l.args.slice(1).map(([, value]) => value)]))
+      .toEqual([["kv_copy_slot", [6, 4, 2, 128, 64, 3, 1, 100]]]);
+    backend.copyKvSlot(cache, 0, 1, 0);
+    expect(device.launches).toHaveLength(1); // nothing to copy, nothing launched
+    expect(() => backend.copyKvSlot(cache, 1, 4, 1)).toThrowError("copyKvSlot: target slot 4 does not exist; the KV cache has slots 0..3");
+    expect(() => backend.copyKvSlot(cache, 2, 2, 1)).toThrowError("copyKvSlot: source and target are both slot 2; copy between two different slots");
+    expect(() => backend.copyKvSlot(cache, 0, 1, 129)).toThrowError("copyKvSlot: cannot copy 129 positions; a slot holds 0..128 positions");
+    expect(() => backend.copyKvSlot(new CpuBackend().createKvCache(spec), 0, 1, 1)).toThrowError("a KV cache from another backend was passed to the CUDA backend");
+    cache.free();
+    backend.dispose();
+    expect(device.outstandingBytes).toBe(0);
+  });
+
   it("reuses device copies of the rows' positions and slots across layers", () => {
     const { device, backend } = recordingBackend();
     const model = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 4 }), backend, "f32");

@@ -10,6 +10,7 @@ import { generate } from "../../lib/model/generate.ts";
 import { loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
 import type { CudaBackend, DeviceQueue } from "../../lib/cuda/backend.ts";
 import { tinyCheckpoint } from "../model/helpers.ts";
+import { probeKvSlotCopy } from "../model/kv-copy-probe.ts";
 
 /** Deterministic normal-ish values (sum of uniforms) from a seed. */
 function random(n: number, seed: number, scale = 1): Float32Array {
@@ -139,6 +140,19 @@ describe.skipIf(skip)(title, () => {
       caches.forEach((c) => c.free());
     });
   }
+
+  it("copyKvSlot: the target attends like a cache written directly, and like the CPU backend", () => {
+    const shape = { numLayers: 2, numHeads: 4, numKvHeads: 2, headDim: 16 };
+    const lengths = { sourceLength: 40, otherLength: 7, targetLength: 50, numPositions: 33 };
+    const [c, g] = [probeKvSlotCopy(cpu, shape, lengths), probeKvSlotCopy(gpu, shape, lengths)];
+    // The copy moves bf16 values unchanged: exactly what writing them there gives.
+    expect(g.copied).toEqual(g.direct);
+    expect(g.targetRow).toEqual(g.sourceRow);
+    for (let layer = 0; layer < shape.numLayers; layer++) {
+      expect(relativeError(c.copied[layer], g.copied[layer])).toBeLessThan(2e-2);
+      expect(relativeError(c.targetRow[layer], g.targetRow[layer])).toBeLessThan(2e-2);
+    }
+  });
 
   it("swiglu, addInPlace, gatherRows, logSoftmax", () => {
     const g = both(random(4 * 4864, 20), [4, 4864]), u = both(random(4 * 4864, 21), [4, 4864]), h = zeros([4, 4864]);
