@@ -159,9 +159,7 @@ export class Batcher {
         spec.signal.addEventListener("abort", sequence.onAbort, { once: true });
       }
       this.queue.push(sequence);
-      this.loop ??= this.run().finally(() => {
-        this.loop = null;
-      });
+      this.loop ??= this.run();
     });
   }
 
@@ -251,6 +249,9 @@ export class Batcher {
         done();
       }
     }
+    // Cleared in the same turn as the last check (not in a later .finally): a sequence submitted by whoever the
+    // last step resolved must start a new loop, not join this ending one.
+    this.loop = null;
   }
 
   private step(): void {
@@ -308,7 +309,8 @@ export class Batcher {
    */
   private admit(sequence: Sequence): void {
     const reusable = sequence.ids.length - 1;
-    let best = this.freeSlots.length - 1;
+    // Without a prefix to reuse, the least recently freed slot: a turn that just ended keeps its prefix longest.
+    let best = 0;
     let bestLength = 0;
     let source: Sequence | null = null;
     let sourceLength = 0;

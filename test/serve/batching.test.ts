@@ -142,6 +142,17 @@ describe("shared prompts", () => {
       return tokens;
     };
 
+    it("a new prompt takes the least recently freed slot, so the turn that just ended keeps its prefix", async () => {
+      const batcher = new Batcher(model.model, { numSlots: 2, maxPositions: 64 });
+      await batcher.submit(spec(6, { promptIds: [9, 8, 7, 6], maxTokens: 2 })); // some earlier rollout
+      const turn = await batcher.submit(spec(7));
+      await batcher.submit(spec(8, { promptIds: [1, 2, 3, 4, 5], maxTokens: 2 })); // another rollout meanwhile
+      const reused = batcher.stats.reusedTokens;
+      await batcher.submit(spec(9, { promptIds: [...prompt, ...turn.tokens.map((t) => t.id), 11, 12] }));
+      expect(batcher.stats.reusedTokens - reused).toBe(prompt.length + turn.tokens.length - 1);
+      await batcher.close();
+    });
+
     it("a sequence waiting on an aborted one copies what it had prefilled and prefills the rest itself", async () => {
       const batcher = new Batcher(model.model, { numSlots: 2, maxPositions: 64, maxPrefillTokens: 4 });
       const abort = new AbortController();
