@@ -30,11 +30,7 @@ export function probeKvSlotCopy(backend: Backend, shape: { numLayers: number; nu
   // Per layer and slot, the keys and values each slot's positions get.
   const contents = Array.from({ length: numLayers }, () => [sourceLength, otherLength, targetLength].map((n) => ({ k: rows(n, kvWidth), v: rows(n, kvWidth) })));
 
-  /** Writes (slot, positions 0..n-1) of one layer with the given keys and values; the attention output is dropped. */
-  const write = (cache: KvCache, layer: number, slot: number, k: Float32Array, v: Float32Array) => {
-    const n = k.length / kvWidth;
-    attend(cache, layer, new Array(n).fill(slot), Array.from({ length: n }, (_, p) => p), rows(n, qWidth), k, v);
-  };
+  /** One attention pass over the given rows (which also writes their keys and values); returns its output. */
   const attend = (cache: KvCache, layer: number, slots: number[], positions: number[], q: Float32Array, k: Float32Array, v: Float32Array) => {
     const n = slots.length;
     const tensors = [backend.upload(q, [n, qWidth]), backend.upload(k, [n, kvWidth]), backend.upload(v, [n, kvWidth]), backend.zeros([n, qWidth])];
@@ -43,6 +39,11 @@ export function probeKvSlotCopy(backend: Backend, shape: { numLayers: number; nu
     const result = backend.download(out);
     for (const t of tensors) backend.free(t);
     return result;
+  };
+  /** Writes (slot, positions 0..n-1) of one layer with the given keys and values; the attention output is dropped. */
+  const write = (cache: KvCache, layer: number, slot: number, k: Float32Array, v: Float32Array) => {
+    const n = k.length / kvWidth;
+    attend(cache, layer, new Array(n).fill(slot), Array.from({ length: n }, (_, p) => p), rows(n, qWidth), k, v);
   };
 
   const withCopy = backend.createKvCache(spec), direct = backend.createKvCache(spec);
