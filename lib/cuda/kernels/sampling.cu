@@ -1,14 +1,20 @@
 // Log-softmax and sampling on the device, one block per row of logits:[rows, vocab], so only the chosen ids and
-// their logprobs (and the top alternatives) cross to the host.
+// their logprobs (and the top alternatives) cross to the host. lib/model/cpu/sample.ts is the readable reference of
+// this exact algorithm (equal uniforms give equal ids); its header says where float rounding can still differ.
 //
 // Sampling keeps the tokens of the top-k and then of the nucleus (top-p) by *threshold*, never by sorting: with
 // w_i = exp((logit_i - max) / T) in (0, 1], the kept set is {i : w_i >= t}. For top-k, t is the largest value with
 // count(w >= t) >= k; for top-p, the largest t with sum(w >= t) >= top_p · Z (Z the mass left by top-k). Both are
 // found exactly by bisection on the bit pattern of t (positive floats order like their bits): 31 block reductions.
-// Ties at the threshold are all kept. The draw walks the kept tokens in vocabulary order until the running mass
-// exceeds u · Z_kept (u from the host's seeded generator): an exact sample of the renormalised distribution.
-// Temperature 0 is greedy (argmax, lowest id on ties). The returned logprob is always under the unmodified model
-// (log-softmax of the raw logits), as training needs.
+// Ties at the threshold are all kept; without either limit t is the smallest positive float (every weight that did
+// not underflow). The draw walks the kept tokens in vocabulary order until the running mass exceeds u · Z_kept (u
+// from the host's seeded generator): an exact sample of the renormalised distribution. Temperature 0 is greedy
+// (argmax, lowest id on ties). The returned logprob is always under the unmodified model (log-softmax of the raw
+// logits over the whole vocabulary), as training needs.
+//
+// Constrained decoding: an optional packed bitset per row (ceil(vocab / 32) words, bit id % 32 of word id / 32)
+// names the allowed tokens. Everything but the returned logprobs sees masked logits (-inf where disallowed): the
+// max of the weights, the draw, the greedy pick and the top alternatives (which list the allowed tokens first).
 #include "common.cuh"
 
 #define SAMPLE_THREADS 1024
@@ -34,16 +40,21 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) log_softmax(const f
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) out[(long long)blockIdx.x * vocab + i] = row[i] - log_z;
 }
 
+// The logit as the draw and the ranking see it: -inf for a token the row's mask disallows (no mask: all allowed).
+__device__ __forceinline__ float masked_logit(const float* __restrict__ row, const unsigned* __restrict__ allowed, int i) {
+  return allowed == nullptr || ((allowed[i >> 5] >> (i & 31)) & 1u) ? row[i] : -INFINITY;
+}
+
 // The (value, index) pair ordered first: larger value, then smaller index.
 __device__ __forceinline__ bool before(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
 
-// Block argmax of row over entries strictly after (bound_value, bound_index) in that order; returns the index.
-__device__ int block_argmax_after(const float* __restrict__ row, int vocab, float bound_value, int bound_index,
-                                  float* s_value, int* s_index) {
+// Block argmax of the masked row over entries strictly after (bound_value, bound_index) in that order; returns the index.
+__device__ int block_argmax_after(const float* __restrict__ row, const unsigned* __restrict__ allowed, int vocab,
+                                  float bound_value, int bound_index, float* s_value, int* s_index) {
   float best = -INFINITY;
   int best_index = 0x7fffffff;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = row[i];
+    const float v = masked_logit(row, allowed, i);
     if (before(bound_value, bound_index, v, i) && before(v, i, best, best_index)) {
       best = v;
       best_index = i;
@@ -68,12 +79,19 @@ __device__ int block_argmax_after(const float* __restrict__ row, int vocab, floa
   return best_index;
 }
 
-// count and mass of {w_i >= threshold} over the row's weights (recomputed from the logits: no scratch memory).
-__device__ void kept(const float* __restrict__ row, int vocab, float max_value, float inv_t, float threshold,
-                     float* scratch, float* count, float* mass) {
+// The sampling weight w_i = exp((masked logit - max) / T) of a row, recomputed where needed (no scratch memory).
+struct RowWeights {
+  const float* row;
+  const unsigned* allowed;
+  float max_value, inv_t;
+  __device__ float operator()(int i) const { return __expf((masked_logit(row, allowed, i) - max_value) * inv_t); }
+};
+
+// count and mass of {w_i >= threshold} over the row's weights.
+__device__ void kept(const RowWeights& weight, int vocab, float threshold, float* scratch, float* count, float* mass) {
   float local_count = 0.0f, local_mass = 0.0f;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float w = __expf((row[i] - max_value) * inv_t);
+    const float w = weight(i);
     if (w >= threshold) { local_count += 1.0f; local_mass += w; }
   }
   *count = block_sum(local_count, scratch);
@@ -93,17 +111,20 @@ __device__ float largest_threshold(Predicate predicate) {
   return __uint_as_float(lo);
 }
 
-// One row per block. Outputs: ids[rows], logprobs[rows], top_ids/top_logprobs[rows, num_top].
+// One row per block. allowed_tokens is null (no constraint) or [rows, ceil(vocab / 32)] words.
+// Outputs: ids[rows], logprobs[rows], top_ids/top_logprobs[rows, num_top].
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample(
     const float* __restrict__ logits, int vocab, const float* __restrict__ temperature, const float* __restrict__ top_p,
-    const int* __restrict__ top_k, const float* __restrict__ uniforms, int num_top, int* __restrict__ ids,
-    float* __restrict__ logprobs, int* __restrict__ top_ids, float* __restrict__ top_logprobs) {
+    const int* __restrict__ top_k, const float* __restrict__ uniforms, const unsigned* __restrict__ allowed_tokens,
+    int num_top, int* __restrict__ ids, float* __restrict__ logprobs, int* __restrict__ top_ids,
+    float* __restrict__ top_logprobs) {
   __shared__ float scratch[32];
   __shared__ float s_value[32];
   __shared__ int s_index[32];
   __shared__ int s_chosen;
   const int r = blockIdx.x;
   const float* row = logits + (long long)r * vocab;
+  const unsigned* allowed = allowed_tokens == nullptr ? nullptr : allowed_tokens + (long long)r * ((vocab + 31) / 32);
   float max_value, sum;
   row_max_and_sum(row, vocab, scratch, &max_value, &sum);
   const float log_z = max_value + logf(sum);
@@ -111,30 +132,36 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample(
   int chosen;
   const float t = temperature[r];
   if (t <= 0.0f) {
-    chosen = block_argmax_after(row, vocab, INFINITY, -1, s_value, s_index);
+    chosen = block_argmax_after(row, allowed, vocab, INFINITY, -1, s_value, s_index);
   } else {
-    const float inv_t = 1.0f / t;
+    float allowed_max = max_value;
+    if (allowed != nullptr) {
+      float local_max = -INFINITY;
+      for (int i = threadIdx.x; i < vocab; i += blockDim.x) local_max = fmaxf(local_max, masked_logit(row, allowed, i));
+      allowed_max = block_max(local_max, scratch);
+    }
+    const RowWeights weight{row, allowed, allowed_max, 1.0f / t};
     float count, mass;
-    float threshold = 0.0f;  // keeps every token
+    float threshold = __uint_as_float(1u);  // the smallest positive float: keeps every weight that did not underflow
     const int k = top_k[r];
     if (k > 0 && k < vocab) {
       threshold = largest_threshold([&](float candidate) {
-        kept(row, vocab, max_value, inv_t, candidate, scratch, &count, &mass);
+        kept(weight, vocab, candidate, scratch, &count, &mass);
         return count >= (float)k;
       });
     }
-    kept(row, vocab, max_value, inv_t, threshold, scratch, &count, &mass);
+    kept(weight, vocab, threshold, scratch, &count, &mass);
     const float p = top_p[r];
     if (p < 1.0f) {
       const float target = p * mass;
       const float floor_threshold = threshold;
       threshold = largest_threshold([&](float candidate) {
         float c, m2;
-        kept(row, vocab, max_value, inv_t, fmaxf(candidate, floor_threshold), scratch, &c, &m2);
+        kept(weight, vocab, fmaxf(candidate, floor_threshold), scratch, &c, &m2);
         return m2 >= target;
       });
       threshold = fmaxf(threshold, floor_threshold);
-      kept(row, vocab, max_value, inv_t, threshold, scratch, &count, &mass);
+      kept(weight, vocab, threshold, scratch, &count, &mass);
     }
     // Walk kept tokens in vocabulary order: each thread owns a contiguous range; a block scan of the range masses
     // finds the range that crosses u · mass, then that thread walks its range.
@@ -144,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample(
     float local = 0.0f;
     int last_kept = -1;
     for (int i = begin; i < end; i++) {
-      const float w = __expf((row[i] - max_value) * inv_t);
+      const float w = weight(i);
       if (w >= threshold) { local += w; last_kept = i; }
     }
     // Prefix sums over threads: warp scan, then warp totals added in a fixed order, so one thread's end is
@@ -169,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample(
       float running = start;
       int pick = last_kept;
       for (int i = begin; i < end; i++) {
-        const float w = __expf((row[i] - max_value) * inv_t);
+        const float w = weight(i);
         if (w >= threshold) {
           running += w;
           if (target < running) { pick = i; break; }
@@ -181,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample(
     // Rounding can leave target >= the total: take the last kept token then (the one holding the top of the mass).
     if (s_chosen < 0 && threadIdx.x == 0) {
       for (int i = vocab - 1; i >= 0; i--)
-        if (__expf((row[i] - max_value) * inv_t) >= threshold) { s_chosen = i; break; }
+        if (weight(i) >= threshold) { s_chosen = i; break; }
     }
     __syncthreads();
     chosen = s_chosen;
@@ -190,12 +217,13 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample(
     ids[r] = chosen;
     logprobs[r] = row[chosen] - log_z;
   }
-  // Top alternatives: num_top successive argmaxes, each strictly after the previous in (value desc, index asc).
+  // Top alternatives: num_top successive argmaxes of the masked row, each strictly after the previous in
+  // (value desc, index asc); a disallowed token's logprob is -inf.
   float bound_value = INFINITY;
   int bound_index = -1;
   for (int n = 0; n < num_top; n++) {
-    const int index = block_argmax_after(row, vocab, bound_value, bound_index, s_value, s_index);
-    bound_value = row[index];
+    const int index = block_argmax_after(row, allowed, vocab, bound_value, bound_index, s_value, s_index);
+    bound_value = masked_logit(row, allowed, index);
     bound_index = index;
     if (threadIdx.x == 0) {
       top_ids[(long long)r * num_top + n] = index;
