@@ -156,14 +156,14 @@ describe.skipIf(skip)(title, () => {
     expect(error(logprobs)).toBeLessThan(1e-5);
   });
 
-  it("sampling: greedy ids, top logprobs, and full-distribution draws match the CPU; logprobs are the raw model's", () => {
+  it("sampling: greedy ids, top logprobs, and draws (whole vocabulary, top-k, top-p) match the CPU; logprobs are the raw model's", () => {
     const rows = 6;
     const logits = both(random(rows * vocab, 30, 3), [rows, vocab]);
     const params = (temperature: number, topP = 1, topK = 0) => ({
       temperature: new Float32Array(rows).fill(temperature), topP: new Float32Array(rows).fill(topP),
       topK: new Int32Array(rows).fill(topK), uniforms: Float32Array.from({ length: rows }, (_, r) => (r + 0.37) / rows), numTopLogprobs: 5,
     });
-    for (const p of [params(0), params(1), params(0.7)]) {
+    for (const p of [params(0), params(1), params(0.7, 0.95, 50)]) {
       const c = cpu.sample(logits[0], p), g = gpu.sample(logits[1], p);
       expect([...g.ids]).toEqual([...c.ids]);
       expect(relativeError(c.logprobs, g.logprobs)).toBeLessThan(1e-5);

@@ -4,7 +4,7 @@
 import { describe, expect, it } from "vitest";
 import { seededRandom } from "../../lib/core/random.ts";
 import { allowedTokenMask, type SamplingParams } from "../../lib/model/backend.ts";
-import { sampleRows } from "../../lib/model/cpu/sample.ts";
+import { sampleRows, samplingExp } from "../../lib/model/cpu/sample.ts";
 import { maxAbsDiff } from "./helpers.ts";
 
 describe("sampling", () => {
@@ -224,5 +224,20 @@ describe("the CUDA kernel's algorithm: thresholds, vocabulary-order walk, ties, 
       .toThrow("cpu backend: allowedTokens has 1 words; 1 rows of vocabulary 45 need 2 (build it with allowedTokenMask)");
     expect(() => sampleRows(row, 45, params(undefined, 46))).toThrow("cpu backend: numTopLogprobs 46 must be an integer in 0..45 (the vocabulary)");
     expect(() => sampleRows(new Float32Array(90), 45, params())).toThrow("cpu backend: sampling temperature has 1 entries for 2 rows");
+  });
+});
+
+describe("samplingExp (the kernel's sampling_exp, bit for bit)", () => {
+  it("is exp to about one f32 ulp over the range a weight can take, exactly 1 at 0, and 0 below 2^-125", () => {
+    let worst = 0;
+    for (let x = -86; x <= 0; x += 0.000731) {
+      const xf = Math.fround(x);
+      worst = Math.max(worst, Math.abs(samplingExp(xf) / Math.exp(xf) - 1));
+    }
+    expect(worst).toBeLessThan(1.5e-7); // about one f32 ulp (6e-8 … 1.2e-7 relative)
+    expect(samplingExp(0)).toBe(1);
+    expect(samplingExp(-87)).toBe(0);
+    expect(samplingExp(-Infinity)).toBe(0);
+    expect(samplingExp(Number.NaN)).toBe(0);
   });
 });

@@ -10,14 +10,14 @@
  *   the mass top-k kept — the smallest most-likely set reaching the mass, again with ties kept whole;
  * - both thresholds are found by bisection over the bit patterns of positive floats (they order like their bits),
  *   exactly as the kernel does; without either limit the threshold is the smallest positive float, which keeps
- *   every token whose weight did not underflow to 0;
+ *   every token whose weight is not 0 (samplingExp gives 0 below 2^-125: 87 nats under the max at T = 1);
  * - the draw walks the kept tokens in vocabulary order and takes the first whose running mass exceeds u · Z_kept,
  *   or the last kept token when rounding leaves u · Z_kept at or above the total;
- * - temperature 0 is greedy: the largest allowed logit, lowest id on ties.
- * The two backends can still disagree where float rounding decides: the device's __expf is within 2 ulp of exp, and
- * it sums masses in float over a block-parallel order where this sums in double. A draw differs only when u · Z
- * falls within ~1e-6 relative of a boundary between two tokens' mass (or the top-p mass lands that close to p · Z),
- * or when two weights within 2 ulp of each other straddle the top-k cut: about one draw in a million.
+ * - temperature 0 is greedy: the largest allowed logit, lowest id on ties (the first of the ranking below).
+ * Rounding: the weights are the same f32 bits on both backends (samplingExp, the kernel's sampling_exp, uses only
+ * correctly rounded f32 operations) and masses are summed in f64 on both, in different orders: the totals differ by
+ * ~1e-16 relative. A draw can differ only when u · Z lands that close to a boundary between two tokens' mass, or
+ * the top-p mass that close to p · Z: with a whole 150k vocabulary kept, ~1e-11 of draws — never, in practice.
  *
  * The reported logprob is the model's own (raw log-softmax over the whole vocabulary, mask or not), which is what a
  * trainer recomputes. Top alternatives rank the allowed tokens by logit (lowest id on ties); disallowed tokens come
@@ -36,23 +36,21 @@ export function sampleRows(logits: Float32Array, vocab: number, params: Sampling
     topLogprobs: new Float32Array(rows * top),
   };
   const words = allowedTokenWords(vocab);
-  const weights = new Float32Array(vocab); // scratch, reused by every row
+  const weights = new Float32Array(vocab), pool = new Float32Array(vocab); // scratch, reused by every row
+  const ranked = new Int32Array(Math.max(top, 1));
   for (let r = 0; r < rows; r++) {
     const row = logits.subarray(r * vocab, (r + 1) * vocab);
     const allowed = params.allowedTokens ? params.allowedTokens.subarray(r * words, (r + 1) * words) : null;
+    const greedy = params.temperature[r] === 0;
+    if (greedy || top > 0) rankFirst(row, allowed, ranked);
+    const id = greedy ? ranked[0]
+      : draw(row, allowed, params.temperature[r], params.topK[r], params.topP[r], params.uniforms[r], weights, pool);
     const logZ = logSumExp(row);
-    const id = params.temperature[r] === 0
-      ? argmaxAfter(row, allowed, Infinity, -1)
-      : draw(row, allowed, params.temperature[r], params.topK[r], params.topP[r], params.uniforms[r], weights);
     result.ids[r] = id;
     result.logprobs[r] = row[id] - logZ;
-    // Top alternatives: successive argmaxes, each strictly after the previous in (value desc, id asc).
-    let boundValue = Infinity, boundIndex = -1;
     for (let n = 0; n < top; n++) {
-      boundIndex = argmaxAfter(row, allowed, boundValue, boundIndex);
-      boundValue = maskedLogit(row, allowed, boundIndex);
-      result.topIds[r * top + n] = boundIndex;
-      result.topLogprobs[r * top + n] = boundValue - logZ;
+      result.topIds[r * top + n] = ranked[n];
+      result.topLogprobs[r * top + n] = maskedLogit(row, allowed, ranked[n]) - logZ;
     }
   }
   return result;
@@ -80,38 +78,65 @@ function before(v: number, i: number, w: number, j: number): boolean {
   return v > w || (v === w && i < j);
 }
 
-/** The id ranked first among those ranked strictly after (boundValue, boundIndex), by masked logit. */
-function argmaxAfter(row: Float32Array, allowed: Uint32Array | null, boundValue: number, boundIndex: number): number {
-  let best = -Infinity, bestIndex = row.length;
+/**
+ * The first ranked.length ids by masked logit, largest first, lower id first among equals: the order the kernel's
+ * successive block argmaxes produce, found here in one pass by insertion.
+ */
+function rankFirst(row: Float32Array, allowed: Uint32Array | null, ranked: Int32Array): void {
+  const count = ranked.length;
+  let filled = 0;
   for (let i = 0; i < row.length; i++) {
     const v = maskedLogit(row, allowed, i);
-    if (before(boundValue, boundIndex, v, i) && before(v, i, best, bestIndex)) {
-      best = v;
-      bestIndex = i;
-    }
+    if (filled === count && !before(v, i, maskedLogit(row, allowed, ranked[count - 1]), ranked[count - 1])) continue;
+    let at = filled < count ? filled++ : count - 1;
+    for (; at > 0 && before(v, i, maskedLogit(row, allowed, ranked[at - 1]), ranked[at - 1]); at--) ranked[at] = ranked[at - 1];
+    ranked[at] = i;
   }
-  return bestIndex;
 }
 
-/** The smallest positive float, as a threshold: keeps every weight that did not underflow to 0. */
+/** The smallest positive float, as a threshold: keeps every weight that is not 0. */
 const SMALLEST_POSITIVE = 2 ** -149;
 
+const f32 = Math.fround;
+// The kernel's constants, f32 values written exactly: log2(e), and ln 2 split so that n · LN_2_HIGH is exact.
+const LOG2_E = 1.44269502162933349609375;
+const LN_2_HIGH = 0.693145751953125;
+const LN_2_LOW = 0.000001428606765330187045037746429443359375;
+const EXP_COEFFICIENTS = [1 / 720, 1 / 120, 1 / 24, 1 / 6, 0.5, 1, 1].map(f32);
+
+/**
+ * exp(x) for x <= 0, the kernel's sampling_exp bit for bit: f32 multiplies and adds only, each rounded to nearest
+ * (f32 of the double product or sum of two f32 values is the correctly rounded f32 result). x = n ln 2 + f with
+ * n = round(x log2 e); e^f by its degree-7 Taylor polynomial (truncation 5e-9); times 2^n; 0 below 2^-125.
+ */
+export function samplingExp(x: number): number {
+  const t = f32(x * LOG2_E);
+  if (!(t > -125)) return 0;
+  const n = Math.floor(f32(t + 0.5));
+  const f = f32(f32(x - f32(n * LN_2_HIGH)) - f32(n * LN_2_LOW));
+  let p = f32(1 / 5040);
+  for (const c of EXP_COEFFICIENTS) p = f32(f32(p * f) + c);
+  return f32(p * 2 ** n);
+}
+
+/** `weights` and `pool` are vocabulary-sized scratch, reused across rows. */
 function draw(row: Float32Array, allowed: Uint32Array | null, temperature: number, topK: number, topP: number,
-              uniform: number, weights: Float32Array): number {
+              uniform: number, weights: Float32Array, pool: Float32Array): number {
   const vocab = row.length;
   let max = -Infinity;
   for (let i = 0; i < vocab; i++) max = Math.max(max, maskedLogit(row, allowed, i));
-  // f32 arithmetic as on the device: (logit - max) · (1 / T), then exp rounded to f32.
-  const inverseTemperature = Math.fround(1 / temperature);
-  for (let i = 0; i < vocab; i++) {
-    weights[i] = isAllowed(allowed, i) ? Math.exp(Math.fround(Math.fround(row[i] - max) * inverseTemperature)) : 0;
-  }
+  // f32 arithmetic as on the device: (logit - max) · (1 / T), then samplingExp: the kernel's weights, bit for bit.
+  const inverseTemperature = f32(1 / temperature);
+  for (let i = 0; i < vocab; i++) weights[i] = isAllowed(allowed, i) ? samplingExp(f32(f32(row[i] - max) * inverseTemperature)) : 0;
   let threshold = SMALLEST_POSITIVE;
-  if (topK > 0 && topK < vocab) threshold = largestThreshold((t) => keptCount(weights, t) >= topK);
+  if (topK > 0 && topK < vocab) {
+    threshold = largestThreshold(pool, gather(weights, threshold, pool), (count) => count >= topK);
+  }
   let mass = keptMass(weights, threshold);
   if (topP < 1) {
     const target = topP * mass, floor = threshold;
-    threshold = Math.max(floor, largestThreshold((t) => keptMass(weights, Math.max(t, floor)) >= target));
+    // The pool holds only weights >= floor, so a candidate below the floor counts as the floor, as on the device.
+    threshold = Math.max(floor, largestThreshold(pool, gather(weights, floor, pool), (_, kept) => kept >= target));
     mass = keptMass(weights, threshold);
   }
   const target = uniform * mass;
@@ -125,16 +150,17 @@ function draw(row: Float32Array, allowed: Uint32Array | null, temperature: numbe
   return last;
 }
 
-function keptCount(weights: Float32Array, threshold: number): number {
-  let count = 0;
-  for (let i = 0; i < weights.length; i++) if (weights[i] >= threshold) count++;
-  return count;
-}
-
 function keptMass(weights: Float32Array, threshold: number): number {
   let mass = 0;
   for (let i = 0; i < weights.length; i++) if (weights[i] >= threshold) mass += weights[i];
   return mass;
+}
+
+/** Copies the weights >= threshold into `pool`, in vocabulary order; returns how many. */
+function gather(weights: Float32Array, threshold: number, pool: Float32Array): number {
+  let size = 0;
+  for (let i = 0; i < weights.length; i++) if (weights[i] >= threshold) pool[size++] = weights[i];
+  return size;
 }
 
 const bitPattern = new Uint32Array(1);
@@ -145,17 +171,36 @@ function floatWithBits(bits: number): number {
 }
 
 /**
- * The largest float t in [smallest positive, 1] with holds(t), for a predicate true at small t and false beyond
- * some point: bisection over the bit patterns, exact in at most 31 steps. The smallest positive float is taken to
- * hold (the caller's rules start there).
+ * The largest float t in [smallest positive, 1] for which holds(count, mass) of the pooled weights >= t, for a
+ * predicate true at small t and false beyond some point: bisection over the bit patterns, exact in at most 31
+ * steps. The smallest positive float is taken to hold (the caller's rules start there). Whenever the lower end
+ * rises, weights below it leave the pool (they count for no larger t), so the passes shrink quickly; the weights
+ * kept are summed in the same order as in a full pass, so the masses are the same numbers.
  */
-function largestThreshold(holds: (threshold: number) => boolean): number {
+function largestThreshold(pool: Float32Array, size: number, holds: (count: number, mass: number) => boolean): number {
+  const holdsAt = (threshold: number): boolean => {
+    let count = 0, mass = 0;
+    for (let i = 0; i < size; i++) {
+      if (pool[i] >= threshold) {
+        count++;
+        mass += pool[i];
+      }
+    }
+    return holds(count, mass);
+  };
   let low = 1, high = 0x3f800000; // bit patterns of 2^-149 and 1.0
-  if (holds(1)) return 1;
+  if (holdsAt(1)) return 1;
   while (high - low > 1) {
     const middle = low + Math.floor((high - low) / 2);
-    if (holds(floatWithBits(middle))) low = middle;
-    else high = middle;
+    if (!holdsAt(floatWithBits(middle))) {
+      high = middle;
+      continue;
+    }
+    low = middle;
+    const threshold = floatWithBits(low);
+    let kept = 0;
+    for (let i = 0; i < size; i++) if (pool[i] >= threshold) pool[kept++] = pool[i];
+    size = kept;
   }
   return floatWithBits(low);
 }
