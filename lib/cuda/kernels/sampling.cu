@@ -6,8 +6,8 @@
 // w_i = exp((logit_i - max) / T) in (0, 1] (sampling_exp: bit-identical on the CPU), the kept set is {i : w_i >= t}. For top-k, t is the largest value with
 // count(w >= t) >= k; for top-p, the largest t with sum(w >= t) >= top_p · Z (Z the mass left by top-k). Both are
 // found exactly by bisection on the bit pattern of t (positive floats order like their bits): 31 block reductions.
-// Ties at the threshold are all kept; without either limit t is the smallest positive float (every weight that did
-// not underflow). The draw walks the kept tokens in vocabulary order until the running mass exceeds u · Z_kept (u
+// Ties at the threshold are all kept; without either limit t is the smallest positive float (every weight that is
+// not 0). The draw walks the kept tokens in vocabulary order until the running mass exceeds u · Z_kept (u
 // from the host's seeded generator; masses summed in f64): an exact sample of the renormalised distribution. Temperature 0 is greedy
 // (argmax, lowest id on ties). The returned logprob is always under the unmodified model (log-softmax of the raw
 // logits over the whole vocabulary), as training needs.
