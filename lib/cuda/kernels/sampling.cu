@@ -3,14 +3,15 @@
 // this exact algorithm (equal uniforms give equal ids); its header says where float rounding can still differ.
 //
 // Sampling keeps the tokens of the top-k and then of the nucleus (top-p) by *threshold*, never by sorting: with
-// w_i = exp((logit_i - max) / T) in (0, 1] (sampling_exp: bit-identical on the CPU), the kept set is {i : w_i >= t}. For top-k, t is the largest value with
-// count(w >= t) >= k; for top-p, the largest t with sum(w >= t) >= top_p · Z (Z the mass left by top-k). Both are
-// found exactly by bisection on the bit pattern of t (positive floats order like their bits): 31 block reductions.
-// Ties at the threshold are all kept; without either limit t is the smallest positive float (every weight that is
-// not 0). The draw walks the kept tokens in vocabulary order until the running mass exceeds u · Z_kept (u
-// from the host's seeded generator; masses summed in f64): an exact sample of the renormalised distribution. Temperature 0 is greedy
-// (argmax, lowest id on ties). The returned logprob is always under the unmodified model (log-softmax of the raw
-// logits over the whole vocabulary), as training needs.
+// w_i = exp((logit_i - max) / T) in (0, 1] (sampling_exp: the same bits as on the CPU), the kept set is
+// {i : w_i >= t}. For top-k, t is the largest value with count(w >= t) >= k; for top-p, the largest t with
+// sum(w >= t) >= top_p · Z (Z the mass left by top-k). Both are found exactly by bisection on the bit pattern of t
+// (positive floats order like their bits): 31 block reductions. Ties at the threshold are all kept; without either
+// limit t is the smallest positive float (every weight that is not 0). The draw walks the kept tokens in
+// vocabulary order until the running mass exceeds u · Z_kept (u from the host's seeded generator; masses summed in
+// f64): an exact sample of the renormalised distribution. Temperature 0 is greedy (argmax, lowest id on ties). The
+// returned logprob is always under the unmodified model (log-softmax of the raw logits over the whole vocabulary),
+// as training needs.
 //
 // Constrained decoding: an optional packed bitset per row (ceil(vocab / 32) words, bit id % 32 of word id / 32)
 // names the allowed tokens. Everything but the returned logprobs sees masked logits (-inf where disallowed): the

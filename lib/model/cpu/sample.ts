@@ -89,7 +89,9 @@ function rankFirst(row: Float32Array, allowed: Uint32Array | null, ranked: Int32
     const v = maskedLogit(row, allowed, i);
     if (filled === count && !before(v, i, maskedLogit(row, allowed, ranked[count - 1]), ranked[count - 1])) continue;
     let at = filled < count ? filled++ : count - 1;
-    for (; at > 0 && before(v, i, maskedLogit(row, allowed, ranked[at - 1]), ranked[at - 1]); at--) ranked[at] = ranked[at - 1];
+    for (; at > 0 && before(v, i, maskedLogit(row, allowed, ranked[at - 1]), ranked[at - 1]); at--) {
+      ranked[at] = ranked[at - 1];
+    }
     ranked[at] = i;
   }
 }
@@ -127,7 +129,9 @@ function draw(row: Float32Array, allowed: Uint32Array | null, temperature: numbe
   for (let i = 0; i < vocab; i++) max = Math.max(max, maskedLogit(row, allowed, i));
   // f32 arithmetic as on the device: (logit - max) · (1 / T), then samplingExp: the kernel's weights, bit for bit.
   const inverseTemperature = f32(1 / temperature);
-  for (let i = 0; i < vocab; i++) weights[i] = isAllowed(allowed, i) ? samplingExp(f32(f32(row[i] - max) * inverseTemperature)) : 0;
+  for (let i = 0; i < vocab; i++) {
+    weights[i] = isAllowed(allowed, i) ? samplingExp(f32(f32(row[i] - max) * inverseTemperature)) : 0;
+  }
   let threshold = SMALLEST_POSITIVE;
   if (topK > 0 && topK < vocab) {
     threshold = largestThreshold(pool, gather(weights, threshold, pool), (count) => count >= topK);
