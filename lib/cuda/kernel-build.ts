@@ -42,7 +42,7 @@ export const kernelModules = {
   },
   sampling: {
     log_softmax: [ptr, ptr, i32],
-    sample: [ptr, i32, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr],
+    sample: [ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr],
   },
 } as const satisfies Record<string, Record<string, readonly KernelArgType[]>>;
 export type KernelModuleName = keyof typeof kernelModules;

@@ -20,7 +20,7 @@
  * prefilled the prefix — so a group's prompt is prefilled once.
  */
 import { setImmediate } from "node:timers";
-import type { Backend, KvCache, SamplingParams } from "../model/backend.ts";
+import { type Backend, type KvCache, type SamplingParams, allowedTokenMask } from "../model/backend.ts";
 import { seededRandom } from "../core/random.ts";
 import type { SampledToken, TopLogprob } from "../model/generate.ts";
 import type { LayerLoras, Transformer } from "../model/transformer.ts";
@@ -366,46 +366,30 @@ export class Batcher {
       uniforms: Float32Array.from(sampling, (s) => s.random()),
       numTopLogprobs: numTop,
     };
-    const constrained = sampling.some((s) => s.spec.constraint !== null);
-    // Constrained rows sample from masked logits; their logprobs are shifted back to the unmasked distribution.
-    const shift = new Float64Array(n);
-    let toSample = logits;
-    if (constrained) {
-      const host = this.backend.download(logits);
-      const vocab = host.length / n;
-      sampling.forEach((sequence, row) => {
+    // Constrained rows sample on the backend under an allowed-token mask (logprobs stay the raw model's; top
+    // alternatives list the most likely allowed tokens); unconstrained rows allow every token.
+    if (sampling.some((s) => s.spec.constraint !== null)) {
+      const allowed = sampling.map((sequence) => {
         const constraint = sequence.spec.constraint;
-        if (!constraint) return;
-        let allowed: Int32Array;
+        if (!constraint) return null;
         try {
-          allowed = constraint.allowed(sequence.spec.maxTokens - sequence.tokens.length);
+          return constraint.allowed(sequence.spec.maxTokens - sequence.tokens.length);
         } catch (error) {
           this.finish(sequence, error); // its row is sampled unmasked and dropped below
-          return;
+          return null;
         }
-        const values = host.subarray(row * vocab, (row + 1) * vocab);
-        shift[row] = logSumExp(values, allowed) - logSumExp(values);
-        const kept = new Float32Array(allowed.length);
-        for (let i = 0; i < allowed.length; i++) kept[i] = values[allowed[i]];
-        values.fill(Number.NEGATIVE_INFINITY);
-        for (let i = 0; i < allowed.length; i++) values[allowed[i]] = kept[i];
       });
-      toSample = this.backend.upload(host, logits.shape);
+      params.allowedTokens = allowedTokenMask(logits.shape[1], allowed);
     }
-    let result;
-    try {
-      result = this.backend.sample(toSample, params);
-    } finally {
-      if (toSample !== logits) this.backend.free(toSample);
-    }
+    const result = this.backend.sample(logits, params);
     this.stats.sampled += n;
     sampling.forEach((sequence, row) => {
       if (!this.running.includes(sequence)) return; // failed its constraint above
       const topLogprobs: TopLogprob[] = [];
       for (let t = 0; t < sequence.spec.numTopLogprobs; t++) {
-        topLogprobs.push({ id: result.topIds[row * numTop + t], logprob: result.topLogprobs[row * numTop + t] + shift[row] });
+        topLogprobs.push({ id: result.topIds[row * numTop + t], logprob: result.topLogprobs[row * numTop + t] });
       }
-      const token: SampledToken = { id: result.ids[row], logprob: result.logprobs[row] + shift[row], topLogprobs };
+      const token: SampledToken = { id: result.ids[row], logprob: result.logprobs[row], topLogprobs };
       try {
         this.advance(sequence, token);
       } catch (error) {
@@ -430,18 +414,4 @@ function commonPrefixLength(a: readonly number[], b: readonly number[]): number 
   let i = 0;
   while (i < n && a[i] === b[i]) i++;
   return i;
-}
-
-/** log Σ exp(values[i]) over all i, or over `only` when given. */
-function logSumExp(values: Float32Array, only?: Int32Array): number {
-  const count = only ? only.length : values.length;
-  let max = Number.NEGATIVE_INFINITY;
-  for (let i = 0; i < count; i++) {
-    const v = values[only ? only[i] : i];
-    if (v > max) max = v;
-  }
-  if (max === Number.NEGATIVE_INFINITY) return max;
-  let sum = 0;
-  for (let i = 0; i < count; i++) sum += Math.exp(values[only ? only[i] : i] - max);
-  return max + Math.log(sum);
 }

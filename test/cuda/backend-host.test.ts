@@ -2,6 +2,7 @@
 // tiny checkpoints, launch by launch; shape and input errors; nothing left allocated.
 import { describe, expect, it } from "vitest";
 import { CudaBackend } from "../../lib/cuda/backend.ts";
+import { type SamplingParams, allowedTokenMask } from "../../lib/model/backend.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { generate } from "../../lib/model/generate.ts";
 import { loadTransformer } from "../../lib/model/load.ts";
@@ -107,6 +108,27 @@ describe("CUDA backend host logic (recording device)", () => {
     expect(device.gemms.length).toBe(7 * model.config.numLayers + 1);
     cache.free();
     model.free();
+    backend.dispose();
+    expect(device.outstandingBytes).toBe(0);
+  });
+
+  it("sampling sends an allowed-token mask with the row parameters (a null pointer without one); an empty row is refused", () => {
+    const { device, backend } = recordingBackend();
+    const vocab = 70, logits = backend.zeros([3, vocab]);
+    const params = (allowedTokens?: Uint32Array): SamplingParams => ({
+      temperature: new Float32Array(3).fill(1), topP: new Float32Array(3).fill(1), topK: new Int32Array(3), uniforms: new Float32Array(3).fill(0.5),
+      numTopLogprobs: 2, allowedTokens,
+    });
+    backend.sample(logits, params());
+    backend.sample(logits, params(allowedTokenMask(vocab, [null, [69], [1, 2]])));
+    const [plain, masked] = device.launches.filter((l) => l.name === "sample").map((l) => l.args);
+    expect(plain[6]).toEqual(["ptr", 0n]);
+    expect(masked[6][1]).toBe(BigInt(masked[2][1]) + BigInt(3 * 16)); // after [temperature | topP | topK | uniforms]
+    const launches = device.launches.length;
+    expect(() => backend.sample(logits, params(allowedTokenMask(vocab, [null, [], [3]]))))
+      .toThrowError("cuda backend: row 1's allowed-token mask allows no token; allow at least one, or give the row no constraint (every bit set)");
+    expect(device.launches.length).toBe(launches);
+    backend.free(logits);
     backend.dispose();
     expect(device.outstandingBytes).toBe(0);
   });
