@@ -1,10 +1,11 @@
 /**
  * Serving throughput on the CPU: completion tokens per second with 1, 8 and 32 concurrent rollouts through the
- * whole stack (unmodified openai client → in-process fetch → continuous batcher → CPU transformer), and what a
- * training pause costs the rollouts in flight. Prints one JSON object; ratios are against 1 rollout, measured in
- * the same run.
+ * whole stack (unmodified openai client → in-process fetch → continuous batcher → CPU transformer), what a
+ * training pause costs the rollouts in flight, and a GRPO-style group (k rollouts of one long prompt) with its
+ * prompt prefilled once and copied to the other slots against each rollout prefilling its own. Prints one JSON
+ * object; ratios are against a peer measured in the same run.
  *
- *   node bench/serve-cpu.ts [--size tiny|20m] [--tokens 64]
+ *   node bench/serve-cpu.ts [--size tiny|20m] [--tokens 64] [--group 8]
  *
  * The model is a random checkpoint of make-tiny-checkpoint.ts (20m: ~20M parameters, hidden 384, 8 layers) behind
  * a Qwen-style tokenizer cut to its vocabulary, so the numbers measure the serving path, not a model's quality.
@@ -22,6 +23,7 @@ const args = new Map<string, string>();
 for (let i = 2; i < process.argv.length; i += 2) args.set(process.argv[i].replace(/^--/, ""), process.argv[i + 1]);
 const size = (args.get("size") ?? "20m") as "tiny" | "20m";
 const maxTokens = Number(args.get("tokens") ?? 64);
+const groupSize = Number(args.get("group") ?? 8);
 
 const dir = mkdtempSync(join(tmpdir(), "art-ts-bench-"));
 const vocab = size === "20m" ? 8192 : 682;
@@ -71,6 +73,31 @@ async function pauseOverhead(holdMs: number) {
   return { pauseLatencyMs: round(pauseLatencyMs), resumeToFirstPassDoneMs: round(resumeToFirstPassDoneMs) };
 }
 
+/**
+ * k rollouts of one prompt (a GRPO group: same messages, seeds 0..k-1) on a server of their own, sharing the
+ * prompt's prefill (copyKvSlot) or not (`reusePrefixes: false`). The prompt is long, as an agent's system prompt is.
+ */
+async function group(share: boolean) {
+  const groupServer = new ModelServer({ batcher: { numSlots: groupSize, maxPositions: 1024, reusePrefixes: share } });
+  groupServer.addBaseModel("bench", lm);
+  const groupClient = new OpenAI({ baseURL: IN_PROCESS_BASE_URL, apiKey: "local", fetch: groupServer.fetch, maxRetries: 0 });
+  const rules = "You play tic-tac-toe as X on a 3 by 3 board. Squares are numbered 1 to 9 from the top left. ".repeat(8);
+  const start = performance.now();
+  const results = await Promise.all(Array.from({ length: groupSize }, (_, seed) => groupClient.chat.completions.create({
+    model: "bench",
+    messages: [{ role: "system", content: rules }, { role: "user", content: "Board: . . . / . X . / . . O. Your move?" }],
+    max_tokens: maxTokens, temperature: 1, seed,
+  })));
+  const seconds = (performance.now() - start) / 1000;
+  const tokens = results.reduce((n, r) => n + r.usage!.completion_tokens, 0);
+  const { steps, rows, promptRows, copiedTokens } = groupServer.batcherFor("bench").stats;
+  await groupServer.close();
+  return {
+    sharedPrefill: share, promptTokens: results[0].usage!.prompt_tokens, completionTokens: tokens, seconds: round(seconds),
+    tokensPerSecond: round(tokens / seconds), forwardPasses: steps, rows, promptRows, copiedPromptTokens: copiedTokens,
+  };
+}
+
 function until(condition: () => boolean): Promise<void> {
   return new Promise((resolve) => {
     const poll = () => (condition() ? resolve() : setImmediate(poll));
@@ -87,11 +114,13 @@ const runs = [];
 for (const concurrency of [1, 8, 32]) runs.push(await measure(concurrency));
 const single = runs[0].tokensPerSecond;
 const pause = await pauseOverhead(200);
+const [separate, shared] = [await group(false), await group(true)];
 console.log(JSON.stringify({
   bench: "serve-cpu",
   model: { size, parameters: lm.config.numLayers * (4 * lm.config.hiddenSize ** 2 + 3 * lm.config.hiddenSize * lm.config.intermediateSize) + vocab * lm.config.hiddenSize, vocab },
   maxTokens,
   runs: runs.map((r) => ({ ...r, speedupVsOne: round(r.tokensPerSecond / single) })),
   pause,
+  group: { size: groupSize, separate, shared, speedupVsSeparate: round(shared.tokensPerSecond / separate.tokensPerSecond) },
 }, null, 2));
 await server.close();

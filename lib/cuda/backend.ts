@@ -9,7 +9,7 @@
 import { ArtError } from "../core/errors.ts";
 import {
   type Backend, type DType, type KvCache, type KvCacheSpec, type LoraWeights, type RowPlacement, type SampleResult,
-  type SamplingParams, type Tensor, shapeSize,
+  type SamplingParams, type Tensor, checkKvSlotCopy, checkSamplingParams, shapeSize,
 } from "../model/backend.ts";
 import {
   attentionDimsPerLane, attentionQueryVectors, attentionSharedBytes, attentionWarps, planSplits, planTiles,
@@ -98,6 +98,11 @@ class CudaKvCache implements KvCache {
 function cuda(tensor: Tensor): CudaTensor {
   if (!(tensor instanceof CudaTensor)) throw new ArtError("wrong_backend", "a tensor from another backend was passed to the CUDA backend");
   return tensor;
+}
+
+function cudaKvCache(cache: KvCache): CudaKvCache {
+  if (!(cache instanceof CudaKvCache)) throw new ArtError("wrong_backend", "a KV cache from another backend was passed to the CUDA backend");
+  return cache;
 }
 
 function expectSize(name: string, tensor: Tensor, size: number): void {
@@ -283,8 +288,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     return new CudaKvCache({ ...spec }, address, (a) => this.context.pool.free(a));
   }
 
-  attention(q: Tensor, k: Tensor, v: Tensor, cache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void {
-    if (!(cache instanceof CudaKvCache)) throw new ArtError("wrong_backend", "a KV cache from another backend was passed to the CUDA backend");
+  attention(q: Tensor, k: Tensor, v: Tensor, kvCache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void {
+    const cache = cudaKvCache(kvCache);
     const { numKvHeads, headDim, maxPositions, numSlots } = cache.spec;
     const n = rows.slots.length;
     const kvWidth = numKvHeads * headDim;
@@ -329,6 +334,18 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
   }
 
+  copyKvSlot(kvCache: KvCache, from: number, to: number, numPositions: number): void {
+    const cache = cudaKvCache(kvCache);
+    const { numLayers, numSlots, numKvHeads, maxPositions, headDim } = cache.spec;
+    checkKvSlotCopy(cache.spec, from, to, numPositions);
+    if (numPositions === 0) return;
+    // One launch for every layer's K and V (a cuMemcpy3D could do the same strided copy, but would need its own
+    // driver binding and would not run on the kernel emulator the tests use).
+    this.#launch("kv_copy_slot", [gridFor(2 * numLayers * numKvHeads * numPositions * headDim)], [256], [["ptr", cache.address],
+      ["i32", 2 * numLayers], ["i32", numSlots], ["i32", numKvHeads], ["i32", maxPositions], ["i32", headDim], ["i32", from],
+      ["i32", to], ["i32", numPositions]]);
+  }
+
   swiglu(gate: Tensor, up: Tensor, out: Tensor): void {
     const g = cuda(gate), u = cuda(up), o = cuda(out);
     o.version++;
@@ -368,25 +385,25 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const l = cuda(logits);
     expectF32("sample logits", l);
     const rows = l.shape[0], vocab = l.size / rows, top = params.numTopLogprobs;
-    for (const [name, array] of [["temperature", params.temperature], ["topP", params.topP], ["topK", params.topK],
-      ["uniforms", params.uniforms]] as const) {
-      if (array.length !== rows) throw new ArtError("wrong_shape", `cuda backend: sampling ${name} has ${array.length} entries for ${rows} rows`);
-    }
-    // Inputs in one upload, outputs in one download: [temperature | topP | topK | uniforms], [ids | logprobs | topIds | topLogprobs].
-    const inputs = new ArrayBuffer(rows * 16);
+    checkSamplingParams("cuda backend", params, rows, vocab);
+    // Inputs in one upload, outputs in one download:
+    // [temperature | topP | topK | uniforms | allowedTokens?], [ids | logprobs | topIds | topLogprobs].
+    const mask = params.allowedTokens;
+    const inputs = new ArrayBuffer(rows * 16 + (mask ? mask.byteLength : 0));
     new Float32Array(inputs, 0, rows).set(params.temperature);
     new Float32Array(inputs, rows * 4, rows).set(params.topP);
     new Int32Array(inputs, rows * 8, rows).set(params.topK);
     new Float32Array(inputs, rows * 12, rows).set(params.uniforms);
-    const input = this.context.pool.allocate(rows * 16);
+    if (mask) new Uint32Array(inputs, rows * 16, mask.length).set(mask);
+    const input = this.context.pool.allocate(inputs.byteLength);
     const outputBytes = rows * 8 + rows * top * 8;
     const output = this.context.pool.allocate(outputBytes);
     try {
       this.context.upload(input, new Uint8Array(inputs));
       const at = (base: bigint, offset: number): KernelArg => ["ptr", base + BigInt(offset)];
       this.#launch("sample", [rows], [rowThreads(vocab, 1024)], [["ptr", l.address], ["i32", vocab], at(input, 0), at(input, rows * 4),
-        at(input, rows * 8), at(input, rows * 12), ["i32", top], at(output, 0), at(output, rows * 4), at(output, rows * 8),
-        at(output, rows * 8 + rows * top * 4)]);
+        at(input, rows * 8), at(input, rows * 12), mask ? at(input, rows * 16) : ["ptr", 0n], ["i32", top], at(output, 0),
+        at(output, rows * 4), at(output, rows * 8), at(output, rows * 8 + rows * top * 4)]);
       const host = new ArrayBuffer(outputBytes);
       this.context.download(output, new Uint8Array(host));
       return {

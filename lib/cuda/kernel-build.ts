@@ -35,13 +35,14 @@ export const kernelModules = {
   rope: { rope_f32: [ptr, ptr, ptr, i32, i32], rope_bf16: [ptr, ptr, ptr, i32, i32] },
   attention: {
     kv_write: [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
+    kv_copy_slot: [ptr, i32, i32, i32, i32, i32, i32, i32, i32],
     attention_dpl1: attentionParameters, attention_dpl2: attentionParameters, attention_dpl3: attentionParameters,
     attention_dpl4: attentionParameters, attention_dpl8: attentionParameters,
     attention_combine: [ptr, ptr, ptr, i32, i32, i32, i32],
   },
   sampling: {
     log_softmax: [ptr, ptr, i32],
-    sample: [ptr, i32, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr],
+    sample: [ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr],
   },
 } as const satisfies Record<string, Record<string, readonly KernelArgType[]>>;
 export type KernelModuleName = keyof typeof kernelModules;

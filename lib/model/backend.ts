@@ -13,6 +13,7 @@
  * - Within one forward pass the transformer hands every layer the same `positions` / RowPlacement arrays (the same
  *   objects), so a device backend can upload them once per pass and reuse them by identity.
  */
+import { ArtError } from "../core/errors.ts";
 
 export type DType = "f32" | "bf16";
 
@@ -56,7 +57,10 @@ export interface RowPlacement {
   positions: Int32Array;
 }
 
-/** Per-row sampling parameters. temperature 0 means greedy; topK 0 means no top-k limit; topP 1 means no nucleus. */
+/**
+ * Per-row sampling parameters. temperature 0 means greedy; topK 0 means no top-k limit; topP 1 means no nucleus.
+ * Both backends run one algorithm (lib/model/cpu/sample.ts describes it), so equal uniforms give equal ids.
+ */
 export interface SamplingParams {
   temperature: Float32Array;
   topP: Float32Array;
@@ -65,6 +69,68 @@ export interface SamplingParams {
   uniforms: Float32Array;
   /** How many most-likely alternatives (with logprobs) to return per row; 0 for none. */
   numTopLogprobs: number;
+  /**
+   * Constrained decoding: the tokens each row may produce, a packed bitset of `allowedTokenWords(vocab)` words per
+   * row (bit `id % 32` of word `id >> 5`; build it with `allowedTokenMask`). The draw, greedy pick and top
+   * alternatives see only allowed tokens; the returned logprobs stay the raw model's. Absent: everything allowed.
+   */
+  allowedTokens?: Uint32Array;
+}
+
+/** Words of one row of an allowed-token mask. */
+export function allowedTokenWords(vocab: number): number {
+  return Math.ceil(vocab / 32);
+}
+
+/** The bits of a row's last mask word that stand for tokens (the rest lie past the vocabulary and are ignored). */
+function lastWordBits(vocab: number): number {
+  return vocab % 32 === 0 ? 0xffffffff : 2 ** (vocab % 32) - 1;
+}
+
+/** The packed allowed-token mask of SamplingParams: one entry per row, its allowed ids, or null for every token. */
+export function allowedTokenMask(vocab: number, rows: readonly (ArrayLike<number> | null)[]): Uint32Array {
+  const words = allowedTokenWords(vocab);
+  const mask = new Uint32Array(rows.length * words);
+  rows.forEach((ids, row) => {
+    const rowMask = mask.subarray(row * words, (row + 1) * words);
+    if (ids === null) {
+      rowMask.fill(0xffffffff);
+      rowMask[words - 1] = lastWordBits(vocab);
+      return;
+    }
+    for (let i = 0; i < ids.length; i++) {
+      const id = ids[i];
+      if (!(Number.isInteger(id) && id >= 0 && id < vocab)) {
+        throw new ArtError("bad_token_mask", `allowed-token mask of row ${row}: id ${id} is outside the vocabulary 0..${vocab - 1}`);
+      }
+      rowMask[id >>> 5] |= 1 << (id & 31);
+    }
+  });
+  return mask;
+}
+
+/** Throws ArtError when sampling parameters do not fit logits of `rows` × `vocab` (shared by every backend). */
+export function checkSamplingParams(backend: string, params: SamplingParams, rows: number, vocab: number): void {
+  for (const [name, array] of [["temperature", params.temperature], ["topP", params.topP], ["topK", params.topK],
+    ["uniforms", params.uniforms]] as const) {
+    if (array.length !== rows) throw new ArtError("wrong_shape", `${backend}: sampling ${name} has ${array.length} entries for ${rows} rows`);
+  }
+  if (!(Number.isInteger(params.numTopLogprobs) && params.numTopLogprobs >= 0 && params.numTopLogprobs <= vocab)) {
+    throw new ArtError("bad_sampling", `${backend}: numTopLogprobs ${params.numTopLogprobs} must be an integer in 0..${vocab} (the vocabulary)`);
+  }
+  const mask = params.allowedTokens;
+  if (!mask) return;
+  const words = allowedTokenWords(vocab);
+  if (mask.length !== rows * words) {
+    throw new ArtError("wrong_shape", `${backend}: allowedTokens has ${mask.length} words; ${rows} rows of vocabulary ${vocab} need ${rows * words} (build it with allowedTokenMask)`);
+  }
+  for (let row = 0; row < rows; row++) {
+    let any = mask[(row + 1) * words - 1] & lastWordBits(vocab);
+    for (let w = row * words; w < (row + 1) * words - 1; w++) any |= mask[w];
+    if (any === 0) {
+      throw new ArtError("empty_token_mask", `${backend}: row ${row}'s allowed-token mask allows no token; allow at least one, or give the row no constraint (every bit set)`);
+    }
+  }
 }
 
 export interface SampleResult {
@@ -112,6 +178,12 @@ export interface Backend {
    * q:[n, numHeads·hd], k, v:[n, numKvHeads·hd], out:[n, numHeads·hd].
    */
   attention(q: Tensor, k: Tensor, v: Tensor, cache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void;
+  /**
+   * Copies the keys and values at positions 0..numPositions-1 of slot `from` into slot `to`, every layer; the rest
+   * of `to` is left as it was. Keys and values depend only on ids and positions, so sequences that share a prompt
+   * prefill it once and copy it (continuous batching). Ordered after the attention writes queued before it.
+   */
+  copyKvSlot(cache: KvCache, from: number, to: number, numPositions: number): void;
   /** out = silu(gate) · up, elementwise. */
   swiglu(gate: Tensor, up: Tensor, out: Tensor): void;
   /** residual += x, in place. */
@@ -129,4 +201,17 @@ export function shapeSize(shape: readonly number[]): number {
   let size = 1;
   for (const d of shape) size *= d;
   return size;
+}
+
+/** Throws ArtError unless copyKvSlot's arguments name two different slots of `spec` and a position count it holds. */
+export function checkKvSlotCopy(spec: KvCacheSpec, from: number, to: number, numPositions: number): void {
+  for (const [name, slot] of [["source", from], ["target", to]] as const) {
+    if (!(Number.isInteger(slot) && slot >= 0 && slot < spec.numSlots)) {
+      throw new ArtError("kv_cache_range", `copyKvSlot: ${name} slot ${slot} does not exist; the KV cache has slots 0..${spec.numSlots - 1}`);
+    }
+  }
+  if (from === to) throw new ArtError("kv_cache_range", `copyKvSlot: source and target are both slot ${from}; copy between two different slots`);
+  if (!(Number.isInteger(numPositions) && numPositions >= 0 && numPositions <= spec.maxPositions)) {
+    throw new ArtError("kv_cache_range", `copyKvSlot: cannot copy ${numPositions} positions; a slot holds 0..${spec.maxPositions} positions`);
+  }
 }

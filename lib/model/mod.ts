@@ -1,5 +1,6 @@
 /** Public names of the model area: checkpoints, tokenizer, the backend interface, the transformer, generation, loadCausalLM. */
 export type * from "./backend.ts";
+export { allowedTokenMask, allowedTokenWords } from "./backend.ts";
 export { parseConfig, MODEL_TYPES } from "./config.ts";
 export type { ModelConfig, ModelType, RopeScaling } from "./config.ts";
 export { openSafetensors, writeSafetensors } from "./safetensors.ts";

@@ -13,9 +13,14 @@
  *
  * Weights: sequences name their LoRA (null = the base model). The transformer takes one LoRA set per forward,
  * so a step batches the sequences of one weights choice, rotating between choices that have work.
+ *
+ * Shared prompts: a sequence whose prompt starts like another's (the n choices of a request, a GRPO group's
+ * identical requests, a multi-turn rollout's next turn) takes the keys and values of that prefix from the slot that
+ * holds them — in place when it is a free slot, by a KV-slot copy from a running sequence once that one has
+ * prefilled the prefix — so a group's prompt is prefilled once.
  */
 import { setImmediate } from "node:timers";
-import type { Backend, KvCache, SamplingParams } from "../model/backend.ts";
+import { type Backend, type KvCache, type SamplingParams, allowedTokenMask } from "../model/backend.ts";
 import { seededRandom } from "../core/random.ts";
 import type { SampledToken, TopLogprob } from "../model/generate.ts";
 import type { LayerLoras, Transformer } from "../model/transformer.ts";
@@ -58,7 +63,7 @@ export interface BatcherOptions {
   maxQueued?: number;
   /** Prompt tokens prefilled per step over all joining sequences (long prompts are chunked across steps). */
   maxPrefillTokens?: number;
-  /** Reuse a free slot's cached keys and values for a prompt that starts with the same ids. Default true. */
+  /** Reuse (or copy from another slot) cached keys and values for a prompt that starts with the same ids. Default true. */
   reusePrefixes?: boolean;
 }
 
@@ -67,10 +72,14 @@ export interface BatcherStats {
   steps: number;
   /** Rows (tokens) through those passes. */
   rows: number;
+  /** Of those rows, prompt tokens (prefill; a reused prompt's last token is fed again, for its logits). */
+  promptRows: number;
   /** Tokens sampled. */
   sampled: number;
-  /** Prompt tokens not prefilled because a slot already held them (prefix reuse). */
+  /** Prompt tokens not prefilled because a slot already held them or they were copied from another slot. */
   reusedTokens: number;
+  /** Of those, prompt tokens copied from another sequence's slot (copyKvSlot). */
+  copiedTokens: number;
 }
 
 interface Sequence {
@@ -79,6 +88,10 @@ interface Sequence {
   /** Prompt + sampled ids; positions below `cached` are in the KV cache. */
   ids: number[];
   cached: number;
+  /** While set, the sequence waits for `from` to have cached its first `length` ids, then copies them. */
+  prefixSource: { from: Sequence; length: number } | null;
+  /** The weights generation its keys and values were computed with (see `resume`). */
+  generation: number;
   tokens: SampledToken[];
   random: () => number;
   resolve: (result: SequenceResult) => void;
@@ -91,7 +104,7 @@ export class Batcher {
   readonly maxPositions: number;
   readonly maxQueued: number;
   readonly maxPrefillTokens: number;
-  readonly stats: BatcherStats = { steps: 0, rows: 0, sampled: 0, reusedTokens: 0 };
+  readonly stats: BatcherStats = { steps: 0, rows: 0, promptRows: 0, sampled: 0, reusedTokens: 0, copiedTokens: 0 };
 
   private readonly transformer: Transformer;
   private readonly backend: Backend;
@@ -106,6 +119,8 @@ export class Batcher {
   private paused: { resumed: Promise<void>; resume: () => void } | null = null;
   private stepDone: Promise<void> = Promise.resolve();
   private lastLoras: LayerLoras[] | null | undefined = undefined;
+  /** Bumped by `resume`: keys and values of an earlier generation may come from other weights. */
+  private generation = 0;
   private closed = false;
 
   constructor(transformer: Transformer, options: BatcherOptions = {}) {
@@ -137,16 +152,14 @@ export class Batcher {
     if (spec.signal?.aborted) return Promise.reject(spec.signal.reason);
     return new Promise<SequenceResult>((resolve, reject) => {
       const sequence: Sequence = {
-        spec, slot: -1, ids: [...spec.promptIds], cached: 0, tokens: [], random: seededRandom(spec.seed), resolve, reject, onAbort: null,
+        spec, slot: -1, ids: [...spec.promptIds], cached: 0, prefixSource: null, generation: -1, tokens: [], random: seededRandom(spec.seed), resolve, reject, onAbort: null,
       };
       if (spec.signal) {
         sequence.onAbort = () => this.abort(sequence);
         spec.signal.addEventListener("abort", sequence.onAbort, { once: true });
       }
       this.queue.push(sequence);
-      this.loop ??= this.run().finally(() => {
-        this.loop = null;
-      });
+      this.loop ??= this.run();
     });
   }
 
@@ -160,9 +173,13 @@ export class Batcher {
     await this.stepDone;
   }
 
-  /** Goes on after pause. Kept prompt prefixes are dropped: the weights may have changed meanwhile (training). */
+  /**
+   * Goes on after pause. Kept prompt prefixes are dropped and running sequences stop being prefix sources: the
+   * weights may have changed meanwhile (training).
+   */
   resume(): void {
     this.slotContents.clear();
+    this.generation++;
     const paused = this.paused;
     this.paused = null;
     paused?.resume();
@@ -189,7 +206,8 @@ export class Batcher {
   /**
    * Removes a sequence wherever it is, frees its slot, settles its promise. The slot remembers the ids whose keys
    * and values it holds, for a later prompt that starts the same way — unless a failed pass may have left them
-   * half written (`cacheValid` false).
+   * half written (`cacheValid` false). Sequences waiting to copy a prefix from it copy what it has now, before
+   * its slot can be reused.
    */
   private finish(sequence: Sequence, outcome: FinishReason | unknown, cacheValid = true): void {
     const queued = this.queue.indexOf(sequence);
@@ -197,6 +215,11 @@ export class Batcher {
     const running = this.running.indexOf(sequence);
     if (running >= 0) {
       this.running.splice(running, 1);
+      for (const waiting of this.running) {
+        if (waiting.prefixSource?.from !== sequence) continue;
+        if (cacheValid) this.copyPrefix(waiting);
+        else waiting.prefixSource = null;
+      }
       this.freeSlots.push(sequence.slot);
       if (cacheValid) this.slotContents.set(sequence.slot, { ids: sequence.ids.slice(0, sequence.cached), loras: sequence.spec.loras });
       else this.slotContents.delete(sequence.slot);
@@ -226,17 +249,25 @@ export class Batcher {
         done();
       }
     }
+    // Cleared in the same turn as the last check (not in a later .finally): a sequence submitted by whoever the
+    // last step resolved must start a new loop, not join this ending one.
+    this.loop = null;
   }
 
   private step(): void {
     while (this.freeSlots.length > 0 && this.queue.length > 0) this.admit(this.queue.shift()!);
+    // Copies first, before this step's rows advance `cached`: a source's prefix must be written by an earlier pass.
+    for (const sequence of this.running) {
+      const source = sequence.prefixSource;
+      if (source && source.from.cached >= source.length) this.copyPrefix(sequence);
+    }
     const loras = this.nextLoras();
     const ids: number[] = [], slots: number[] = [], positions: number[] = [];
     const logitRows: number[] = [];
     const sampling: Sequence[] = [];
     let prefillLeft = this.maxPrefillTokens;
     for (const sequence of this.running) {
-      if (sequence.spec.loras !== loras) continue;
+      if (sequence.spec.loras !== loras || sequence.prefixSource) continue;
       const pending = sequence.ids.length - sequence.cached;
       const prefilling = pending > 1;
       const take = prefilling ? Math.min(pending, prefillLeft) : pending;
@@ -246,6 +277,7 @@ export class Batcher {
         ids.push(sequence.ids[p]);
         slots.push(sequence.slot);
         positions.push(p);
+        if (p < sequence.spec.promptIds.length) this.stats.promptRows++;
       }
       sequence.cached += take;
       if (sequence.cached === sequence.ids.length) {
@@ -267,27 +299,53 @@ export class Batcher {
   }
 
   /**
-   * Gives a waiting sequence the free slot whose cached ids share the longest prefix with its prompt (same
-   * weights only), and skips that prefix: a multi-turn rollout's next prompt starts with the previous turn's
-   * prompt and answer, a group's rollouts with the same prompt. At least the last prompt token is fed again, for
-   * its logits. Keys and values depend only on ids and positions, so reuse gives the same tokens as a fresh prefill.
+   * Gives a waiting sequence a free slot and skips the longest prefix of its prompt that is already computed (same
+   * weights only): a multi-turn rollout's next prompt starts with the previous turn's prompt and answer, a group's
+   * rollouts and a request's n choices share their prompt. The prefix comes from the free slot whose cached ids
+   * share the most (the sequence takes that slot, nothing to copy), or, when a running sequence shares more (its
+   * ids, cached or about to be prefilled), from that sequence's slot by a copy once it has cached them. At least the
+   * last prompt token is fed again, for its logits. Keys and values depend only on ids and positions, so reuse gives
+   * the same tokens as a fresh prefill.
    */
   private admit(sequence: Sequence): void {
-    let best = this.freeSlots.length - 1;
+    const reusable = sequence.ids.length - 1;
+    // Without a prefix to reuse, the least recently freed slot: a turn that just ended keeps its prefix longest.
+    let best = 0;
     let bestLength = 0;
+    let source: Sequence | null = null;
+    let sourceLength = 0;
     if (this.reusePrefixes) {
       this.freeSlots.forEach((slot, index) => {
         const contents = this.slotContents.get(slot);
         if (!contents || contents.loras !== sequence.spec.loras) return;
-        const length = commonPrefixLength(contents.ids, sequence.ids);
+        const length = Math.min(commonPrefixLength(contents.ids, sequence.ids), reusable);
         if (length > bestLength) [best, bestLength] = [index, length];
       });
+      for (const other of this.running) {
+        if (other.spec.loras !== sequence.spec.loras || other.generation !== this.generation) continue;
+        const length = Math.min(commonPrefixLength(other.ids, sequence.ids), reusable);
+        if (length > Math.max(bestLength, sourceLength)) [source, sourceLength] = [other, length];
+      }
     }
     sequence.slot = this.freeSlots.splice(best, 1)[0];
     this.slotContents.delete(sequence.slot);
-    sequence.cached = Math.min(bestLength, sequence.ids.length - 1);
-    this.stats.reusedTokens += sequence.cached;
+    sequence.cached = bestLength;
+    sequence.generation = this.generation;
+    this.stats.reusedTokens += bestLength;
+    if (source) sequence.prefixSource = { from: source, length: sourceLength };
     this.running.push(sequence);
+  }
+
+  /** Takes what the prefix source has cached of the shared prefix into this sequence's slot, and stops waiting. */
+  private copyPrefix(sequence: Sequence): void {
+    const { from, length } = sequence.prefixSource!;
+    sequence.prefixSource = null;
+    const count = Math.min(from.cached, length);
+    if (count <= sequence.cached) return;
+    this.backend.copyKvSlot(this.cache, from.slot, sequence.slot, count);
+    this.stats.reusedTokens += count - sequence.cached;
+    this.stats.copiedTokens += count - sequence.cached;
+    sequence.cached = count;
   }
 
   /** The LoRA set of this step: the one of the longest-running sequence that differs from the last step's, if any. */
@@ -308,46 +366,30 @@ export class Batcher {
       uniforms: Float32Array.from(sampling, (s) => s.random()),
       numTopLogprobs: numTop,
     };
-    const constrained = sampling.some((s) => s.spec.constraint !== null);
-    // Constrained rows sample from masked logits; their logprobs are shifted back to the unmasked distribution.
-    const shift = new Float64Array(n);
-    let toSample = logits;
-    if (constrained) {
-      const host = this.backend.download(logits);
-      const vocab = host.length / n;
-      sampling.forEach((sequence, row) => {
+    // Constrained rows sample on the backend under an allowed-token mask (logprobs stay the raw model's; top
+    // alternatives list the most likely allowed tokens); unconstrained rows allow every token.
+    if (sampling.some((s) => s.spec.constraint !== null)) {
+      const allowed = sampling.map((sequence) => {
         const constraint = sequence.spec.constraint;
-        if (!constraint) return;
-        let allowed: Int32Array;
+        if (!constraint) return null;
         try {
-          allowed = constraint.allowed(sequence.spec.maxTokens - sequence.tokens.length);
+          return constraint.allowed(sequence.spec.maxTokens - sequence.tokens.length);
         } catch (error) {
           this.finish(sequence, error); // its row is sampled unmasked and dropped below
-          return;
+          return null;
         }
-        const values = host.subarray(row * vocab, (row + 1) * vocab);
-        shift[row] = logSumExp(values, allowed) - logSumExp(values);
-        const kept = new Float32Array(allowed.length);
-        for (let i = 0; i < allowed.length; i++) kept[i] = values[allowed[i]];
-        values.fill(Number.NEGATIVE_INFINITY);
-        for (let i = 0; i < allowed.length; i++) values[allowed[i]] = kept[i];
       });
-      toSample = this.backend.upload(host, logits.shape);
+      params.allowedTokens = allowedTokenMask(logits.shape[1], allowed);
     }
-    let result;
-    try {
-      result = this.backend.sample(toSample, params);
-    } finally {
-      if (toSample !== logits) this.backend.free(toSample);
-    }
+    const result = this.backend.sample(logits, params);
     this.stats.sampled += n;
     sampling.forEach((sequence, row) => {
       if (!this.running.includes(sequence)) return; // failed its constraint above
       const topLogprobs: TopLogprob[] = [];
       for (let t = 0; t < sequence.spec.numTopLogprobs; t++) {
-        topLogprobs.push({ id: result.topIds[row * numTop + t], logprob: result.topLogprobs[row * numTop + t] + shift[row] });
+        topLogprobs.push({ id: result.topIds[row * numTop + t], logprob: result.topLogprobs[row * numTop + t] });
       }
-      const token: SampledToken = { id: result.ids[row], logprob: result.logprobs[row] + shift[row], topLogprobs };
+      const token: SampledToken = { id: result.ids[row], logprob: result.logprobs[row], topLogprobs };
       try {
         this.advance(sequence, token);
       } catch (error) {
@@ -372,18 +414,4 @@ function commonPrefixLength(a: readonly number[], b: readonly number[]): number 
   let i = 0;
   while (i < n && a[i] === b[i]) i++;
   return i;
-}
-
-/** log Σ exp(values[i]) over all i, or over `only` when given. */
-function logSumExp(values: Float32Array, only?: Int32Array): number {
-  const count = only ? only.length : values.length;
-  let max = Number.NEGATIVE_INFINITY;
-  for (let i = 0; i < count; i++) {
-    const v = values[only ? only[i] : i];
-    if (v > max) max = v;
-  }
-  if (max === Number.NEGATIVE_INFINITY) return max;
-  let sum = 0;
-  for (let i = 0; i < count; i++) sum += Math.exp(values[only ? only[i] : i] - max);
-  return max + Math.log(sum);
 }

@@ -2,6 +2,7 @@
 // tiny checkpoints, launch by launch; shape and input errors; nothing left allocated.
 import { describe, expect, it } from "vitest";
 import { CudaBackend } from "../../lib/cuda/backend.ts";
+import { type SamplingParams, allowedTokenMask } from "../../lib/model/backend.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { generate } from "../../lib/model/generate.ts";
 import { loadTransformer } from "../../lib/model/load.ts";
@@ -59,6 +60,24 @@ describe("CUDA backend host logic (recording device)", () => {
     expect(device.outstandingBytes).toBe(0);
   });
 
+  it("copies a KV slot in one launch over every layer's keys and values, and names bad arguments", () => {
+    const { device, backend } = recordingBackend();
+    const spec = { numLayers: 3, numKvHeads: 2, headDim: 64, numSlots: 4, maxPositions: 128 };
+    const cache = backend.createKvCache(spec);
+    backend.copyKvSlot(cache, 3, 1, 100);
+    expect(device.launches.map((l) => [l.name, l.args.slice(1).map(([, value]) => value)]))
+      .toEqual([["kv_copy_slot", [6, 4, 2, 128, 64, 3, 1, 100]]]);
+    backend.copyKvSlot(cache, 0, 1, 0);
+    expect(device.launches).toHaveLength(1); // nothing to copy, nothing launched
+    expect(() => backend.copyKvSlot(cache, 1, 4, 1)).toThrowError("copyKvSlot: target slot 4 does not exist; the KV cache has slots 0..3");
+    expect(() => backend.copyKvSlot(cache, 2, 2, 1)).toThrowError("copyKvSlot: source and target are both slot 2; copy between two different slots");
+    expect(() => backend.copyKvSlot(cache, 0, 1, 129)).toThrowError("copyKvSlot: cannot copy 129 positions; a slot holds 0..128 positions");
+    expect(() => backend.copyKvSlot(new CpuBackend().createKvCache(spec), 0, 1, 1)).toThrowError("a KV cache from another backend was passed to the CUDA backend");
+    cache.free();
+    backend.dispose();
+    expect(device.outstandingBytes).toBe(0);
+  });
+
   it("reuses device copies of the rows' positions and slots across layers", () => {
     const { device, backend } = recordingBackend();
     const model = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 4 }), backend, "f32");
@@ -89,6 +108,27 @@ describe("CUDA backend host logic (recording device)", () => {
     expect(device.gemms.length).toBe(7 * model.config.numLayers + 1);
     cache.free();
     model.free();
+    backend.dispose();
+    expect(device.outstandingBytes).toBe(0);
+  });
+
+  it("sampling sends an allowed-token mask with the row parameters (a null pointer without one); an empty row is refused", () => {
+    const { device, backend } = recordingBackend();
+    const vocab = 70, logits = backend.zeros([3, vocab]);
+    const params = (allowedTokens?: Uint32Array): SamplingParams => ({
+      temperature: new Float32Array(3).fill(1), topP: new Float32Array(3).fill(1), topK: new Int32Array(3), uniforms: new Float32Array(3).fill(0.5),
+      numTopLogprobs: 2, allowedTokens,
+    });
+    backend.sample(logits, params());
+    backend.sample(logits, params(allowedTokenMask(vocab, [null, [69], [1, 2]])));
+    const [plain, masked] = device.launches.filter((l) => l.name === "sample").map((l) => l.args);
+    expect(plain[6]).toEqual(["ptr", 0n]);
+    expect(masked[6][1]).toBe(BigInt(masked[2][1]) + BigInt(3 * 16)); // after [temperature | topP | topK | uniforms]
+    const launches = device.launches.length;
+    expect(() => backend.sample(logits, params(allowedTokenMask(vocab, [null, [], [3]]))))
+      .toThrowError("cuda backend: row 1's allowed-token mask allows no token; allow at least one, or give the row no constraint (every bit set)");
+    expect(device.launches.length).toBe(launches);
+    backend.free(logits);
     backend.dispose();
     expect(device.outstandingBytes).toBe(0);
   });

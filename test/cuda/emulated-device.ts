@@ -47,7 +47,7 @@ export function buildEmulator(compiler: string): string {
   writeFileSync(join(dir, "kernels.inc"), Object.keys(kernelModules).map((m) => `#include "${m}.cu"\n`).join(""));
   const names = Object.values(kernelModules).flatMap((module) => Object.keys(module));
   writeFileSync(join(dir, "registry.inc"), names.map((n) => `{"${n}", [](void** p) { invoke(${n}, p); }},\n`).join(""));
-  execFileSync(compiler, ["-std=c++20", "-O2", "-shared", "-fPIC", "-pthread", "-w", "-I", dir, "-I", emulatorDir,
+  execFileSync(compiler, ["-std=c++20", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", "-w", "-I", dir, "-I", emulatorDir,
     join(emulatorDir, "runtime.cpp"), "-o", `${library}.tmp`], { stdio: ["ignore", "ignore", "pipe"] });
   renameSync(`${library}.tmp`, library);
   return library;

@@ -1,15 +1,18 @@
-// The parity suite: every CUDA op against the CPU backend on random inputs, logits of tiny checkpoints against
-// the CPU engine, greedy generation token-identical. Defined once, run on a GPU (parity.test.ts, ART_TEST_GPU=1) and
+// The parity suite: every CUDA op against the CPU backend on random inputs (sampling draw for draw: the CPU sampler
+// is the reference of the kernel's algorithm), logits of tiny checkpoints against the CPU engine, greedy generation
+// token-identical. Defined once, run on a GPU (parity.test.ts, ART_TEST_GPU=1) and
 // on the CPU emulation of the kernels (emulated-parity.test.ts).
 // Tolerances: ops with f32 operands agree to f32 rounding; bf16 weights are bf16-rounded on both backends, but
 // the CUDA backend also narrows activations to bf16 for the GEMM and keeps the KV cache in bf16 (relative error ~2^-8).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Backend, DType, Tensor } from "../../lib/model/backend.ts";
+import { seededRandom } from "../../lib/core/random.ts";
+import { type Backend, type DType, type SamplingParams, type Tensor, allowedTokenMask } from "../../lib/model/backend.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { generate } from "../../lib/model/generate.ts";
 import { loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
 import type { CudaBackend, DeviceQueue } from "../../lib/cuda/backend.ts";
 import { tinyCheckpoint } from "../model/helpers.ts";
+import { probeKvSlotCopy } from "../model/kv-copy-probe.ts";
 
 /** Deterministic normal-ish values (sum of uniforms) from a seed. */
 function random(n: number, seed: number, scale = 1): Float32Array {
@@ -140,6 +143,19 @@ describe.skipIf(skip)(title, () => {
     });
   }
 
+  it("copyKvSlot: the target attends like a cache written directly, and like the CPU backend", () => {
+    const shape = { numLayers: 2, numHeads: 4, numKvHeads: 2, headDim: 16 };
+    const lengths = { sourceLength: 40, otherLength: 7, targetLength: 50, numPositions: 33 };
+    const [c, g] = [probeKvSlotCopy(cpu, shape, lengths), probeKvSlotCopy(gpu, shape, lengths)];
+    // The copy moves bf16 values unchanged: exactly what writing them there gives.
+    expect(g.copied).toEqual(g.direct);
+    expect(g.targetRow).toEqual(g.sourceRow);
+    for (let layer = 0; layer < shape.numLayers; layer++) {
+      expect(relativeError(c.copied[layer], g.copied[layer])).toBeLessThan(2e-2);
+      expect(relativeError(c.targetRow[layer], g.targetRow[layer])).toBeLessThan(2e-2);
+    }
+  });
+
   it("swiglu, addInPlace, gatherRows, logSoftmax", () => {
     const g = both(random(4 * 4864, 20), [4, 4864]), u = both(random(4 * 4864, 21), [4, 4864]), h = zeros([4, 4864]);
     run((b, i) => b.swiglu(g[i], u[i], h[i]));
@@ -154,19 +170,51 @@ describe.skipIf(skip)(title, () => {
     expect(error(logprobs)).toBeLessThan(1e-5);
   });
 
-  it("sampling: greedy ids, top logprobs, and full-distribution draws match the CPU; logprobs are the raw model's", () => {
+  it("sampling: greedy ids, top logprobs, and draws (whole vocabulary, top-k, top-p) match the CPU; logprobs are the raw model's", () => {
     const rows = 6;
     const logits = both(random(rows * vocab, 30, 3), [rows, vocab]);
     const params = (temperature: number, topP = 1, topK = 0) => ({
       temperature: new Float32Array(rows).fill(temperature), topP: new Float32Array(rows).fill(topP),
       topK: new Int32Array(rows).fill(topK), uniforms: Float32Array.from({ length: rows }, (_, r) => (r + 0.37) / rows), numTopLogprobs: 5,
     });
-    for (const p of [params(0), params(1), params(0.7)]) {
+    for (const p of [params(0), params(1), params(0.7, 0.95, 50)]) {
       const c = cpu.sample(logits[0], p), g = gpu.sample(logits[1], p);
       expect([...g.ids]).toEqual([...c.ids]);
       expect(relativeError(c.logprobs, g.logprobs)).toBeLessThan(1e-5);
       expect([...g.topIds]).toEqual([...c.topIds]);
       expect(relativeError(c.topLogprobs, g.topLogprobs)).toBeLessThan(1e-5);
+    }
+  });
+
+  it("top-k, top-p, tied logits and allowed-token masks: the kernel draws the CPU reference's id for every uniform", () => {
+    const rows = 24, rng = seededRandom(40);
+    for (const width of [drawVocab, drawVocab - 13]) { // the second is not a multiple of 32: masks end in a partial word
+      const smooth = random(rows * width, 41, 3);
+      const tied = smooth.map((x) => Math.round(x * 2) / 2); // many exact ties, also at the top-k / top-p cuts
+      // Per row: no constraint, a single allowed token (in the last word), or a random ~30% of the vocabulary.
+      const allowed = Array.from({ length: rows }, (_, r) =>
+        r % 3 === 0 ? null : r % 3 === 1 ? [width - 1] : [...Array(width).keys()].filter(() => rng() < 0.3));
+      for (const values of [smooth, tied]) {
+        const logits = both(values, [rows, width]);
+        for (const [round, masked] of [[0, false], [1, false], [0, true], [1, true]] as const) {
+          const params: SamplingParams = {
+            temperature: Float32Array.from({ length: rows }, (_, r) => [0, 0.6, 1, 1.4][(r + round) % 4]),
+            topK: Int32Array.from({ length: rows }, (_, r) => [0, 1, 7, 40][(r + 2 * round) % 4]),
+            topP: Float32Array.from({ length: rows }, (_, r) => [1, 0.9, 0.5][(r + round) % 3]),
+            uniforms: Float32Array.from({ length: rows }, () => rng()),
+            numTopLogprobs: 4,
+            allowedTokens: masked ? allowedTokenMask(width, allowed) : undefined,
+          };
+          const c = cpu.sample(logits[0], params), g = gpu.sample(logits[1], params);
+          expect([...g.ids]).toEqual([...c.ids]);
+          expect(relativeError(c.logprobs, g.logprobs)).toBeLessThan(1e-5);
+          expect([...g.topIds]).toEqual([...c.topIds]);
+          // Disallowed alternatives (past a row's allowed tokens) carry -Infinity on both.
+          expect([...g.topLogprobs].map(Number.isFinite)).toEqual([...c.topLogprobs].map(Number.isFinite));
+          expect(relativeError(c.topLogprobs.filter(Number.isFinite), g.topLogprobs.filter(Number.isFinite))).toBeLessThan(1e-5);
+        }
+        logits.forEach((t, i) => (i === 0 ? cpu : gpu).free(t));
+      }
     }
   });
 

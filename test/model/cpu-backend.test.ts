@@ -5,6 +5,7 @@ import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { matmulNT } from "../../lib/model/cpu/kernels.ts";
 import { f32ToBf16 } from "../../lib/model/safetensors.ts";
 import { maxAbsDiff } from "./helpers.ts";
+import { probeKvSlotCopy } from "./kv-copy-probe.ts";
 
 function random(length: number, seed: number): Float32Array {
   let s = seed;
@@ -64,6 +65,25 @@ describe("CPU kernels", () => {
     const rounded = b.download(b.upload(Float32Array.of(1 + 2 ** -10, 3.14159), [2], "bf16"));
     expect(Array.from(rounded, (v) => f32ToBf16(v) << 16 === new Uint32Array(Float32Array.of(v).buffer)[0])).toEqual([true, true]);
     expect(rounded[0]).toBe(1);
+  });
+
+  it("copyKvSlot: the target attends like keys and values written there directly; other slots and later positions keep theirs", () => {
+    const probe = probeKvSlotCopy(new CpuBackend(), { numLayers: 2, numHeads: 4, numKvHeads: 2, headDim: 8 },
+      { sourceLength: 9, otherLength: 5, targetLength: 13, numPositions: 6 });
+    expect(probe.copied).toEqual(probe.direct);
+    expect(probe.targetRow).toEqual(probe.sourceRow);
+    // Not vacuous: the slots' probe rows differ from each other.
+    expect(probe.copied[0].slice(0, 8)).not.toEqual(probe.copied[0].slice(16, 24));
+  });
+
+  it("copyKvSlot refuses a slot outside the cache, the same slot twice, and more positions than a slot holds", () => {
+    const b = new CpuBackend();
+    const cache = b.createKvCache({ numLayers: 1, numKvHeads: 1, headDim: 2, numSlots: 2, maxPositions: 4 });
+    expect(() => b.copyKvSlot(cache, 0, 2, 1)).toThrow("copyKvSlot: target slot 2 does not exist; the KV cache has slots 0..1");
+    expect(() => b.copyKvSlot(cache, -1, 1, 1)).toThrow("copyKvSlot: source slot -1 does not exist; the KV cache has slots 0..1");
+    expect(() => b.copyKvSlot(cache, 1, 1, 1)).toThrow("copyKvSlot: source and target are both slot 1; copy between two different slots");
+    expect(() => b.copyKvSlot(cache, 0, 1, 5)).toThrow("copyKvSlot: cannot copy 5 positions; a slot holds 0..4 positions");
+    expect(() => b.copyKvSlot(cache, 0, 1, 1.5)).toThrow("copyKvSlot: cannot copy 1.5 positions");
   });
 
   it("shape and range errors name the op", () => {

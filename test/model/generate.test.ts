@@ -1,6 +1,5 @@
 import { describe, expect, it } from "vitest";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { sampleRows } from "../../lib/model/cpu/sample.ts";
 import { type StreamDecoding, generate, step } from "../../lib/model/generate.ts";
 import { loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
 import type { Transformer } from "../../lib/model/transformer.ts";
@@ -68,67 +67,6 @@ describe("KV cache and batching", () => {
     expect(out[0]!.topLogprobs).toHaveLength(3);
     expect(out[0]!.topLogprobs[0]).toEqual({ id: best, logprob: out[0]!.logprob });
     expect(out[0]!.topLogprobs[1].logprob).toBeLessThanOrEqual(out[0]!.topLogprobs[0].logprob);
-  });
-});
-
-describe("sampling", () => {
-  const logits = Float32Array.from([2, 1, 0.5, -1, 3, 0]);
-  const probabilities = (temperature: number, keep: number[]) => {
-    const w = Array.from(logits, (l, j) => (keep.includes(j) ? Math.exp(l / temperature) : 0));
-    const total = w.reduce((s, v) => s + v, 0);
-    return w.map((v) => v / total);
-  };
-  // Evenly spread uniforms turn sampling into an exact quantile count: frequencies equal probabilities within 1/N.
-  const frequencies = (temperature: number, topP: number, topK: number) => {
-    const n = 20000;
-    const counts = new Array(logits.length).fill(0);
-    const ids = sampleRows(new Float32Array(n * 6).map((_, i) => logits[i % 6]), 6, {
-      temperature: new Float32Array(n).fill(temperature), topP: new Float32Array(n).fill(topP), topK: new Int32Array(n).fill(topK),
-      uniforms: Float32Array.from({ length: n }, (_, i) => (i + 0.5) / n), numTopLogprobs: 0,
-    }).ids;
-    for (const id of ids) counts[id]++;
-    return counts.map((c) => c / n);
-  };
-
-  it("temperature scales the softmax", () => {
-    for (const t of [1, 0.5, 2]) expect(maxAbsDiff(frequencies(t, 1, 0), probabilities(t, [0, 1, 2, 3, 4, 5]))).toBeLessThan(2e-4);
-  });
-  it("top-k keeps the k most likely", () => {
-    expect(maxAbsDiff(frequencies(1, 1, 2), probabilities(1, [4, 0]))).toBeLessThan(2e-4);
-  });
-  it("top-p keeps the smallest set reaching the mass", () => {
-    // p(4) = 0.605, p(0) = 0.222: 0.7 needs both, 0.6 only the first.
-    expect(maxAbsDiff(frequencies(1, 0.7, 0), probabilities(1, [4, 0]))).toBeLessThan(2e-4);
-    expect(frequencies(1, 0.6, 0)[4]).toBe(1);
-  });
-  it("top-p over a flat vocabulary (a nucleus of more than the 64 most likely) is exact", () => {
-    const vocab = 300, n = 30000;
-    const flat = Float32Array.from({ length: vocab }, (_, j) => -0.004 * ((j * 7) % vocab)); // a permuted ramp
-    const order = Array.from({ length: vocab }, (_, j) => j).sort((a, b) => flat[b] - flat[a]);
-    const p = Array.from(flat, (l) => Math.exp(l / 0.8));
-    const total = p.reduce((s, v) => s + v, 0);
-    let mass = 0, size = 0;
-    while (mass < 0.9 * total) mass += p[order[size++]];
-    expect(size).toBeGreaterThan(64);
-    const counts = new Array(vocab).fill(0);
-    const ids = sampleRows(new Float32Array(n * vocab).map((_, i) => flat[i % vocab]), vocab, {
-      temperature: new Float32Array(n).fill(0.8), topP: new Float32Array(n).fill(0.9), topK: new Int32Array(n),
-      uniforms: Float32Array.from({ length: n }, (_, i) => (i + 0.5) / n), numTopLogprobs: 0,
-    }).ids;
-    for (const id of ids) counts[id]++;
-    const kept = new Set(order.slice(0, size));
-    const expected = p.map((v, j) => (kept.has(j) ? v / mass : 0));
-    expect(maxAbsDiff(counts.map((c) => c / n), expected)).toBeLessThan(1e-4);
-  });
-
-  it("temperature 0 is greedy and logprobs are the raw log-softmax", () => {
-    const result = sampleRows(logits, 6, {
-      temperature: Float32Array.of(0), topP: Float32Array.of(1), topK: Int32Array.of(0), uniforms: Float32Array.of(0.99), numTopLogprobs: 2,
-    });
-    const logZ = Math.log(logits.reduce((s, v) => s + Math.exp(v), 0));
-    expect(result.ids[0]).toBe(4);
-    expect(result.logprobs[0]).toBeCloseTo(3 - logZ, 5);
-    expect(Array.from(result.topIds)).toEqual([4, 0]);
   });
 });
 

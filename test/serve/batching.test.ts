@@ -4,6 +4,7 @@
  */
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { Batcher, type SequenceSpec } from "../../lib/serve/batcher.ts";
 import { ModelServer, type ServableModel } from "../../lib/serve/model-server.ts";
 import type { LayerLoras } from "../../lib/model/transformer.ts";
 import { tinyServableModel } from "./tiny-model.ts";
@@ -94,6 +95,97 @@ describe("prompt-prefix reuse", () => {
     expect(a.second.choices[0].logprobs).toEqual(b.second.choices[0].logprobs);
     await reusing.server.close();
     await fresh.server.close();
+  });
+});
+
+describe("shared prompts", () => {
+  const choices = (completion: OpenAI.Chat.ChatCompletion) => completion.choices.map((c) => [(c as { token_ids?: number[] }).token_ids, c.logprobs]);
+  const question = { model: "tiny", messages: [{ role: "user" as const, content: "Pick a square on the board." }], max_tokens: 6, temperature: 1.5, logprobs: true };
+
+  it("n = 8 choices prefill the prompt once; each choice is what it is with its own prefill", async () => {
+    const sharing = serverWith({ numSlots: 8 }), alone = serverWith({ numSlots: 8, reusePrefixes: false });
+    const [shared, separate] = await Promise.all([sharing, alone].map(({ client }) => client.chat.completions.create({ ...question, n: 8, seed: 5 })));
+    const promptLength = shared.usage!.prompt_tokens;
+    const stats = sharing.server.batcherFor("tiny").stats;
+    // One prefill; the 7 others copy all but the last prompt token, which each feeds again for its logits.
+    expect(stats.promptRows).toBe(promptLength + 7);
+    expect(stats.copiedTokens).toBe(7 * (promptLength - 1));
+    expect(alone.server.batcherFor("tiny").stats.promptRows).toBe(8 * promptLength);
+    expect(choices(shared)).toEqual(choices(separate));
+    expect(new Set(shared.choices.map((c) => c.message.content)).size).toBeGreaterThan(4); // the seeds differ
+    await sharing.server.close();
+    await alone.server.close();
+  });
+
+  it("8 identical concurrent requests (a GRPO group) prefill the prompt once, with the same answers as alone", async () => {
+    const sharing = serverWith({ numSlots: 8 }), alone = serverWith({ numSlots: 8, reusePrefixes: false });
+    const group = await Promise.all(Array.from({ length: 8 }, (_, i) => sharing.client.chat.completions.create({ ...question, seed: 20 + i })));
+    const stats = sharing.server.batcherFor("tiny").stats;
+    expect(stats.promptRows).toBe(group[0].usage!.prompt_tokens + 7);
+    for (const [i, completion] of group.entries()) {
+      expect(choices(completion), `request ${i}`).toEqual(choices(await alone.client.chat.completions.create({ ...question, seed: 20 + i })));
+    }
+    await sharing.server.close();
+    await alone.server.close();
+  });
+
+  describe("on the batcher", () => {
+    const prompt = Array.from({ length: 30 }, (_, i) => (i * 7 + 3) % 600);
+    const spec = (seed: number, extra: Partial<SequenceSpec> = {}): SequenceSpec => ({
+      promptIds: prompt, maxTokens: 5, temperature: 1.5, topP: 1, seed, numTopLogprobs: 0, stopTokenIds: [], constraint: null, loras: null, ...extra,
+    });
+    const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve));
+    const aloneTokens = async (seed: number) => {
+      const batcher = new Batcher(model.model, { numSlots: 1, maxPositions: 64, reusePrefixes: false });
+      const { tokens } = await batcher.submit(spec(seed));
+      await batcher.close();
+      return tokens;
+    };
+
+    it("a new prompt takes the least recently freed slot, so the turn that just ended keeps its prefix", async () => {
+      const batcher = new Batcher(model.model, { numSlots: 2, maxPositions: 64 });
+      await batcher.submit(spec(6, { promptIds: [9, 8, 7, 6], maxTokens: 2 })); // some earlier rollout
+      const turn = await batcher.submit(spec(7));
+      await batcher.submit(spec(8, { promptIds: [1, 2, 3, 4, 5], maxTokens: 2 })); // another rollout meanwhile
+      const reused = batcher.stats.reusedTokens;
+      await batcher.submit(spec(9, { promptIds: [...prompt, ...turn.tokens.map((t) => t.id), 11, 12] }));
+      expect(batcher.stats.reusedTokens - reused).toBe(prompt.length + turn.tokens.length - 1);
+      await batcher.close();
+    });
+
+    it("a sequence waiting on an aborted one copies what it had prefilled and prefills the rest itself", async () => {
+      const batcher = new Batcher(model.model, { numSlots: 2, maxPositions: 64, maxPrefillTokens: 4 });
+      const abort = new AbortController();
+      const leader = batcher.submit(spec(1, { signal: abort.signal }));
+      const follower = batcher.submit(spec(2));
+      while (batcher.stats.steps < 2) await nextTurn();
+      abort.abort(new Error("client went away"));
+      await expect(leader).rejects.toThrow("client went away");
+      expect((await follower).tokens).toEqual(await aloneTokens(2));
+      // The leader had prefilled part of the prompt (4 tokens a step): the follower copied that part.
+      expect(batcher.stats.copiedTokens).toBeGreaterThan(0);
+      expect(batcher.stats.copiedTokens).toBeLessThan(prompt.length - 1);
+      expect(batcher.load).toEqual({ running: 0, queued: 0 });
+      await batcher.close();
+    });
+
+    it("after pause and resume (weights may have changed) a running sequence is no prefix source", async () => {
+      const batcher = new Batcher(model.model, { numSlots: 4, maxPositions: 64 });
+      const long = batcher.submit(spec(3, { maxTokens: 30 }));
+      while (batcher.stats.sampled < 1) await nextTurn();
+      const before = await batcher.submit(spec(4));
+      const copiedBefore = batcher.stats.copiedTokens;
+      expect(copiedBefore).toBe(prompt.length - 1);
+      await batcher.pause();
+      batcher.resume();
+      const after = await batcher.submit(spec(5));
+      expect(batcher.load.running).toBe(1); // the long sequence still runs: it was there to copy from
+      expect(batcher.stats.copiedTokens).toBe(copiedBefore);
+      expect(before.tokens).toEqual(await aloneTokens(4));
+      expect(after.tokens).toEqual(await aloneTokens(5));
+      await long;
+      await batcher.close();
+    });
   });
 });
 

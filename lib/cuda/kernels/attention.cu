@@ -35,6 +35,21 @@ extern "C" __global__ void kv_write(const float* __restrict__ k, const float* __
   }
 }
 
+// Copies positions 0..count-1 of slot `from` into slot `to` in every layer's K and V, in one launch. The cache is
+// `planes` (layers × K|V) of [slots, kv_heads, max_positions, head_dim], so each (plane, kv head) pair is one
+// contiguous run of count·head_dim elements; the grid strides over all runs at once.
+extern "C" __global__ void kv_copy_slot(bf16* cache, int planes, int slots, int kv_heads, int max_positions, int head_dim,
+                                        int from, int to, int count) {
+  const long long run = (long long)count * head_dim, head_elements = (long long)max_positions * head_dim;
+  const long long slot_elements = kv_heads * head_elements, plane_elements = slots * slot_elements;
+  const long long n = run * planes * kv_heads;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const long long pair = i / run, plane = pair / kv_heads, head = pair % kv_heads;
+    const long long at = plane * plane_elements + head * head_elements + i % run;
+    cache[at + to * slot_elements] = cache[at + from * slot_elements];
+  }
+}
+
 // tile_start/tile_rows: the rows of each tile (consecutive batch rows of one slot). Grid: (tiles, kv_heads, splits).
 // split_len: keys per split (a multiple of ATTN_CHUNK). partial_* used only when gridDim.z > 1:
 // partial_o [splits, rows, heads, hd], partial_ml [splits, rows, heads, 2].

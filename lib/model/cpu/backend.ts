@@ -6,7 +6,7 @@
 import { ArtError } from "../../core/errors.ts";
 import {
   type Backend, type DType, type KvCache, type KvCacheSpec, type LoraWeights, type RowPlacement,
-  type SampleResult, type SamplingParams, type Tensor, shapeSize,
+  type SampleResult, type SamplingParams, type Tensor, checkKvSlotCopy, shapeSize,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
 import { logSoftmaxRow, matmulNT, ropeRows, rmsNormRows } from "./kernels.ts";
@@ -52,6 +52,11 @@ function cpu(tensor: Tensor): CpuTensor {
   if (!(tensor instanceof CpuTensor)) throw new ArtError("wrong_backend", "a tensor from another backend was passed to the CPU backend");
   if (tensor.data.length === 0 && tensor.size !== 0) throw new ArtError("freed_tensor", "a freed tensor was used");
   return tensor;
+}
+
+function cpuKvCache(cache: KvCache): CpuKvCache {
+  if (!(cache instanceof CpuKvCache)) throw new ArtError("wrong_backend", "a KV cache from another backend was passed to the CPU backend");
+  return cache;
 }
 
 function expectSize(name: string, tensor: Tensor, size: number): void {
@@ -149,8 +154,8 @@ export class CpuBackend implements Backend {
   }
 
   attention(q: Tensor, k: Tensor, v: Tensor, cache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void {
-    if (!(cache instanceof CpuKvCache)) throw new ArtError("wrong_backend", "a KV cache from another backend was passed to the CPU backend");
-    const { numKvHeads, headDim, maxPositions, numSlots } = cache.spec;
+    const kv = cpuKvCache(cache);
+    const { numKvHeads, headDim, maxPositions, numSlots } = kv.spec;
     const n = rows.slots.length;
     const kvWidth = numKvHeads * headDim;
     const qs = cpu(q).data, ks = cpu(k).data, vs = cpu(v).data, o = cpu(out).data;
@@ -158,7 +163,7 @@ export class CpuBackend implements Backend {
     expectSize("attention v", v, n * kvWidth);
     const numHeads = q.size / (n * headDim);
     const groupSize = numHeads / numKvHeads;
-    const keys = cache.keys[layer], values = cache.values[layer];
+    const keys = kv.keys[layer], values = kv.values[layer];
     for (let i = 0; i < n; i++) {
       const slot = rows.slots[i], position = rows.positions[i];
       if (!(slot >= 0 && slot < numSlots && position >= 0 && position < maxPositions)) {
@@ -198,6 +203,15 @@ export class CpuBackend implements Backend {
         }
       }
     }
+  }
+
+  copyKvSlot(cache: KvCache, from: number, to: number, numPositions: number): void {
+    const kv = cpuKvCache(cache);
+    checkKvSlotCopy(kv.spec, from, to, numPositions);
+    // Positions are the outer index within a slot, so the first numPositions of it are one contiguous run.
+    const slotLength = kv.spec.maxPositions * kv.spec.numKvHeads * kv.spec.headDim;
+    const runLength = numPositions * kv.spec.numKvHeads * kv.spec.headDim;
+    for (const layer of [...kv.keys, ...kv.values]) layer.copyWithin(to * slotLength, from * slotLength, from * slotLength + runLength);
   }
 
   swiglu(gate: Tensor, up: Tensor, out: Tensor): void {

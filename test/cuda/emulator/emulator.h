@@ -13,7 +13,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __restrict__
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 
 struct emu_dim3 { unsigned x = 1, y = 1, z = 1; };
@@ -38,6 +38,12 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 }
 
 inline float __expf(float x) { return std::exp(x); }
+// Round-to-nearest f32 arithmetic that CUDA never fuses into FMAs; host C++ without -ffp-contract=fast (and x86-64
+// without FMA in the baseline) already computes these exactly so.
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __frcp_rn(float a) { return 1.0f / a; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
