@@ -7,6 +7,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Batcher, type SequenceSpec } from "../../lib/serve/batcher.ts";
 import { ModelServer, type ServableModel } from "../../lib/serve/model-server.ts";
 import type { LayerLoras } from "../../lib/model/transformer.ts";
+import { JsonGrammar } from "../../lib/serve/json-grammar.ts";
+import { compileSchema } from "../../lib/serve/json-schema.ts";
+import { JsonConstraint, tokenTrieFor } from "../../lib/serve/token-mask.ts";
 import { tinyServableModel } from "./tiny-model.ts";
 
 let model: ServableModel;
@@ -184,6 +187,20 @@ describe("shared prompts", () => {
       expect(before.tokens).toEqual(await aloneTokens(4));
       expect(after.tokens).toEqual(await aloneTokens(5));
       await long;
+      await batcher.close();
+    });
+
+    it("a constraint that dead-ends fails only its own sequence; the others in the pass sample as alone", async () => {
+      const batcher = new Batcher(model.model, { numSlots: 2, maxPositions: 64, reusePrefixes: false });
+      // "{}" needs 2 bytes and the end token: with max 2 tokens no first token can still finish the JSON.
+      const grammar = new JsonGrammar(compileSchema({ type: "object" }), { textCost: tokenTrieFor(model.tokenizer).greedyTokenCount });
+      const constraint = new JsonConstraint(grammar, tokenTrieFor(model.tokenizer));
+      const doomed = batcher.submit(spec(1, { constraint, maxTokens: 2 }));
+      const free = batcher.submit(spec(2));
+      await expect(doomed).rejects.toThrow(/constraint_dead_end|no allowed token/);
+      expect((await free).tokens).toEqual(await aloneTokens(2));
+      expect(batcher.stats.steps).toBeLessThan(10); // they shared passes (each alone would take 5 + 1)
+      expect(batcher.load).toEqual({ running: 0, queued: 0 });
       await batcher.close();
     });
   });
