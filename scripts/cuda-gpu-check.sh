@@ -2,7 +2,8 @@
 # Everything the CUDA path must prove on a GPU machine, in one device call; results under $OUT (at most 8 files):
 #   env.txt        GPU, driver, toolkit, Python packages, where cuBLAS/NVRTC live, the kernel build log
 #   tests.txt      ART_TEST_GPU=1 vitest of test/cuda (parity with the CPU backend, tiny checkpoints, greedy
-#                  generation, logits vs transformers at the Qwen2.5-0.5B shape), kernels from the prebuilt fatbin
+#                  generation, logits vs transformers at the Qwen2.5-0.5B shape, the LoRA training ops and whole
+#                  training pass vs the CPU trainer), kernels from the prebuilt fatbin
 #   fallback.txt   the same parity tests with kernels compiled at run time by NVRTC (ART_CUDA_KERNELS=nvrtc)
 #   hf.json        the transformers peer (bench/peers/hf_generate.py)
 #   bench.json     bench/cuda-decode.ts with the peer's numbers beside ours and the roofline fraction
@@ -46,7 +47,7 @@ step build 90 env.txt node scripts/cuda-build-kernels.ts
 step hf_reference 120 log.txt python3 scripts/cuda-hf-logits.py /tmp/art-hf-reference
 # vitest reports on stdout and stderr: both into the file.
 step tests 200 tests.txt bash -c 'ART_TEST_GPU=1 ART_HF_REFERENCE=/tmp/art-hf-reference node node_modules/vitest/vitest.mjs run test/cuda --reporter=verbose 2>&1'
-step nvrtc_fallback 120 fallback.txt bash -c 'ART_TEST_GPU=1 ART_CUDA_KERNELS=nvrtc node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts --reporter=verbose 2>&1'
+step nvrtc_fallback 120 fallback.txt bash -c 'ART_TEST_GPU=1 ART_CUDA_KERNELS=nvrtc node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts test/cuda/training-parity.test.ts --reporter=verbose 2>&1'
 step hf_peer 150 hf.json python3 bench/peers/hf_generate.py
 if python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$OUT/hf.json" 2>/dev/null; then
   step bench 150 bench.json node bench/cuda-decode.ts --peer "$OUT/hf.json"

@@ -69,6 +69,21 @@ export class Blas {
     `cublasGemmEx(${rows}x${inF} · ${outF}x${inF}ᵀ, ${operandType})`);
   }
 
+  /**
+   * c[m, n] = alpha · op(a) · op(b) + beta · c, all row-major: op(a) is [m, k] (a stored [k, m] when `transA`), op(b)
+   * is [k, n] (b stored [n, k] when `transB`). Read column-major this is cᵀ = op(b)ᵀ · op(a)ᵀ, so b goes first.
+   * The training pass's products (dx = dy · W, dB = dyᵀ · xa, …) have this form; `linear` is the case transB.
+   */
+  gemm(a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, transA: boolean, transB: boolean,
+       operandType: GemmType, alpha = 1, beta = 0): void {
+    this.#alpha[0] = alpha;
+    this.#beta[0] = beta;
+    const type = operandType === "bf16" ? CUDA_R_16BF : CUDA_R_32F;
+    this.#check(this.#lib.symbols.cublasGemmEx(this.#handle, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N,
+      n, m, k, this.#alpha, b, type, transB ? k : n, a, type, transA ? m : k, this.#beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT), `cublasGemmEx(${transA ? "ᵀ" : ""}${m}x${k} · ${k}x${n}${transB ? "ᵀ" : ""}, ${operandType})`);
+  }
+
   dispose(): void {
     this.#check(this.#lib.symbols.cublasDestroy_v2(this.#handle), "cublasDestroy");
     this.#lib.close();

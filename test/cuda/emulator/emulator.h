@@ -38,6 +38,8 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 }
 
 inline float __expf(float x) { return std::exp(x); }
+// Fibers switch only at barriers, so a plain read-modify-write is atomic here.
+inline float atomicAdd(float* address, float value) { const float old = *address; *address = old + value; return old; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
