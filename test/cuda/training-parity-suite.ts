@@ -2,10 +2,14 @@
 // every op on random inputs, then the whole LoRA training pass of tiny qwen2 / qwen3 / llama checkpoints (logprobs,
 // every LoRA gradient, one AdamW step). Defined once, run on the CPU emulation of the kernels
 // (training-emulated-parity.test.ts) and on a GPU (training-parity.test.ts, ART_TEST_GPU=1).
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Tensor } from "../../lib/model/backend.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { loadTransformer } from "../../lib/model/load.ts";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
+import { readAdapter, saveAdapter } from "../../lib/grpo/peft.ts";
 import { PROJECTIONS } from "../../lib/grpo/config.ts";
 import { cpuTrainingOps } from "../../lib/grpo/cpu-training-ops.ts";
 import { TrainingModel } from "../../lib/grpo/model.ts";
@@ -161,7 +165,7 @@ describe.skipIf(skip)(title, () => {
   });
 
   for (const arch of ARCHITECTURES) {
-    it(`${arch} tiny checkpoint: the whole LoRA pass (logprobs, every gradient) and an AdamW step equal the CPU's`, () => {
+    it(`${arch} tiny checkpoint: the whole LoRA pass (logprobs, every gradient), an AdamW step, the sampler's view and a PEFT save/load equal the CPU's`, () => {
       const { config, weights, dir } = loadTinyModel(arch);
       const onGpu = loadTransformer(dir, gpu.backend, "f32");
       const lora = { rank: 2, alpha: 4, targetModules: [...PROJECTIONS], useRslora: false };
@@ -186,6 +190,19 @@ describe.skipIf(skip)(title, () => {
       expect(Math.abs(stepC.gradNorm - stepG.gradNorm) / stepC.gradNorm).toBeLessThan(1e-4);
       const after = models.map((model) => model.parameterTensors().map((p) => model.ops.download(p.value)));
       after[0].forEach((value, i) => expect(relativeError(value, after[1][i])).toBeLessThan(1e-4));
+      // The sampler reads the trained adapter tensors themselves: engine logits with it agree across backends
+      // (to the CUDA engine's bf16 KV cache), and differ from the base model's by far more than that.
+      const onCpu = loadTransformer(dir, cpuBackend, "f32");
+      const ids = [1, 5, 9, 2, 7, 3, 11];
+      const adapted = sequenceLogits(onCpu, ids, models[0].engineLoras());
+      expect(relativeError(adapted, sequenceLogits(onGpu, ids, models[1].engineLoras()))).toBeLessThan(1e-2);
+      expect(relativeError(adapted, sequenceLogits(onCpu, ids))).toBeGreaterThan(5e-2);
+      // A CUDA-trained adapter saves as PEFT and loads back (onto CUDA) with the same values.
+      const adapterDir = mkdtempSync(join(tmpdir(), "art-cuda-adapter-"));
+      saveAdapter(adapterDir, models[1]);
+      const reloaded = new TrainingModel(config, onGpu.weights, { lora: null, adapter: readAdapter(adapterDir, config), ops: gpu });
+      reloaded.parameterTensors().forEach((p, i) => expect(gpu.download(p.value)).toEqual(after[1][i]));
+      rmSync(adapterDir, { recursive: true, force: true });
       onGpu.free();
     });
   }
