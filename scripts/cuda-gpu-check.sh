@@ -46,7 +46,7 @@ step() {  # step <name> <seconds limit> <stdout file> <command...>   (stderr goe
 step build 90 env.txt node scripts/cuda-build-kernels.ts
 step hf_reference 120 log.txt python3 scripts/cuda-hf-logits.py /tmp/art-hf-reference
 # vitest reports on stdout and stderr: both into the file.
-step tests 200 tests.txt bash -c 'ART_TEST_GPU=1 ART_HF_REFERENCE=/tmp/art-hf-reference node node_modules/vitest/vitest.mjs run test/cuda --reporter=verbose 2>&1'
+step tests 200 tests.txt bash -c 'ART_TEST_GPU=1 ART_HF_REFERENCE=/tmp/art-hf-reference node node_modules/vitest/vitest.mjs run test/cuda test/trainable/cuda.test.ts --reporter=verbose 2>&1'
 step nvrtc_fallback 120 fallback.txt bash -c 'ART_TEST_GPU=1 ART_CUDA_KERNELS=nvrtc node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts test/cuda/training-parity.test.ts --reporter=verbose 2>&1'
 step hf_peer 150 hf.json python3 bench/peers/hf_generate.py
 if python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$OUT/hf.json" 2>/dev/null; then
