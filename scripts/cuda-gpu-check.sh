@@ -2,7 +2,8 @@
 # Everything the CUDA path must prove on a GPU machine, in one device call; results under $OUT:
 #   env.txt        GPU, driver, toolkit, Node, Python packages, where art-ts finds cuBLAS/NVRTC, the kernel build log
 #   tests.txt      ART_TEST_GPU=1 vitest of test/cuda: the ABI check against the machine's headers and libraries,
-#                  parity with the CPU backend, tiny checkpoints, greedy generation, and (when the transformers
+#                  parity with the CPU backend, tiny checkpoints, greedy generation, the LoRA training ops and whole
+#                  training pass vs the CPU trainer (and TrainableModel on CUDA), and (when the transformers
 #                  reference could be written) logits vs transformers; kernels from the prebuilt fatbin
 #   fallback.txt   the parity suite with kernels compiled at run time by NVRTC (ART_CUDA_KERNELS=nvrtc)
 #   hf.json        the transformers peer (bench/peers/hf_generate.py), when transformers is installed
@@ -82,8 +83,8 @@ step hf_reference 120 log.txt python3 scripts/cuda-hf-logits.py /tmp/art-hf-refe
 # hf-parity runs only when the reference was written (transformers may be missing); vitest reports on both streams.
 reference=""
 [[ ${status[hf_reference]:-} == ok* ]] && reference="ART_HF_REFERENCE=/tmp/art-hf-reference"
-step tests 200 tests.txt bash -c "ART_TEST_GPU=1 $reference node node_modules/vitest/vitest.mjs run test/cuda --reporter=verbose 2>&1"
-step nvrtc_fallback 120 fallback.txt bash -c 'ART_TEST_GPU=1 ART_CUDA_KERNELS=nvrtc node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts --reporter=verbose 2>&1'
+step tests 200 tests.txt bash -c "ART_TEST_GPU=1 $reference node node_modules/vitest/vitest.mjs run test/cuda test/trainable/cuda.test.ts --reporter=verbose 2>&1"
+step nvrtc_fallback 120 fallback.txt bash -c 'ART_TEST_GPU=1 ART_CUDA_KERNELS=nvrtc node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts test/cuda/training-parity.test.ts --reporter=verbose 2>&1'
 step hf_peer 150 hf.json python3 bench/peers/hf_generate.py
 if [[ ${status[hf_peer]:-} == ok* ]]; then
   step bench 150 bench.json node bench/cuda-decode.ts --peer "$OUT/hf.json"

@@ -435,6 +435,11 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
   }
 
+  /** Launches any kernel of the table on this backend's stream (the training ops' kernels run beside the engine's). */
+  launch(name: KernelName, grid: [number, number?, number?], block: [number], args: readonly KernelArg[], sharedBytes = 0): void {
+    this.#launch(name, grid, block, args, sharedBytes);
+  }
+
   // ---- helpers --------------------------------------------------------------------------------------------------
 
   #launch(name: KernelName, grid: [number, number?, number?], block: [number], args: readonly KernelArg[], sharedBytes = 0): void {

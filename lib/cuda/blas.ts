@@ -97,12 +97,22 @@ export class Blas {
    */
   linear(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number, operandType: GemmType,
          alpha = 1, beta = 0): void {
+    this.gemm(x, w, y, rows, outF, inF, false, true, operandType, alpha, beta);
+  }
+
+  /**
+   * c[m, n] = alpha · op(a) · op(b) + beta · c, all row-major: op(a) is [m, k] (a stored [k, m] when `transA`), op(b)
+   * is [k, n] (b stored [n, k] when `transB`); gemmExArguments maps it to column-major cuBLAS. The training pass's
+   * products (dx = dy · W, dB = dyᵀ · xa, …) have this form; `linear` is the case transB.
+   */
+  gemm(a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, transA: boolean, transB: boolean,
+       operandType: GemmType, alpha = 1, beta = 0): void {
     this.#alpha[0] = alpha;
     this.#beta[0] = beta;
-    const g = linearGemmArguments(x, w, y, rows, inF, outF, operandType);
+    const g = gemmExArguments(a, b, c, m, n, k, transA, transB, operandType);
     this.#check(this.#lib.symbols.cublasGemmEx(this.#handle, g.transa, g.transb, g.m, g.n, g.k, this.#alpha,
       g.a, g.aType, g.lda, g.b, g.bType, g.ldb, this.#beta, g.c, g.cType, g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-    `cublasGemmEx(${rows}x${inF} · ${outF}x${inF}ᵀ, ${operandType})`);
+    `cublasGemmEx(${transA ? "ᵀ" : ""}${m}x${k} · ${k}x${n}${transB ? "ᵀ" : ""}, ${operandType})`);
   }
 
   /** Destroys the handle; the libraries stay loaded (see openLibrary). */

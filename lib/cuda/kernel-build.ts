@@ -44,6 +44,19 @@ export const kernelModules = {
     log_softmax: [ptr, ptr, i32],
     sample: [ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr],
   },
+  training: {
+    scatter_rows: [ptr, ptr, ptr, i32],
+    rmsnorm_keep_f32: [ptr, ptr, f32, ptr, ptr, i32], rmsnorm_keep_bf16: [ptr, ptr, f32, ptr, ptr, i32],
+    rmsnorm_backward_f32: [ptr, ptr, ptr, ptr, ptr, i32], rmsnorm_backward_bf16: [ptr, ptr, ptr, ptr, ptr, i32],
+    rope_rotate: [ptr, ptr, ptr, i32, i32, f32],
+    attention_train_forward: [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
+    attention_train_backward: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
+    swiglu_backward: [ptr, ptr, ptr, ptr, ptr, i64],
+    logprob_block_stats: [ptr, i32, i32, ptr, ptr],
+    logprob_block_grad: [ptr, i32, i32, ptr, ptr, ptr],
+    sum_squares: [ptr, i64, ptr],
+    adamw_update: [ptr, ptr, ptr, ptr, i64, f32, f32, f32, f32, f32, f32, f32, f32],
+  },
 } as const satisfies Record<string, Record<string, readonly KernelArgType[]>>;
 export type KernelModuleName = keyof typeof kernelModules;
 type KernelsOf<M extends KernelModuleName> = keyof (typeof kernelModules)[M] & string;

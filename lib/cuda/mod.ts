@@ -3,3 +3,4 @@ export { type CudaAvailability, type CreateCudaBackendOptions, createCudaBackend
 export { type CudaLibraryName, type DiscoveryInputs, type FoundLibrary, findCudaLibrary, findNvrtc, systemDiscoveryInputs } from "./discovery.ts";
 export { type DeviceInfo, listDevices } from "./driver.ts";
 export { type MemoryPoolStats } from "./memory-pool.ts";
+export { CudaTrainingOps, createCudaTrainingOps, type TrainingGemm } from "./training-ops.ts";

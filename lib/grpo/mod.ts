@@ -3,11 +3,13 @@ export { PROJECTIONS, DEFAULT_LORA, resolveTrainConfig, learningRateAt, loraScal
 export type { TrainConfig, TrainConfigInit, LoraConfig, Projection, PolicyLoss, ImportanceSampling, Schedule } from "./config.ts";
 export { groupAdvantages, trajectoryTokenWeights, policyLoss, crossEntropyLoss } from "./loss.ts";
 export type { PolicyTokens, PolicyLossResult } from "./loss.ts";
-export { adamwStep, createAdamWState, gradientNorm } from "./adamw.ts";
-export type { AdamWState, AdamWOptions, TrainableParameter } from "./adamw.ts";
+export { adamwStep, adamwStepOn, createAdamWState, gradientNorm } from "./adamw.ts";
+export type { AdamWState, AdamWOptions, TrainableParameter, ParameterTensors } from "./adamw.ts";
+export { CpuTrainingOps, cpuTrainingOps } from "./cpu-training-ops.ts";
+export type { TrainingOps, AttentionSegment, AttentionShape, RopeTensors, AdamWScalars } from "./training-ops.ts";
 export { chunkedLogprobs, chunkedLogprobsBackward } from "./logprobs.ts";
 export type { TokenLogprobs, ChunkSizes } from "./logprobs.ts";
-export { TrainingModel, projectionPath } from "./model.ts";
+export { TrainingModel, Param, projectionPath } from "./model.ts";
 export type { SequenceBatch, Segment, ForwardPass, TrainingModelOptions, LoraParams } from "./model.ts";
 export { Trainer, checkpointDir, toBatch, trainedCount } from "./train.ts";
 export type { TrainingSequence, StepResult, StepMetrics, Objective } from "./train.ts";

@@ -1,10 +1,11 @@
 /**
- * The transformer's training pass on the CPU: forward that keeps every named activation, and the matching
- * hand-written backward, per layer (llm.c style), for qwen2 / qwen3 / llama.
+ * The transformer's training pass: forward that keeps every named activation, and the matching hand-written
+ * backward, per layer (llm.c style), for qwen2 / qwen3 / llama. Written once against TrainingOps (training-ops.ts):
+ * on the CPU the ops are the Float32Array kernels of ops.ts, on a device its kernels.
  *
- * The base weights are the engine's own Float32Arrays (CpuTensor data), not a copy: rollouts and training share
- * one set of weights in memory. LoRA adapters live here (A, B and their gradients) and are handed to the engine as
- * CpuTensors over the same arrays, so a sampler sees every optimiser update at once.
+ * The base weights are the engine's own tensors, not a copy: rollouts and training share one set of weights in
+ * memory. LoRA adapters live here (A, B and their gradients, f32 tensors on the same backend) and are handed to the
+ * engine as those very tensors, so a sampler sees every optimiser update at once.
  *
  * Two modes: LoRA (base frozen, gradients only for A/B of the chosen projections) and full-parameter (every weight
  * has a gradient; for SFT of small models). With `recomputeActivations` only each layer's input is kept and the layer
@@ -13,19 +14,16 @@
  * A batch is several sequences concatenated row-wise; attention stays within each sequence (segment).
  */
 import { ArtError } from "../core/errors.ts";
-import type { LoraWeights } from "../model/backend.ts";
+import type { Tensor } from "../model/backend.ts";
 import type { ModelConfig } from "../model/config.ts";
 import { CpuTensor } from "../model/cpu/backend.ts";
 import { ropeInverseFrequencies, type LayerLoras, type ModelWeights, type ProjectionName } from "../model/transformer.ts";
-import type { TrainableParameter } from "./adamw.ts";
+import type { ParameterTensors, TrainableParameter } from "./adamw.ts";
 import type { Adapter } from "./peft.ts";
 import { loraScale, PROJECTIONS, type LoraConfig, type Projection } from "./config.ts";
-import { chunkedLogprobs, chunkedLogprobsBackward, DEFAULT_CHUNKS, type ChunkSizes } from "./logprobs.ts";
-import {
-  attentionBackward, attentionForward, embeddingBackward, embeddingForward, linearBackward, linearForward,
-  loraBackward, loraForward, rmsnormBackward, rmsnormForward, ropeApply, ropeTables, swigluBackward, swigluForward,
-  type RopeTables,
-} from "./ops.ts";
+import { cpuTrainingOps } from "./cpu-training-ops.ts";
+import { DEFAULT_CHUNKS, type ChunkSizes } from "./logprobs.ts";
+import type { AttentionShape, RopeTensors, TrainingOps } from "./training-ops.ts";
 import { seededRandom } from "../core/random.ts";
 
 /** Where each projection lives in a Hugging Face / PEFT checkpoint, and its name in the engine's LayerLoras. */
@@ -60,8 +58,35 @@ export function projectionPath(layer: number, projection: Projection): string {
   return `model.layers.${layer}.${PROJECTION_INFO[projection].module}.${projection}`;
 }
 
-/** A parameter: its values, its gradient (null when frozen) and its shape. */
-export interface Param { name: string; value: Float32Array; grad: Float32Array | null; shape: number[] }
+/**
+ * A parameter: its value and gradient (null when frozen) as tensors of the training backend, and its shape.
+ * `value` / `grad` are the same numbers as host arrays, for CPU training (they are the tensors' own arrays there).
+ */
+export class Param {
+  readonly name: string;
+  readonly shape: number[];
+  readonly tensor: Tensor;
+  readonly gradTensor: Tensor | null;
+  constructor(name: string, shape: readonly number[], tensor: Tensor, gradTensor: Tensor | null) {
+    this.name = name;
+    this.shape = [...shape];
+    this.tensor = tensor;
+    this.gradTensor = gradTensor;
+  }
+  get value(): Float32Array {
+    return hostArray(this.tensor, this.name);
+  }
+  get grad(): Float32Array | null {
+    return this.gradTensor === null ? null : hostArray(this.gradTensor, `the gradient of ${this.name}`);
+  }
+}
+
+function hostArray(tensor: Tensor, what: string): Float32Array {
+  if (!(tensor instanceof CpuTensor)) {
+    throw new ArtError("parameters_on_device", `${what} lives on the GPU, not in a host array; use model.parameterTensors() and model.ops.download(tensor) to read it`);
+  }
+  return tensor.data;
+}
 
 interface LinearParams { weight: Param; bias: Param | null; inFeatures: number; outFeatures: number }
 
@@ -89,50 +114,38 @@ export interface SequenceBatch {
 
 export interface Segment { start: number; length: number; prefix?: { start: number; length: number } }
 
-/** K or V rows a segment attends to: its own rows, behind a copy of its prefix's rows when it has one. */
-function segmentKeys(x: Float32Array, segment: Segment, width: number): Float32Array {
-  const own = x.subarray(segment.start * width, (segment.start + segment.length) * width);
-  if (!segment.prefix) return own;
-  const { start, length } = segment.prefix;
-  const keys = new Float32Array((length + segment.length) * width);
-  keys.set(x.subarray(start * width, (start + length) * width));
-  keys.set(own, length * width);
-  return keys;
-}
-
-/** Adds a segment's key gradients back to the rows they came from (the prefix's rows and its own). */
-function scatterKeyGradients(dx: Float32Array, dKeys: Float32Array, segment: Segment, width: number): void {
-  const prefixLength = segment.prefix?.length ?? 0;
-  const add = (rowStart: number, from: number, rows: number) => {
-    for (let i = 0; i < rows * width; i++) dx[rowStart * width + i] += dKeys[from * width + i];
-  };
-  if (segment.prefix) add(segment.prefix.start, 0, prefixLength);
-  add(segment.start, prefixLength, segment.length);
-}
-
 /** Everything one layer's backward needs. */
 interface LayerActivations {
-  input: Float32Array; attnInput: Float32Array; rstd1: Float32Array;
-  qRaw: Float32Array; kRaw: Float32Array; qRstd: Float32Array | null; kRstd: Float32Array | null;
-  q: Float32Array; k: Float32Array; v: Float32Array; probs: Float32Array[];
-  attn: Float32Array; mid: Float32Array; mlpInput: Float32Array; rstd2: Float32Array;
-  gate: Float32Array; up: Float32Array; hidden: Float32Array;
+  input: Tensor; attnInput: Tensor; rstd1: Tensor;
+  qRaw: Tensor; kRaw: Tensor; qRstd: Tensor | null; kRstd: Tensor | null;
+  q: Tensor; k: Tensor; v: Tensor;
+  /** what the attention backward needs besides q, k, v */
+  attnSaved: Tensor;
+  attn: Tensor; mid: Tensor; mlpInput: Tensor; rstd2: Tensor;
+  gate: Tensor; up: Tensor; hidden: Tensor;
   /** x·Aᵀ per LoRA projection */
-  loraDown: Partial<Record<Projection, Float32Array>>;
+  loraDown: Partial<Record<Projection, Tensor>>;
 }
 
+function isLayerActivations(saved: LayerActivations | Tensor): saved is LayerActivations {
+  return "loraDown" in saved;
+}
+
+/**
+ * A forward pass. Its tensors live on the training backend until `backward` (which consumes the pass) or
+ * `model.release(pass)`.
+ */
 export interface ForwardPass {
   batch: SequenceBatch;
   useAdapter: boolean;
-  rope: RopeTables;
+  rope: RopeTensors;
   /** per layer: full activations, or only the input when recomputing; empty when activations were not kept */
-  layers: (LayerActivations | Float32Array)[];
-  finalResidual: Float32Array;
-  finalRstd: Float32Array;
-  finalHidden: Float32Array;
+  layers: (LayerActivations | Tensor)[];
+  finalResidual: Tensor;
+  finalRstd: Tensor;
   /** rows that have a target, in order; logprobs/entropies are indexed like this list */
   scoredRows: Int32Array;
-  scoredHidden: Float32Array;
+  scoredHidden: Tensor;
   logprobs: Float32Array;
   entropies: Float32Array;
   logsumexp: Float32Array;
@@ -147,12 +160,15 @@ export interface TrainingModelOptions {
   /** start from this adapter (its rank, alpha and target modules replace `lora`) */
   adapter?: Adapter;
   chunks?: ChunkSizes;
+  /** the ops of the backend holding `weights` (default: the CPU's) */
+  ops?: TrainingOps;
 }
 
 export class TrainingModel {
   readonly config: ModelConfig;
   readonly lora: LoraConfig | null;
   readonly loras: LoraParams[] = [];
+  readonly ops: TrainingOps;
   recomputeActivations: boolean;
   chunks: ChunkSizes;
   private readonly embedding: Param;
@@ -167,12 +183,20 @@ export class TrainingModel {
     this.lora = options.adapter?.lora ?? options.lora;
     this.recomputeActivations = options.recomputeActivations ?? false;
     this.chunks = options.chunks ?? DEFAULT_CHUNKS;
+    const ops = this.ops = options.ops ?? cpuTrainingOps;
     const full = this.lora === null;
-    const param = (name: string, tensor: unknown): Param => {
-      if (!(tensor instanceof CpuTensor)) {
-        throw new ArtError("training_needs_cpu", `training runs on CPU weights; ${name} lives on another backend (load the model with device "cpu")`);
+    if (full && !ops.fullParameter) {
+      throw new ArtError("cuda_unsupported", `full-parameter training runs on the CPU only; train a LoRA adapter on ${ops.name}, or load the model with device "cpu"`);
+    }
+    const param = (name: string, tensor: Tensor): Param => {
+      if (!ops.owns(tensor)) {
+        throw new ArtError(ops.name === "cpu" ? "training_needs_cpu" : "wrong_backend",
+          `training runs on ${ops.name} tensors; ${name} lives on another backend (load the model with device "${ops.name}", or pass the training ops of its backend)`);
       }
-      return { name, value: tensor.data, grad: full ? new Float32Array(tensor.size) : null, shape: [...tensor.shape] };
+      if (full && tensor.dtype !== "f32") {
+        throw new ArtError("full_parameter_needs_f32", `full-parameter training updates every weight in place, but ${name} is stored ${tensor.dtype}; load the model with f32 weights or train a LoRA adapter`);
+      }
+      return new Param(name, tensor.shape, tensor, full ? ops.zeros(tensor.shape) : null);
     };
     this.embedding = param("model.embed_tokens.weight", weights.embedding);
     this.finalNorm = param("model.norm.weight", weights.finalNorm);
@@ -205,8 +229,8 @@ export class TrainingModel {
     if (options.adapter) {
       for (const t of options.adapter.tensors) {
         const params = this.loraByLayer[t.layer][t.projection]!;
-        params.a.value.set(t.a);
-        params.b.value.set(t.b);
+        ops.write(params.a.tensor, t.a);
+        ops.write(params.b.tensor, t.b);
       }
     }
     this.invFreq = ropeInverseFrequencies(config.headDim, config.ropeTheta, config.ropeScaling);
@@ -217,6 +241,7 @@ export class TrainingModel {
    * adapter_model.safetensors keys.
    */
   private initLora(lora: LoraConfig, seed: number): void {
+    const ops = this.ops;
     const random = seededRandom(seed);
     const scale = loraScale(lora);
     for (let l = 0; l < this.layers.length; l++) {
@@ -226,10 +251,11 @@ export class TrainingModel {
         const a = new Float32Array(lora.rank * inFeatures);
         for (let i = 0; i < a.length; i++) a[i] = (random() * 2 - 1) * bound;
         const prefix = `base_model.model.${projectionPath(l, proj)}`;
+        const aShape = [lora.rank, inFeatures], bShape = [outFeatures, lora.rank];
         const params: LoraParams = {
           projection: proj, layer: l, rank: lora.rank, scale,
-          a: { name: `${prefix}.lora_A.weight`, value: a, grad: new Float32Array(a.length), shape: [lora.rank, inFeatures] },
-          b: { name: `${prefix}.lora_B.weight`, value: new Float32Array(outFeatures * lora.rank), grad: new Float32Array(outFeatures * lora.rank), shape: [outFeatures, lora.rank] },
+          a: new Param(`${prefix}.lora_A.weight`, aShape, ops.upload(a, aShape), ops.zeros(aShape)),
+          b: new Param(`${prefix}.lora_B.weight`, bShape, ops.zeros(bShape), ops.zeros(bShape)),
         };
         this.loras.push(params);
         this.loraByLayer[l][proj] = params;
@@ -237,12 +263,18 @@ export class TrainingModel {
     }
   }
 
-  /** The parameters the optimiser updates: LoRA A/B (PEFT names), or every weight (HF names) in full mode. */
+  /** The parameters the optimiser updates, as tensors: LoRA A/B (PEFT names), or every weight (HF names) in full mode. */
+  parameterTensors(): ParameterTensors[] {
+    return this.trainedParams().map((p) => ({ name: p.name, value: p.tensor, grad: p.gradTensor!, shape: p.shape }));
+  }
+
+  /** parameterTensors() as host arrays (CPU training: the very arrays the model trains). */
   trainableParameters(): TrainableParameter[] {
-    const params: Param[] = this.lora !== null
-      ? this.loras.flatMap((p) => [p.a, p.b])
-      : this.allBaseParams();
-    return params.map((p) => ({ name: p.name, value: p.value, grad: p.grad!, shape: p.shape }));
+    return this.trainedParams().map((p) => ({ name: p.name, value: p.value, grad: p.grad!, shape: p.shape }));
+  }
+
+  private trainedParams(): Param[] {
+    return this.lora !== null ? this.loras.flatMap((p) => [p.a, p.b]) : this.allBaseParams();
   }
 
   private allBaseParams(): Param[] {
@@ -264,21 +296,14 @@ export class TrainingModel {
   }
 
   zeroGradients(): void {
-    for (const p of this.trainableParameters()) p.grad.fill(0);
+    for (const p of this.trainedParams()) this.ops.zero(p.gradTensor!);
   }
 
-  /** The adapter as the engine's per-layer LoRA, over the same arrays (updates are visible to inference). */
+  /** The adapter as the engine's per-layer LoRA: the very tensors AdamW updates, so inference sees every update. */
   engineLoras(): LayerLoras[] {
     return this.loraByLayer.map((byProj) => {
       const out: LayerLoras = {};
-      for (const p of Object.values(byProj)) {
-        const weights: LoraWeights = {
-          a: new CpuTensor(p.a.shape, "f32", p.a.value),
-          b: new CpuTensor(p.b.shape, "f32", p.b.value),
-          scale: p.scale,
-        };
-        out[engineProjectionName(p.projection)] = weights;
-      }
+      for (const p of Object.values(byProj)) out[engineProjectionName(p.projection)] = { a: p.a.tensor, b: p.b.tensor, scale: p.scale };
       return out;
     });
   }
@@ -288,193 +313,225 @@ export class TrainingModel {
   forward(batch: SequenceBatch, options: { useAdapter?: boolean; keepActivations?: boolean } = {}): ForwardPass {
     const useAdapter = options.useAdapter ?? true;
     const keep = options.keepActivations ?? true;
-    const c = this.config;
+    const ops = this.ops, c = this.config;
     const n = batch.tokens.length;
     const d = c.hiddenSize;
     for (const id of batch.tokens) {
       if (!(id >= 0 && id < c.vocabSize)) throw new ArtError("bad_token_id", `token id ${id} is outside the vocabulary (0..${c.vocabSize - 1})`);
     }
-    const rope = ropeTables(batch.positions, this.invFreq);
-    let x: Float32Array = new Float32Array(n * d);
-    embeddingForward(x, this.embedding.value, batch.tokens, d);
-    const layers: (LayerActivations | Float32Array)[] = [];
+    const rope = ops.ropeTables(batch.positions, this.invFreq);
+    let x = ops.zeros([n, d]);
+    ops.embedding(x, this.embedding.tensor, batch.tokens, d);
+    const layers: (LayerActivations | Tensor)[] = [];
     for (let l = 0; l < c.numLayers; l++) {
       const { acts, output } = this.layerForward(l, x, batch, rope, useAdapter);
-      if (keep) layers.push(this.recomputeActivations ? acts.input : acts);
+      if (!keep) this.freeActivations(acts, false);
+      else if (this.recomputeActivations) this.freeActivations(acts, true);
+      layers.push(this.recomputeActivations ? acts.input : acts);
       x = output;
     }
-    const finalRstd = new Float32Array(n);
-    const finalHidden = new Float32Array(n * d);
-    rmsnormForward(finalHidden, finalRstd, x, this.finalNorm.value, n, d, c.rmsNormEps);
+    const finalRstd = ops.zeros([n]);
+    const finalHidden = ops.zeros([n, d]);
+    ops.rmsnorm(finalHidden, finalRstd, x, this.finalNorm.tensor, n, d, c.rmsNormEps);
     const scored: number[] = [];
     for (let r = 0; r < n; r++) if (batch.targets[r] >= 0) scored.push(r);
     const scoredRows = Int32Array.from(scored);
-    const scoredHidden = new Float32Array(scored.length * d);
-    const scoredTargets = new Int32Array(scored.length);
-    scored.forEach((row, i) => {
-      scoredHidden.set(finalHidden.subarray(row * d, row * d + d), i * d);
-      scoredTargets[i] = batch.targets[row];
-    });
-    const { logprobs, entropies, logsumexp } = chunkedLogprobs(scoredHidden, this.lmHead.value, scoredTargets, d, c.vocabSize, this.chunks);
-    return {
-      batch, useAdapter, rope, layers, finalResidual: x, finalRstd, finalHidden, scoredRows, scoredHidden,
+    const scoredHidden = ops.zeros([scored.length, d]);
+    ops.gatherRows(scoredHidden, finalHidden, scoredRows, d);
+    ops.free(finalHidden);
+    const scoredTargets = Int32Array.from(scoredRows, (row) => batch.targets[row]);
+    const { logprobs, entropies, logsumexp } = ops.logprobs(scoredHidden, this.lmHead.tensor, scoredTargets, d, c.vocabSize, this.chunks);
+    const pass: ForwardPass = {
+      batch, useAdapter, rope, layers: keep ? layers : [], finalResidual: x, finalRstd, scoredRows, scoredHidden,
       logprobs, entropies, logsumexp,
     };
+    if (!keep) this.release(pass);
+    return pass;
+  }
+
+  /** Frees what a forward pass holds on the backend (backward does this itself). */
+  release(pass: ForwardPass): void {
+    for (const saved of pass.layers) {
+      if (isLayerActivations(saved)) this.freeActivations(saved, false);
+      else this.ops.free(saved);
+    }
+    pass.layers = [];
+    for (const tensor of [pass.finalResidual, pass.finalRstd, pass.scoredHidden, pass.rope.cos, pass.rope.sin]) this.ops.free(tensor);
+  }
+
+  /** Frees a layer's activations; `keepInput` keeps its input (what recomputation starts from). */
+  private freeActivations(acts: LayerActivations, keepInput: boolean): void {
+    const { input, qRstd, kRstd, loraDown, ...always } = acts;
+    const tensors: Tensor[] = [...Object.values(always), ...Object.values(loraDown)];
+    if (!keepInput) tensors.push(input);
+    if (qRstd) tensors.push(qRstd);
+    if (kRstd) tensors.push(kRstd);
+    for (const tensor of tensors) this.ops.free(tensor);
   }
 
   private layerForward(
-    l: number, input: Float32Array, batch: SequenceBatch, rope: RopeTables, useAdapter: boolean,
-  ): { acts: LayerActivations; output: Float32Array } {
-    const c = this.config, w = this.layers[l];
+    l: number, input: Tensor, batch: SequenceBatch, rope: RopeTensors, useAdapter: boolean,
+  ): { acts: LayerActivations; output: Tensor } {
+    const ops = this.ops, c = this.config, w = this.layers[l];
     const n = batch.tokens.length;
     const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter, rmsNormEps: eps } = c;
-    const loraDown: Partial<Record<Projection, Float32Array>> = {};
-    const linear = (proj: Projection, x: Float32Array): Float32Array => {
+    const loraDown: Partial<Record<Projection, Tensor>> = {};
+    const linear = (proj: Projection, x: Tensor): Tensor => {
       const lin = w.linears[proj];
-      const out = new Float32Array(n * lin.outFeatures);
-      linearForward(out, x, lin.weight.value, lin.bias?.value ?? null, n, lin.inFeatures, lin.outFeatures);
+      const out = ops.zeros([n, lin.outFeatures]);
+      ops.linear(out, x, lin.weight.tensor, lin.bias?.tensor ?? null, n, lin.inFeatures, lin.outFeatures);
       const lora = useAdapter ? this.loraByLayer[l][proj] : undefined;
       if (lora) {
-        const down = new Float32Array(n * lora.rank);
-        loraForward(out, down, x, lora.a.value, lora.b.value, lora.scale, n, lin.inFeatures, lin.outFeatures, lora.rank);
+        const down = ops.zeros([n, lora.rank]);
+        ops.loraForward(out, down, x, lora.a.tensor, lora.b.tensor, lora.scale, n, lin.inFeatures, lin.outFeatures, lora.rank);
         loraDown[proj] = down;
       }
       return out;
     };
-    const attnInput = new Float32Array(n * d);
-    const rstd1 = new Float32Array(n);
-    rmsnormForward(attnInput, rstd1, input, w.inputNorm.value, n, d, eps);
+    const attnInput = ops.zeros([n, d]);
+    const rstd1 = ops.zeros([n]);
+    ops.rmsnorm(attnInput, rstd1, input, w.inputNorm.tensor, n, d, eps);
     const qRaw = linear("q_proj", attnInput);
     const kRaw = linear("k_proj", attnInput);
     const v = linear("v_proj", attnInput);
-    let q = qRaw, k = kRaw, qRstd: Float32Array | null = null, kRstd: Float32Array | null = null;
+    let q: Tensor, k: Tensor, qRstd: Tensor | null = null, kRstd: Tensor | null = null;
     if (w.qNorm && w.kNorm) {
-      q = new Float32Array(qRaw.length);
-      k = new Float32Array(kRaw.length);
-      qRstd = new Float32Array(n * h);
-      kRstd = new Float32Array(n * kv);
-      rmsnormForward(q, qRstd, qRaw, w.qNorm.value, n * h, hd, eps);
-      rmsnormForward(k, kRstd, kRaw, w.kNorm.value, n * kv, hd, eps);
+      q = ops.zeros([n, h * hd]);
+      k = ops.zeros([n, kv * hd]);
+      qRstd = ops.zeros([n * h]);
+      kRstd = ops.zeros([n * kv]);
+      ops.rmsnorm(q, qRstd, qRaw, w.qNorm.tensor, n * h, hd, eps);
+      ops.rmsnorm(k, kRstd, kRaw, w.kNorm.tensor, n * kv, hd, eps);
     } else {
-      q = Float32Array.from(qRaw);
-      k = Float32Array.from(kRaw);
+      q = ops.copy(qRaw);
+      k = ops.copy(kRaw);
     }
-    ropeApply(q, rope, n, h);
-    ropeApply(k, rope, n, kv);
-    const attn = new Float32Array(n * h * hd);
-    const probs = batch.segments.map((segment) => {
-      const { start, length } = segment;
-      const keyLen = length + (segment.prefix?.length ?? 0);
-      const p = new Float32Array(h * length * keyLen);
-      attentionForward(
-        attn.subarray(start * h * hd, (start + length) * h * hd), p, q.subarray(start * h * hd, (start + length) * h * hd),
-        segmentKeys(k, segment, kv * hd), segmentKeys(v, segment, kv * hd), length, keyLen, h, kv, hd,
-      );
-      return p;
-    });
+    ops.rope(q, rope, n, h, false);
+    ops.rope(k, rope, n, kv, false);
+    const attn = ops.zeros([n, h * hd]);
+    const attnSaved = ops.attention(attn, q, k, v, batch.segments, this.attentionShape());
     const attnOut = linear("o_proj", attn);
-    const mid = new Float32Array(n * d);
-    for (let i = 0; i < mid.length; i++) mid[i] = input[i] + attnOut[i];
-    const mlpInput = new Float32Array(n * d);
-    const rstd2 = new Float32Array(n);
-    rmsnormForward(mlpInput, rstd2, mid, w.postAttentionNorm.value, n, d, eps);
+    const mid = ops.zeros([n, d]);
+    ops.add(mid, input, attnOut);
+    ops.free(attnOut);
+    const mlpInput = ops.zeros([n, d]);
+    const rstd2 = ops.zeros([n]);
+    ops.rmsnorm(mlpInput, rstd2, mid, w.postAttentionNorm.tensor, n, d, eps);
     const gate = linear("gate_proj", mlpInput);
     const up = linear("up_proj", mlpInput);
-    const hidden = new Float32Array(n * inter);
-    swigluForward(hidden, gate, up, hidden.length);
+    const hidden = ops.zeros([n, inter]);
+    ops.swiglu(hidden, gate, up, n * inter);
     const output = linear("down_proj", hidden);
-    for (let i = 0; i < output.length; i++) output[i] += mid[i];
+    ops.add(output, output, mid);
     const acts: LayerActivations = {
-      input, attnInput, rstd1, qRaw, kRaw, qRstd, kRstd, q, k, v, probs, attn, mid, mlpInput, rstd2, gate, up, hidden, loraDown,
+      input, attnInput, rstd1, qRaw, kRaw, qRstd, kRstd, q, k, v, attnSaved, attn, mid, mlpInput, rstd2, gate, up, hidden, loraDown,
     };
     return { acts, output };
+  }
+
+  private attentionShape(): AttentionShape {
+    return { heads: this.config.numHeads, kvHeads: this.config.numKvHeads, headDim: this.config.headDim };
   }
 
   // ---------------------------------------------------------------- backward
 
   /**
-   * Accumulates parameter gradients for d(loss)/d(logprobs[i]) = dLogprobs[i] (indexed like pass.scoredRows).
-   * Call zeroGradients() before the first micro-batch of a step.
+   * Accumulates parameter gradients for d(loss)/d(logprobs[i]) = dLogprobs[i] (indexed like pass.scoredRows), and
+   * frees the pass. Call zeroGradients() before the first micro-batch of a step.
    */
   backward(pass: ForwardPass, dLogprobs: Float32Array): void {
     if (!pass.useAdapter && this.lora !== null) throw new ArtError("bad_backward", "backward needs a forward pass with the adapter enabled");
-    const c = this.config;
+    const ops = this.ops, c = this.config;
     const n = pass.batch.tokens.length;
     const d = c.hiddenSize;
-    if (pass.layers.length !== c.numLayers) throw new ArtError("bad_backward", "backward needs a forward pass that kept its activations");
+    if (pass.layers.length !== c.numLayers) throw new ArtError("bad_backward", "backward needs a forward pass that kept its activations (each pass serves one backward)");
     const scoredTargets = Int32Array.from(pass.scoredRows, (row) => pass.batch.targets[row]);
-    const dScored = new Float32Array(pass.scoredHidden.length);
-    chunkedLogprobsBackward(dScored, this.lmHead.grad, dLogprobs, pass.scoredHidden, this.lmHead.value, scoredTargets,
+    const dScored = ops.zeros([pass.scoredRows.length, d]);
+    ops.logprobsBackward(dScored, this.lmHead.gradTensor, dLogprobs, pass.scoredHidden, this.lmHead.tensor, scoredTargets,
       pass.logsumexp, d, c.vocabSize, this.chunks);
-    const dFinal = new Float32Array(n * d);
-    pass.scoredRows.forEach((row, i) => dFinal.set(dScored.subarray(i * d, i * d + d), row * d));
-    let dx: Float32Array = new Float32Array(n * d);
-    rmsnormBackward(dx, this.finalNorm.grad, dFinal, pass.finalResidual, pass.finalRstd, this.finalNorm.value, n, d);
+    const dFinal = ops.zeros([n, d]);
+    ops.scatterRows(dFinal, dScored, pass.scoredRows, d);
+    ops.free(dScored);
+    let dx = ops.zeros([n, d]);
+    ops.rmsnormBackward(dx, this.finalNorm.gradTensor, dFinal, pass.finalResidual, pass.finalRstd, this.finalNorm.tensor, n, d);
+    ops.free(dFinal);
     for (let l = c.numLayers - 1; l >= 0; l--) {
       const saved = pass.layers[l];
-      const acts = saved instanceof Float32Array ? this.layerForward(l, saved, pass.batch, pass.rope, true).acts : saved;
-      dx = this.layerBackward(l, acts, dx, pass.batch, pass.rope);
+      let acts: LayerActivations;
+      if (isLayerActivations(saved)) {
+        acts = saved;
+      } else {
+        const recomputed = this.layerForward(l, saved, pass.batch, pass.rope, true);
+        ops.free(recomputed.output);
+        acts = recomputed.acts;
+      }
+      const dInput = this.layerBackward(l, acts, dx, pass.batch, pass.rope);
+      // Done with this layer: only its input stays (the previous layer's output), freed with the pass.
+      this.freeActivations(acts, true);
+      pass.layers[l] = acts.input;
+      ops.free(dx);
+      dx = dInput;
     }
-    if (this.embedding.grad) embeddingBackward(this.embedding.grad, dx, pass.batch.tokens, d);
+    if (this.embedding.gradTensor) ops.embeddingBackward(this.embedding.gradTensor, dx, pass.batch.tokens, d);
+    ops.free(dx);
+    this.release(pass);
   }
 
   /** Takes d(loss)/d(layer output) and returns d(loss)/d(layer input), accumulating parameter gradients. */
-  private layerBackward(l: number, acts: LayerActivations, dOut: Float32Array, batch: SequenceBatch, rope: RopeTables): Float32Array {
-    const c = this.config, w = this.layers[l];
+  private layerBackward(l: number, acts: LayerActivations, dOut: Tensor, batch: SequenceBatch, rope: RopeTensors): Tensor {
+    const ops = this.ops, c = this.config, w = this.layers[l];
     const n = batch.tokens.length;
     const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
-    const linearBack = (proj: Projection, dx: Float32Array, dy: Float32Array, x: Float32Array) => {
+    const linearBack = (proj: Projection, dx: Tensor, dy: Tensor, x: Tensor) => {
       const lin = w.linears[proj];
-      linearBackward(dx, lin.weight.grad, lin.bias?.grad ?? null, dy, x, lin.weight.value, n, lin.inFeatures, lin.outFeatures);
+      ops.linearBackward(dx, lin.weight.gradTensor, lin.bias?.gradTensor ?? null, dy, x, lin.weight.tensor, n, lin.inFeatures, lin.outFeatures);
       const lora = this.loraByLayer[l][proj];
       const down = acts.loraDown[proj];
       if (lora && down) {
-        loraBackward(dx, lora.a.grad!, lora.b.grad!, dy, x, down, lora.a.value, lora.b.value, lora.scale, n, lin.inFeatures, lin.outFeatures, lora.rank);
+        ops.loraBackward(dx, lora.a.gradTensor!, lora.b.gradTensor!, dy, x, down, lora.a.tensor, lora.b.tensor, lora.scale,
+          n, lin.inFeatures, lin.outFeatures, lora.rank);
       }
     };
     // MLP: out = mid + down(swiglu(gate(m), up(m))), m = norm2(mid)
-    const dHidden = new Float32Array(n * inter);
+    const dHidden = ops.zeros([n, inter]);
     linearBack("down_proj", dHidden, dOut, acts.hidden);
-    const dGate = new Float32Array(n * inter);
-    const dUp = new Float32Array(n * inter);
-    swigluBackward(dGate, dUp, dHidden, acts.gate, acts.up, dHidden.length);
-    const dMlpInput = new Float32Array(n * d);
+    const dGate = ops.zeros([n, inter]);
+    const dUp = ops.zeros([n, inter]);
+    ops.swigluBackward(dGate, dUp, dHidden, acts.gate, acts.up, n * inter);
+    const dMlpInput = ops.zeros([n, d]);
     linearBack("gate_proj", dMlpInput, dGate, acts.mlpInput);
     linearBack("up_proj", dMlpInput, dUp, acts.mlpInput);
-    const dMid = Float32Array.from(dOut); // residual branch
-    rmsnormBackward(dMid, w.postAttentionNorm.grad, dMlpInput, acts.mid, acts.rstd2, w.postAttentionNorm.value, n, d);
+    const dMid = ops.copy(dOut); // residual branch
+    ops.rmsnormBackward(dMid, w.postAttentionNorm.gradTensor, dMlpInput, acts.mid, acts.rstd2, w.postAttentionNorm.tensor, n, d);
+    for (const t of [dHidden, dGate, dUp, dMlpInput]) ops.free(t);
     // attention: mid = input + o(attn(rope(norm?(q(a))), rope(norm?(k(a))), v(a))), a = norm1(input)
-    const dAttn = new Float32Array(n * h * hd);
+    const dAttn = ops.zeros([n, h * hd]);
     linearBack("o_proj", dAttn, dMid, acts.attn);
-    const dq = new Float32Array(n * h * hd);
-    const dk = new Float32Array(n * kv * hd);
-    const dv = new Float32Array(n * kv * hd);
-    batch.segments.forEach((segment, s) => {
-      const { start, length } = segment;
-      const qs = (x: Float32Array) => x.subarray(start * h * hd, (start + length) * h * hd);
-      const keyLen = length + (segment.prefix?.length ?? 0);
-      const dKeys = new Float32Array(keyLen * kv * hd);
-      const dValues = new Float32Array(keyLen * kv * hd);
-      attentionBackward(qs(dq), dKeys, dValues, qs(dAttn), acts.probs[s], qs(acts.q),
-        segmentKeys(acts.k, segment, kv * hd), segmentKeys(acts.v, segment, kv * hd), length, keyLen, h, kv, hd);
-      scatterKeyGradients(dk, dKeys, segment, kv * hd);
-      scatterKeyGradients(dv, dValues, segment, kv * hd);
-    });
-    ropeApply(dq, rope, n, h, true);
-    ropeApply(dk, rope, n, kv, true);
+    const dq = ops.zeros([n, h * hd]);
+    const dk = ops.zeros([n, kv * hd]);
+    const dv = ops.zeros([n, kv * hd]);
+    ops.attentionBackward(dq, dk, dv, dAttn, acts.attnSaved, acts.q, acts.k, acts.v, batch.segments, this.attentionShape());
+    ops.free(dAttn);
+    ops.rope(dq, rope, n, h, true);
+    ops.rope(dk, rope, n, kv, true);
     let dqRaw = dq, dkRaw = dk;
     if (w.qNorm && w.kNorm && acts.qRstd && acts.kRstd) {
-      dqRaw = new Float32Array(dq.length);
-      dkRaw = new Float32Array(dk.length);
-      rmsnormBackward(dqRaw, w.qNorm.grad, dq, acts.qRaw, acts.qRstd, w.qNorm.value, n * h, hd);
-      rmsnormBackward(dkRaw, w.kNorm.grad, dk, acts.kRaw, acts.kRstd, w.kNorm.value, n * kv, hd);
+      dqRaw = ops.zeros([n, h * hd]);
+      dkRaw = ops.zeros([n, kv * hd]);
+      ops.rmsnormBackward(dqRaw, w.qNorm.gradTensor, dq, acts.qRaw, acts.qRstd, w.qNorm.tensor, n * h, hd);
+      ops.rmsnormBackward(dkRaw, w.kNorm.gradTensor, dk, acts.kRaw, acts.kRstd, w.kNorm.tensor, n * kv, hd);
+      ops.free(dq);
+      ops.free(dk);
     }
-    const dAttnInput = new Float32Array(n * d);
+    const dAttnInput = ops.zeros([n, d]);
     linearBack("q_proj", dAttnInput, dqRaw, acts.attnInput);
     linearBack("k_proj", dAttnInput, dkRaw, acts.attnInput);
     linearBack("v_proj", dAttnInput, dv, acts.attnInput);
-    const dInput = Float32Array.from(dMid); // residual branch
-    rmsnormBackward(dInput, w.inputNorm.grad, dAttnInput, acts.input, acts.rstd1, w.inputNorm.value, n, d);
+    for (const t of [dqRaw, dkRaw, dv]) ops.free(t);
+    const dInput = ops.copy(dMid); // residual branch
+    ops.rmsnormBackward(dInput, w.inputNorm.gradTensor, dAttnInput, acts.input, acts.rstd1, w.inputNorm.tensor, n, d);
+    ops.free(dMid);
+    ops.free(dAttnInput);
     return dInput;
   }
 }

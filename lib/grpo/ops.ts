@@ -10,6 +10,7 @@
  * what makes LoRA training cheap (no dW for the frozen base).
  */
 import { matmulNT } from "../model/cpu/kernels.ts";
+import type { AdamWScalars } from "./training-ops.ts";
 
 /**
  * out[n, o] = Σ_i x[n, i] · W[o, i] (+ b[o]). W is stored as PyTorch's Linear: [out, in]. The product is the
@@ -364,5 +365,29 @@ export function embeddingBackward(dTable: Float32Array, dout: Float32Array, ids:
     const tOff = ids[n] * dim;
     const dOff = n * dim;
     for (let i = 0; i < dim; i++) dTable[tOff + i] += dout[dOff + i];
+  }
+}
+
+/** Σ x² over every element of every array, in float64 (what the global gradient norm is the root of). */
+export function sumOfSquares(arrays: readonly Float32Array[]): number {
+  let sum = 0;
+  for (const x of arrays) for (let i = 0; i < x.length; i++) sum += x[i] * x[i];
+  return sum;
+}
+
+/**
+ * One AdamW update in place, as torch.optim.AdamW does it: the clipped gradient feeds the moments, decoupled weight
+ * decay (p −= lr·wd·p) comes before the bias-corrected Adam step.
+ */
+export function adamwUpdate(
+  value: Float32Array, grad: Float32Array, m: Float32Array, v: Float32Array,
+  { clip, learningRate: lr, beta1, beta2, eps, weightDecay, correction1, correction2 }: AdamWScalars,
+): void {
+  for (let i = 0; i < value.length; i++) {
+    const g = grad[i] * clip;
+    m[i] = beta1 * m[i] + (1 - beta1) * g;
+    v[i] = beta2 * v[i] + (1 - beta2) * g * g;
+    value[i] -= lr * weightDecay * value[i];
+    value[i] -= (lr * (m[i] / correction1)) / (Math.sqrt(v[i] / correction2) + eps);
   }
 }

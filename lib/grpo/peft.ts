@@ -38,8 +38,8 @@ export function saveAdapter(dir: string, model: TrainingModel, baseModel = ""): 
   fs.writeFileSync(path.join(dir, ADAPTER_CONFIG_FILE), JSON.stringify(config, null, 2) + "\n");
   const tensors: Record<string, TensorToWrite> = {};
   for (const p of model.loras) {
-    tensors[p.a.name] = { dtype: "F32", shape: p.a.shape, data: p.a.value };
-    tensors[p.b.name] = { dtype: "F32", shape: p.b.shape, data: p.b.value };
+    tensors[p.a.name] = { dtype: "F32", shape: p.a.shape, data: model.ops.download(p.a.tensor) };
+    tensors[p.b.name] = { dtype: "F32", shape: p.b.shape, data: model.ops.download(p.b.tensor) };
   }
   writeSafetensors(path.join(dir, ADAPTER_WEIGHTS_FILE), tensors, { format: "pt" });
 }

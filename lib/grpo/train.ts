@@ -12,12 +12,14 @@ import { ArtError } from "../core/errors.ts";
 import type { ModelConfig } from "../model/config.ts";
 import { openSafetensors, writeSafetensors, type TensorToWrite } from "../model/safetensors.ts";
 import type { ModelWeights } from "../model/transformer.ts";
-import { adamwStep, createAdamWState, type AdamWState } from "./adamw.ts";
+import { adamwStepOn, createAdamWState, type AdamWState } from "./adamw.ts";
 import { learningRateAt, resolveTrainConfig, type TrainConfig, type TrainConfigInit } from "./config.ts";
 import { crossEntropyLoss, policyLoss, trajectoryTokenWeights } from "./loss.ts";
+import { cpuTrainingOps } from "./cpu-training-ops.ts";
 import { TrainingModel, type Segment, type SequenceBatch } from "./model.ts";
 import { readAdapter, saveAdapter } from "./peft.ts";
 import { tokenizeGroups, type ChatTokenizer } from "./tokenize.ts";
+import type { TrainingOps } from "./training-ops.ts";
 import type { TrajectoryGroup } from "../core/trajectory.ts";
 
 /** One token sequence to train on (see tokenize.ts for how trajectories become these). */
@@ -91,7 +93,7 @@ export class Trainer {
   computeGradients(sequences: TrainingSequence[], objective: Objective = "grpo"): StepMetrics & { gradients: Map<string, Float32Array> } {
     this.model.zeroGradients();
     const metrics = this.accumulate(sequences, objective);
-    const gradients = new Map(this.model.trainableParameters().map((p) => [p.name, Float32Array.from(p.grad)]));
+    const gradients = new Map(this.model.parameterTensors().map((p) => [p.name, this.model.ops.download(p.grad)]));
     return { ...metrics, gradients };
   }
 
@@ -133,7 +135,7 @@ export class Trainer {
       );
     }
     const { beta1, beta2, adamEps: eps, weightDecay, maxGradNorm } = this.config;
-    const gradNorm = adamwStep(this.model.trainableParameters(), this.optimizer, { learningRate, beta1, beta2, eps, weightDecay, maxGradNorm });
+    const gradNorm = adamwStepOn(this.model.ops, this.model.parameterTensors(), this.optimizer, { learningRate, beta1, beta2, eps, weightDecay, maxGradNorm });
     this.step += 1;
     return { ...metrics, step: this.step, trained: true, gradNorm, learningRate };
   }
@@ -206,19 +208,20 @@ export class Trainer {
     const tmp = `${dir}.tmp-${process.pid}`;
     fs.rmSync(tmp, { recursive: true, force: true });
     fs.mkdirSync(tmp, { recursive: true });
-    const params = this.model.trainableParameters();
+    const { ops } = this.model;
+    const params = this.model.parameterTensors();
     if (this.model.lora !== null) {
       saveAdapter(tmp, this.model, baseModel);
     } else {
-      writeSafetensors(path.join(tmp, FULL_WEIGHTS_FILE), Object.fromEntries(params.map((p) => [p.name, { dtype: "F32", shape: p.shape, data: p.value } as TensorToWrite])));
+      writeSafetensors(path.join(tmp, FULL_WEIGHTS_FILE), Object.fromEntries(params.map((p) => [p.name, { dtype: "F32", shape: p.shape, data: ops.download(p.value) } as TensorToWrite])));
     }
     const moments: Record<string, TensorToWrite> = {};
     for (const p of params) {
       const m = this.optimizer.m.get(p.name);
       const v = this.optimizer.v.get(p.name);
       if (m && v) {
-        moments[`${p.name}.exp_avg`] = { dtype: "F32", shape: p.shape, data: m };
-        moments[`${p.name}.exp_avg_sq`] = { dtype: "F32", shape: p.shape, data: v };
+        moments[`${p.name}.exp_avg`] = { dtype: "F32", shape: p.shape, data: ops.download(m) };
+        moments[`${p.name}.exp_avg_sq`] = { dtype: "F32", shape: p.shape, data: ops.download(v) };
       }
     }
     writeSafetensors(path.join(tmp, OPTIMIZER_FILE), moments);
@@ -231,21 +234,22 @@ export class Trainer {
 
   /**
    * Continues a run from a checkpoint directory: the adapter (or the full weights, written into `weights`),
-   * the optimiser moments, the step counters and the TrainConfig saved with it (overridable).
+   * the optimiser moments, the step counters and the TrainConfig saved with it (overridable). `ops`: the training ops
+   * of the backend holding `weights` (default: the CPU's).
    */
-  static resume(dir: string, config: ModelConfig, weights: ModelWeights, overrides: TrainConfigInit = {}): Trainer {
+  static resume(dir: string, config: ModelConfig, weights: ModelWeights, overrides: TrainConfigInit = {}, ops: TrainingOps = cpuTrainingOps): Trainer {
     const stateFile = path.join(dir, STATE_FILE);
     if (!fs.existsSync(stateFile)) throw new ArtError("not_found", `${stateFile}: missing; is ${dir} a checkpoint written by Trainer.saveCheckpoint?`);
     const state = JSON.parse(fs.readFileSync(stateFile, "utf8")) as { step: number; optimizerStep: number; mode: "lora" | "full"; config: TrainConfig };
     const trainConfig = resolveTrainConfig({ ...state.config, ...overrides } as TrainConfigInit);
     let model: TrainingModel;
     if (state.mode === "lora") {
-      model = new TrainingModel(config, weights, { lora: trainConfig.lora, adapter: readAdapter(dir, config) });
+      model = new TrainingModel(config, weights, { lora: trainConfig.lora, adapter: readAdapter(dir, config), ops });
     } else {
-      model = new TrainingModel(config, weights, { lora: null });
+      model = new TrainingModel(config, weights, { lora: null, ops });
       const store = openSafetensors(path.join(dir, FULL_WEIGHTS_FILE));
       try {
-        for (const p of model.trainableParameters()) p.value.set(store.readF32(p.name, p.shape));
+        for (const p of model.parameterTensors()) ops.write(p.value, store.readF32(p.name, p.shape));
       } finally {
         store.close();
       }
@@ -254,10 +258,10 @@ export class Trainer {
     optimizer.step = state.optimizerStep;
     const store = openSafetensors(path.join(dir, OPTIMIZER_FILE));
     try {
-      for (const p of model.trainableParameters()) {
+      for (const p of model.parameterTensors()) {
         if (!store.info(`${p.name}.exp_avg`)) continue;
-        optimizer.m.set(p.name, store.readF32(`${p.name}.exp_avg`, p.shape));
-        optimizer.v.set(p.name, store.readF32(`${p.name}.exp_avg_sq`, p.shape));
+        optimizer.m.set(p.name, ops.upload(store.readF32(`${p.name}.exp_avg`, p.shape), p.shape));
+        optimizer.v.set(p.name, ops.upload(store.readF32(`${p.name}.exp_avg_sq`, p.shape), p.shape));
       }
     } finally {
       store.close();

@@ -2,8 +2,8 @@
  * TrainableModel: one engine for rollouts and training.
  *
  * The base model is loaded once. The OpenAI-compatible server (lib/serve) samples from those weights plus the
- * live LoRA of the trainer (lib/grpo): the engine's LoRA tensors are views over the very arrays AdamW updates,
- * so after `train()` the next request already uses the new adapter — no weight copy, no save-and-reload. Training
+ * live LoRA of the trainer (lib/grpo): the engine's LoRA tensors are the very tensors AdamW updates, on the CPU or
+ * the GPU (LoRA training runs on the backend the model was loaded on), so after `train()` the next request already uses the new adapter — no weight copy, no save-and-reload. Training
  * pauses new decode steps while it runs and resumes them afterwards.
  *
  * On disk, in ART's layout under `{artDir}/{project}/models/{name}/`:
@@ -21,7 +21,10 @@ import OpenAI from "openai";
 import { ArtError } from "../core/errors.ts";
 import type { Trajectory, TrajectoryGroup } from "../core/trajectory.ts";
 import { DEFAULT_LORA, resolveTrainConfig, type LoraConfig, type TrainConfigInit } from "../grpo/config.ts";
+import { cpuTrainingOps } from "../grpo/cpu-training-ops.ts";
 import { TrainingModel } from "../grpo/model.ts";
+import { CudaBackend } from "../cuda/backend.ts";
+import { createCudaTrainingOps } from "../cuda/training-ops.ts";
 import { Trainer, checkpointDir, type StepResult } from "../grpo/train.ts";
 import { createAdamWState, type AdamWState } from "../grpo/adamw.ts";
 import { loadCausalLM, type CausalLM, type Device } from "../model/load.ts";
@@ -37,7 +40,7 @@ export interface TrainableModelOptions {
   project: string;
   /** A checkpoint directory or a Hugging Face id in the local hub cache; it answers under this id too. */
   baseModel: string;
-  /** Default "auto". Training runs on CPU weights today. */
+  /** Default "auto". LoRA training runs on the backend the model is loaded on (CUDA: verified on the kernel emulator). */
   device?: Device;
   /** LoRA rank, alpha, target modules; defaults are ART's (r 8, alpha 16, all seven projections). */
   lora?: Partial<LoraConfig>;
@@ -123,22 +126,13 @@ export class TrainableModel {
     const log = options.log ?? console.info;
     const lora: LoraConfig = resolveTrainConfig({ lora: options.lora ?? DEFAULT_LORA }).lora!;
     const device = options.device ?? "auto";
-    let lm = await loadCausalLM(options.baseModel, { device, log });
+    const lm = await loadCausalLM(options.baseModel, { device, log });
     let trainerState: TrainerState;
     try {
       trainerState = attachTrainer(lm, options, lora, log);
     } catch (error) {
       lm.free();
-      if (!(device === "auto" && error instanceof ArtError && error.code === "training_needs_cpu")) throw error;
-      // "auto" picked the GPU, but the trainer reads CPU weights: one engine for both means the CPU for now.
-      log("art-ts: TrainableModel runs on the CPU: training (lib/grpo) reads CPU weights and has no GPU path yet");
-      lm = await loadCausalLM(options.baseModel, { device: "cpu", log });
-      try {
-        trainerState = attachTrainer(lm, options, lora, log);
-      } catch (cpuError) {
-        lm.free();
-        throw cpuError;
-      }
+      throw error;
     }
     const { trainingModel, optimizer, step } = trainerState;
     const model = new TrainableModel({ options, lm, trainingModel, optimizer, step });
@@ -287,12 +281,14 @@ interface TrainerState {
 /** A new adapter over the loaded weights, or the latest checkpoint's adapter, optimizer state and step. */
 function attachTrainer(lm: CausalLM, options: TrainableModelOptions, lora: LoraConfig, log: (message: string) => void): TrainerState {
   const artDir = options.artDir ?? ".art";
+  // Training runs where the engine's weights are: the adapter tensors it trains are the ones the server samples with.
+  const ops = lm.backend instanceof CudaBackend ? createCudaTrainingOps(lm.backend) : cpuTrainingOps;
   const steps = checkpointSteps(path.join(artDir, options.project, "models", options.name, "checkpoints"));
   if (steps.length === 0) {
-    return { trainingModel: new TrainingModel(lm.config, lm.model.weights, { lora, seed: options.seed ?? 0 }), optimizer: createAdamWState(), step: 0 };
+    return { trainingModel: new TrainingModel(lm.config, lm.model.weights, { lora, seed: options.seed ?? 0, ops }), optimizer: createAdamWState(), step: 0 };
   }
   const latest = checkpointDir(options.project, options.name, steps.at(-1)!, artDir);
-  const trainer = Trainer.resume(latest, lm.config, lm.model.weights);
+  const trainer = Trainer.resume(latest, lm.config, lm.model.weights, {}, ops);
   if (trainer.model.lora === null) {
     throw new ArtError("full_parameter_checkpoint", `${latest}: a full-parameter checkpoint; TrainableModel trains and serves LoRA adapters over an unchanged base model`);
   }

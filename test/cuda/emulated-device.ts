@@ -41,7 +41,7 @@ export function buildEmulator(compiler: string): string {
   for (const file of files) {
     const text = readFileSync(join(sources, file), "utf8")
       .replace("#include <cuda_bf16.h>", '#include "emulator.h"')
-      .replace("extern __shared__ float shared[];", "float* shared = emu_dynamic_shared();");
+      .replaceAll("extern __shared__ float shared[];", "float* shared = emu_dynamic_shared();");
     writeFileSync(join(dir, file), text);
   }
   writeFileSync(join(dir, "kernels.inc"), Object.keys(kernelModules).map((m) => `#include "${m}.cu"\n`).join(""));

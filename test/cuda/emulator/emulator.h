@@ -44,6 +44,8 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __frcp_rn(float a) { return 1.0f / a; }
+// Fibers switch only at barriers, so a plain read-modify-write is atomic here.
+inline float atomicAdd(float* address, float value) { const float old = *address; *address = old + value; return old; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }

@@ -1,0 +1,9 @@
+// GPU acceptance of the training ops: the training parity suite on the real device (cuBLAS, the compiled kernels).
+// Runs only with ART_TEST_GPU=1 on a machine with CUDA; elsewhere it skips and says why.
+import { createCudaBackend } from "../../lib/cuda/mod.ts";
+import { createCudaTrainingOps } from "../../lib/cuda/training-ops.ts";
+import { cudaAvailable, gpuSkipReason } from "./gpu.ts";
+import { defineTrainingParitySuite } from "./training-parity-suite.ts";
+
+defineTrainingParitySuite(`CUDA training ops vs the CPU training ops${gpuSkipReason ? ` (${gpuSkipReason})` : ""}`, !cudaAvailable,
+  () => createCudaTrainingOps(createCudaBackend({ log: (m) => console.info(m) })));
