@@ -112,7 +112,7 @@ export class Blas {
     const g = gemmExArguments(a, b, c, m, n, k, transA, transB, operandType);
     this.#check(this.#lib.symbols.cublasGemmEx(this.#handle, g.transa, g.transb, g.m, g.n, g.k, this.#alpha,
       g.a, g.aType, g.lda, g.b, g.bType, g.ldb, this.#beta, g.c, g.cType, g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-    `cublasGemmEx(${transA ? "ᵀ" : ""}${m}x${k} · ${k}x${n}${transB ? "ᵀ" : ""}, ${operandType})`);
+    `cublasGemmEx(${transA ? `${k}x${m}ᵀ` : `${m}x${k}`} · ${transB ? `${n}x${k}ᵀ` : `${k}x${n}`}, ${operandType})`);
   }
 
   /** Destroys the handle; the libraries stay loaded (see openLibrary). */
