@@ -10,7 +10,7 @@
 import { setImmediate } from "node:timers";
 import { ArtError } from "../core/errors.ts";
 import { seededRandom } from "../core/random.ts";
-import type { KvCache } from "./backend.ts";
+import { type KvCache, type SamplingParams, allowedTokenMask } from "./backend.ts";
 import type { LayerLoras, Transformer } from "./transformer.ts";
 
 export interface SamplingOptions {
@@ -37,7 +37,20 @@ export interface StepSequence {
   /** Tokens to feed: a prompt (or a chunk of one) when prefilling, the last sampled token when decoding. */
   tokens: number[];
   /** Sample a token after the last fed one; null just fills the cache (e.g. a prefill chunk). */
-  sample: { temperature: number; topP: number; topK: number; uniform: number; topLogprobs: number } | null;
+  sample: StepSampling | null;
+}
+
+export interface StepSampling {
+  temperature: number;
+  topP: number;
+  topK: number;
+  uniform: number;
+  topLogprobs: number;
+  /**
+   * Constrained decoding: the only ids this row may produce (the backend masks the rest before the draw, greedy pick
+   * and top alternatives; the returned logprob stays the raw model's). Absent or null: every token.
+   */
+  allowedTokens?: ArrayLike<number> | null;
 }
 
 export interface SampledToken {
@@ -70,13 +83,17 @@ export function step(model: Transformer, cache: KvCache, sequences: StepSequence
   try {
     if (wanting.length === 0) return sequences.map(() => null);
     const top = Math.max(...wanting.map((s) => s.sample!.topLogprobs));
-    const result = model.backend.sample(logits, {
+    const params: SamplingParams = {
       temperature: Float32Array.from(wanting, (s) => s.sample!.temperature),
       topP: Float32Array.from(wanting, (s) => s.sample!.topP),
       topK: Int32Array.from(wanting, (s) => s.sample!.topK),
       uniforms: Float32Array.from(wanting, (s) => s.sample!.uniform),
       numTopLogprobs: top,
-    });
+    };
+    if (wanting.some((s) => s.sample!.allowedTokens)) {
+      params.allowedTokens = allowedTokenMask(logits.shape[1], wanting.map((s) => s.sample!.allowedTokens ?? null));
+    }
+    const result = model.backend.sample(logits, params);
     let w = 0;
     return sequences.map((seq) => {
       if (!seq.sample) return null;
@@ -170,7 +187,7 @@ class Sequence {
     this.holdBack = Math.max(0, ...(request.stop ?? []).map((s) => s.length - 1));
   }
 
-  samplingRow(): NonNullable<StepSequence["sample"]> {
+  samplingRow(): StepSampling {
     const r = this.request;
     return { temperature: r.temperature ?? 1, topP: r.topP ?? 1, topK: r.topK ?? 0, uniform: this.nextUniform(), topLogprobs: r.topLogprobs ?? 0 };
   }

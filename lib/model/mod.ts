@@ -15,7 +15,7 @@ export { Transformer, loadWeights, ropeInverseFrequencies } from "./transformer.
 export type { LayerActivations, LayerLoras, LayerWeights, ModelWeights, ProjectionName } from "./transformer.ts";
 export { generate, step } from "./generate.ts";
 export type {
-  GenerateOptions, GenerateRequest, GenerateResult, GeneratedToken, SampledToken, SamplingOptions, StepSequence, TopLogprob,
+  GenerateOptions, GenerateRequest, GenerateResult, GeneratedToken, SampledToken, SamplingOptions, StepSampling, StepSequence, TopLogprob,
 } from "./generate.ts";
 export { loadCausalLM, loadTransformer, readConfig, sequenceLogits } from "./load.ts";
 export type { CausalLM, CausalLMRequest, Device, LoadOptions } from "./load.ts";

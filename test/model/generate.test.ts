@@ -68,6 +68,30 @@ describe("KV cache and batching", () => {
     expect(out[0]!.topLogprobs[0]).toEqual({ id: best, logprob: out[0]!.logprob });
     expect(out[0]!.topLogprobs[1].logprob).toBeLessThanOrEqual(out[0]!.topLogprobs[0].logprob);
   });
+
+  it("step constrains a row to its allowedTokens: greedy takes the best allowed id, the logprob stays the raw model's", () => {
+    const last = rowsOf(sequenceLogits(qwen2, b), 2, 3);
+    const logZ = Math.log(last.reduce((s, v) => s + Math.exp(v), 0));
+    const ranked = [...last.keys()].sort((x, y) => last[y] - last[x]);
+    const allowed = [ranked[40], ranked[7], ranked[100]]; // the best of them is the 8th most likely token
+    const cache = qwen2.createKvCache(2, 8);
+    const greedy = { temperature: 0, topP: 1, topK: 0, uniform: 0.5, topLogprobs: 2 };
+    const out = step(qwen2, cache, [
+      { slot: 0, startPosition: 0, tokens: b, sample: { ...greedy, allowedTokens: allowed } },
+      { slot: 1, startPosition: 0, tokens: b, sample: greedy }, // unconstrained batch-mate
+    ]);
+    expect(out[0]!.id).toBe(ranked[7]);
+    expect(out[0]!.logprob).toBeCloseTo(last[ranked[7]] - logZ, 4);
+    expect(out[0]!.topLogprobs.map((t) => t.id)).toEqual([ranked[7], ranked[40]]);
+    expect(out[1]!.id).toBe(ranked[0]);
+    const sampled = step(qwen2, qwen2.createKvCache(1, 8), [
+      { slot: 0, startPosition: 0, tokens: b, sample: { ...greedy, temperature: 1, uniform: 0.999, allowedTokens: allowed } },
+    ]);
+    expect(allowed).toContain(sampled[0]!.id);
+    expect(() => step(qwen2, qwen2.createKvCache(1, 8), [
+      { slot: 0, startPosition: 0, tokens: b, sample: { ...greedy, allowedTokens: [vocab] } },
+    ])).toThrow(/id 256 is outside the vocabulary/);
+  });
 });
 
 /** A character decoder for the tiny vocabulary: id → one letter (a real tokenizer is tested in test/model/load). */
