@@ -13,23 +13,7 @@ import { loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
 import type { CudaBackend, DeviceQueue } from "../../lib/cuda/backend.ts";
 import { tinyCheckpoint } from "../model/helpers.ts";
 import { probeKvSlotCopy } from "../model/kv-copy-probe.ts";
-
-/** Deterministic normal-ish values (sum of uniforms) from a seed. */
-function random(n: number, seed: number, scale = 1): Float32Array {
-  let s = seed >>> 0 || 1;
-  const next = () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 2 ** 32);
-  return Float32Array.from({ length: n }, () => (next() + next() + next() - 1.5) * 2 * scale);
-}
-
-function relativeError(reference: Float32Array, actual: Float32Array): number {
-  expect(actual.length).toBe(reference.length);
-  let diff = 0, magnitude = 1e-6;
-  for (let i = 0; i < reference.length; i++) {
-    diff = Math.max(diff, Math.abs(reference[i] - actual[i]));
-    magnitude = Math.max(magnitude, Math.abs(reference[i]));
-  }
-  return diff / magnitude;
-}
+import { random, relativeError } from "./compare.ts";
 
 export interface ParitySuiteOptions {
   /** Vocabulary of the log-softmax and sampling tests (the emulator uses a smaller one). */

@@ -17,23 +17,10 @@ import { Trainer, type TrainingSequence } from "../../lib/grpo/train.ts";
 import type { AttentionSegment, TrainingOps } from "../../lib/grpo/training-ops.ts";
 import type { CudaTrainingOps } from "../../lib/cuda/training-ops.ts";
 import { ARCHITECTURES, loadTinyModel } from "../grpo/tiny.ts";
+import { random, relativeError as relativeErrorFrom } from "./compare.ts";
 
-function random(n: number, seed: number, scale = 1): Float32Array {
-  let s = seed >>> 0 || 1;
-  const next = () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 2 ** 32);
-  return Float32Array.from({ length: n }, () => (next() + next() + next() - 1.5) * 2 * scale);
-}
-
-/** max |a − b| / max |a|: one number per tensor. */
-function relativeError(reference: Float32Array, actual: Float32Array): number {
-  expect(actual.length).toBe(reference.length);
-  let diff = 0, magnitude = 1e-12;
-  for (let i = 0; i < reference.length; i++) {
-    diff = Math.max(diff, Math.abs(reference[i] - actual[i]));
-    magnitude = Math.max(magnitude, Math.abs(reference[i]));
-  }
-  return diff / magnitude;
-}
+/** Gradients can be legitimately tiny: a floor far below them keeps the measure relative. */
+const relativeError = (reference: Float32Array, actual: Float32Array) => relativeErrorFrom(reference, actual, 1e-12);
 
 export function defineTrainingParitySuite(title: string, skip: boolean, create: () => CudaTrainingOps): void {
 describe.skipIf(skip)(title, () => {
