@@ -270,19 +270,10 @@ export class CudaTrainingOps implements TrainingOps {
     const initial = new Float32Array(rows * 4);
     for (let r = 0; r < rows; r++) initial.set([-Infinity, 0, 0, NaN], r * 4);
     const state = device(this.upload(initial, [rows, 4]));
-    const pool = this.backend.context.pool;
-    const block = pool.allocate(Math.min(chunks.rowChunk, rows) * Math.min(chunks.vocabChunk, vocab) * 4);
     try {
-      this.#withIndices(targets, (targetIndex) => {
-        for (let r0 = 0; r0 < rows; r0 += chunks.rowChunk) {
-          const rc = Math.min(chunks.rowChunk, rows - r0);
-          for (let v0 = 0; v0 < vocab; v0 += chunks.vocabChunk) {
-            const vc = Math.min(chunks.vocabChunk, vocab - v0);
-            this.#logitBlock(block, h, w, r0, rc, v0, vc, dim);
-            this.backend.launch("logprob_block_stats", [rc], [rowThreads(vc, 1024)], [["ptr", block], ["i32", vc], ["i32", v0],
-              ["ptr", targetIndex + BigInt(r0 * 4)], ["ptr", state.address + BigInt(r0 * 16)]]);
-          }
-        }
+      this.#forEachLogitBlock(h, w, targets, dim, vocab, chunks, (block, _headRows, targetIndex, r0, rc, v0, vc) => {
+        this.backend.launch("logprob_block_stats", [rc], [rowThreads(vc, 1024)], [["ptr", block], ["i32", vc], ["i32", v0],
+          ["ptr", targetIndex + BigInt(r0 * 4)], ["ptr", state.address + BigInt(r0 * 16)]]);
       });
       const [max, sum, sumZ, target] = [0, 1, 2, 3];
       const s = this.download(state);
@@ -293,7 +284,6 @@ export class CudaTrainingOps implements TrainingOps {
         logprobs[r] = targets[r] >= 0 ? s[r * 4 + target] - lse : NaN;
       }
     } finally {
-      pool.free(block);
       this.free(state);
     }
     return { logprobs, entropies, logsumexp };
@@ -307,9 +297,30 @@ export class CudaTrainingOps implements TrainingOps {
     if (rows === 0) return;
     const d = f32("final hidden gradient", dHidden), h = f32("final hidden states", hidden), w = device(head);
     written(d);
-    const pool = this.backend.context.pool;
     const perRow = this.upload(Float32Array.from([...logsumexp, ...dLogprobs]), [2, rows]);
     const lse = device(perRow).address, grad = lse + BigInt(rows * 4);
+    try {
+      this.#forEachLogitBlock(h, w, targets, dim, vocab, chunks, (block, headRows, targetIndex, r0, rc, v0, vc) => {
+        this.backend.launch("logprob_block_grad", [rc], [rowThreads(vc)], [["ptr", block], ["i32", vc], ["i32", v0],
+          ["ptr", targetIndex + BigInt(r0 * 4)], ["ptr", lse + BigInt(r0 * 4)], ["ptr", grad + BigInt(r0 * 4)]]);
+        // dHidden[r0 .. r0+rc] += dz [rc, vc] · head[v0 .. v0+vc] [vc, dim]
+        const dRows = new CudaTensor([rc, dim], "f32", d.address + BigInt(r0 * dim * 4));
+        this.#product(new CudaTensor([rc, vc], "f32", block), headRows, dRows, rc, dim, vc, false, false, 1, 1);
+      });
+    } finally {
+      this.free(perRow);
+    }
+  }
+
+  /**
+   * The chunk loop both logprob passes share: for each row chunk × vocabulary chunk, the logits block [rc, vc] =
+   * hidden[r0 .. r0+rc] · head[v0 .. v0+vc]ᵀ in one reused device buffer, handed to `visit` with those head rows and
+   * the targets on the device.
+   */
+  #forEachLogitBlock(h: CudaTensor, w: CudaTensor, targets: Int32Array, dim: number, vocab: number, chunks: ChunkSizes,
+    visit: (block: bigint, headRows: CudaTensor, targetIndex: bigint, r0: number, rc: number, v0: number, vc: number) => void): void {
+    const rows = targets.length;
+    const pool = this.backend.context.pool;
     const block = pool.allocate(Math.min(chunks.rowChunk, rows) * Math.min(chunks.vocabChunk, vocab) * 4);
     try {
       this.#withIndices(targets, (targetIndex) => {
@@ -317,19 +328,15 @@ export class CudaTrainingOps implements TrainingOps {
           const rc = Math.min(chunks.rowChunk, rows - r0);
           for (let v0 = 0; v0 < vocab; v0 += chunks.vocabChunk) {
             const vc = Math.min(chunks.vocabChunk, vocab - v0);
-            this.#logitBlock(block, h, w, r0, rc, v0, vc, dim);
-            this.backend.launch("logprob_block_grad", [rc], [rowThreads(vc)], [["ptr", block], ["i32", vc], ["i32", v0],
-              ["ptr", targetIndex + BigInt(r0 * 4)], ["ptr", lse + BigInt(r0 * 4)], ["ptr", grad + BigInt(r0 * 4)]]);
-            // dHidden[r0 .. r0+rc] += dz [rc, vc] · head[v0 .. v0+vc] [vc, dim]
+            const hiddenRows = new CudaTensor([rc, dim], "f32", h.address + BigInt(r0 * dim * 4));
             const headRows = new CudaTensor([vc, dim], w.dtype, w.address + BigInt(v0 * dim * (w.dtype === "bf16" ? 2 : 4)));
-            const dRows = new CudaTensor([rc, dim], "f32", d.address + BigInt(r0 * dim * 4));
-            this.#product(new CudaTensor([rc, vc], "f32", block), headRows, dRows, rc, dim, vc, false, false, 1, 1);
+            this.#product(hiddenRows, headRows, new CudaTensor([rc, vc], "f32", block), rc, vc, dim, false, true, 1, 0);
+            visit(block, headRows, targetIndex, r0, rc, v0, vc);
           }
         }
       });
     } finally {
       pool.free(block);
-      this.free(perRow);
     }
   }
 
@@ -381,13 +388,6 @@ export class CudaTrainingOps implements TrainingOps {
     } finally {
       pool.free(narrow);
     }
-  }
-
-  /** block [rc, vc] = hidden[r0 .. r0+rc] · head[v0 .. v0+vc]ᵀ */
-  #logitBlock(block: bigint, hidden: CudaTensor, head: CudaTensor, r0: number, rc: number, v0: number, vc: number, dim: number): void {
-    const rowsOf = new CudaTensor([rc, dim], "f32", hidden.address + BigInt(r0 * dim * 4));
-    const headRows = new CudaTensor([vc, dim], head.dtype, head.address + BigInt(v0 * dim * (head.dtype === "bf16" ? 2 : 4)));
-    this.#product(rowsOf, headRows, new CudaTensor([rc, vc], "f32", block), rc, vc, dim, false, true, 1, 0);
   }
 
   /** Longest key range of any row; refuses one whose scores would not fit in shared memory. */
