@@ -1,29 +1,22 @@
 // Blas (lib/cuda/blas.ts) through the FFI against mocks/libcublas.cpp: the handle is bound to the backend's
 // stream, cublasGemmEx gets its 19 arguments in order (computed with the emulator's column-major reference on host
 // memory), alpha/beta are host scalars, failures carry cuBLAS's status name, dispose destroys the handle.
-import { execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
-import { afterAll, describe, expect, it } from "vitest";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
 import { Blas } from "../../lib/cuda/blas.ts";
 import { openLibrary } from "../../lib/cuda/ffi.ts";
 import { hostMemory } from "../../lib/cuda/host-memory.ts";
 import { seededRandom } from "../../lib/core/random.ts";
 import { findCompiler } from "./emulated-device.ts";
+import { buildMock, mockDirectory } from "./mocks/build.ts";
 
-const here = dirname(fileURLToPath(import.meta.url));
 const compiler = findCompiler();
 
 describe.skipIf(!compiler)(`Blas against a recording cuBLAS${compiler ? "" : " (skipped: no C++ compiler; set CXX)"}`, () => {
-  const dir = mkdtempSync(join(tmpdir(), "art-mock-cublas-"));
-  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const dir = mockDirectory("cublas");
 
   it("runs row-major linear layers (f32 and bf16, alpha and beta) on the bound stream and names failures", () => {
-    const path = join(dir, "libcublas.so");
-    execFileSync(compiler!, ["-std=c++17", "-O1", "-shared", "-fPIC", join(here, "mocks", "libcublas.cpp"), "-o", path],
-      { stdio: ["ignore", "ignore", "pipe"] });
+    const path = buildMock(compiler!, "libcublas", join(dir, "libcublas.so"));
     const stream = 0xabcn;
     const blas = new Blas(stream, { cublasLt: { name: "cublasLt", path, source: "test" }, cublas: { name: "cublas", path, source: "test" } });
     const memory = hostMemory();

@@ -6,13 +6,13 @@
 // cuDeviceGet, the context is current on every call, OOM recovery waits before freeing, error names come back,
 // and dispose frees everything before releasing the context. On Node (koffi) and Deno (Deno.dlopen).
 import { execFileSync } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { afterAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { systemDiscoveryInputs } from "../../lib/cuda/discovery.ts";
 import { findCompiler } from "./emulated-device.ts";
+import { buildMock, mockDirectory } from "./mocks/build.ts";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, "..", "..");
@@ -32,13 +32,9 @@ const expected = {
 };
 
 describe.skipIf(skip !== "")(`CudaContext against a recording libcuda${skip ? ` (skipped: ${skip})` : ""}`, () => {
-  const dir = mkdtempSync(join(tmpdir(), "art-mock-cuda-"));
-  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const dir = mockDirectory("cuda");
   const build = () => {
-    if (!existsSync(join(dir, "libcuda.so.1"))) {
-      execFileSync(compiler!, ["-std=c++17", "-O1", "-shared", "-fPIC", "-I", cudaInclude!, join(here, "mocks", "libcuda.cpp"),
-        "-o", join(dir, "libcuda.so.1")], { stdio: ["ignore", "ignore", "pipe"] });
-    }
+    if (!existsSync(join(dir, "libcuda.so.1"))) buildMock(compiler!, "libcuda", join(dir, "libcuda.so.1"), ["-I", cudaInclude!]);
   };
   // 256 MiB of mock device memory: the script's 150 MiB request fails until the pool releases its cache.
   const run = (command: string, args: string[]) => JSON.parse(execFileSync(command, [...args, join(here, "mock-driver-main.ts")], {

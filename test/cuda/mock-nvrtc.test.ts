@@ -1,26 +1,19 @@
 // Nvrtc (lib/cuda/nvrtc.ts) through the FFI against mocks/libnvrtc.cpp, which reads the source, name, headers
 // and include names only when compiling (so they must outlive nvrtcCreateProgram) and records what it was handed.
-import { execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
-import { afterAll, describe, expect, it } from "vitest";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
 import { ArtError } from "../../lib/core/errors.ts";
 import { Nvrtc } from "../../lib/cuda/nvrtc.ts";
 import { findCompiler } from "./emulated-device.ts";
+import { buildMock, mockDirectory } from "./mocks/build.ts";
 
-const here = dirname(fileURLToPath(import.meta.url));
 const compiler = findCompiler();
 
 describe.skipIf(!compiler)(`Nvrtc against a recording NVRTC${compiler ? "" : " (skipped: no C++ compiler; set CXX)"}`, () => {
-  const dir = mkdtempSync(join(tmpdir(), "art-mock-nvrtc-"));
-  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const dir = mockDirectory("nvrtc");
 
   it("hands NVRTC the source, headers by name and options, returns the cubin, and reports a failed compile with its log", () => {
-    const path = join(dir, "libnvrtc.so");
-    execFileSync(compiler!, ["-std=c++17", "-O1", "-shared", "-fPIC", join(here, "mocks", "libnvrtc.cpp"), "-o", path],
-      { stdio: ["ignore", "ignore", "pipe"] });
+    const path = buildMock(compiler!, "libnvrtc", join(dir, "libnvrtc.so"));
     const nvrtc = new Nvrtc({ name: "nvrtc", path, source: "test" }, null);
     const source = '#include "common.cuh"\n#include "extra.cuh"\nextern "C" __global__ void k() {}\n';
     const cubin = nvrtc.compile("convert", source, { "common.cuh": "// common", "extra.cuh": "// extra" }, 90, ["/x/include"]);
