@@ -27,7 +27,7 @@ const workerSource = `
       Atomics.wait(control, 0, seen);
       seen = Atomics.load(control, 0);
       if (seen < 0) return;
-      matmulNT(xs, ws, n, k, m, os, 1, false, m / 2, m);
+      matmulNT(xs, ws, n, k, m, os, { columnStart: m / 2 });
       Atomics.add(control, 1, 1);
       Atomics.notify(control, 1);
     }
@@ -74,7 +74,7 @@ async function main(): Promise<void> {
       jobs++;
       Atomics.store(control, 0, jobs);
       Atomics.notify(control, 0);
-      matmulNT(x, w, n, k, m, out, 1, false, 0, m / 2);
+      matmulNT(x, w, n, k, m, out, { columnEnd: m / 2 });
       while (Atomics.load(control, 1) < jobs) Atomics.wait(control, 1, Atomics.load(control, 1), 50);
     });
     Atomics.store(control, 0, -1);

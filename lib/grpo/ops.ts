@@ -143,7 +143,7 @@ export function loraForward(
   rows: number, inFeatures: number, outFeatures: number, rank: number,
 ): void {
   matmulNT(x, a, rows, inFeatures, rank, xa);
-  matmulNT(xa, b, rows, rank, outFeatures, out, scale, true);
+  matmulNT(xa, b, rows, rank, outFeatures, out, { alpha: scale, accumulate: true });
 }
 
 /** Backward of loraForward: dB += scale · doutᵀ · xa; dA += (scale · dout B)ᵀ · x; dx += (scale · dout B) · A. */

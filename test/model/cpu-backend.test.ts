@@ -33,9 +33,30 @@ describe("CPU kernels", () => {
       matmulNT(x, w, n, k, m, out);
       expect(maxAbsDiff(out, naiveXWt(x, w, n, k, m))).toBeLessThan(1e-5);
       const part = new Float32Array(n * m).fill(7);
-      matmulNT(x, w, n, k, m, part, 1, false, 1, m - 1);
+      matmulNT(x, w, n, k, m, part, { columnStart: 1, columnEnd: m - 1 });
       const expected = naiveXWt(x, w, n, k, m).map((v, i) => (i % m >= 1 && i % m < m - 1 ? v : 7));
       expect(maxAbsDiff(part, expected)).toBeLessThan(1e-5);
+    }
+  });
+
+  it("matmulNT reads and writes rows at given strides (a head's slice of wider rows), scaled and accumulated", () => {
+    const [n, k, m, pad] = [6, 5, 7, 3];
+    const x = random(n * k, 11), w = random(m * k, 12), base = random(n * m, 13);
+    // The same operands embedded in wider rows, starting at an offset, with garbage around them.
+    const wide = (packed: Float32Array, rows: number, width: number, stride: number) => {
+      const out = random(rows * stride + pad, 14);
+      for (let r = 0; r < rows; r++) out.set(packed.subarray(r * width, (r + 1) * width), pad + r * stride);
+      return out;
+    };
+    const xs = wide(x, n, k, k + 4), ws = wide(w, m, k, k + 9), outs = wide(base, n, m, m + 2);
+    const untouched = outs.slice();
+    matmulNT(xs.subarray(pad), ws.subarray(pad), n, k, m, outs.subarray(pad),
+      { alpha: 0.5, accumulate: true, xStride: k + 4, wStride: k + 9, outStride: m + 2 });
+    const product = naiveXWt(x, w, n, k, m);
+    for (let i = 0; i < outs.length; i++) {
+      const r = Math.floor((i - pad) / (m + 2)), c = (i - pad) % (m + 2);
+      const inside = i >= pad && r < n && c < m;
+      expect(outs[i]).toBeCloseTo(inside ? base[r * m + c] + 0.5 * product[r * m + c] : untouched[i], 5);
     }
   });
 
@@ -84,6 +105,51 @@ describe("CPU kernels", () => {
     expect(() => b.copyKvSlot(cache, 1, 1, 1)).toThrow("copyKvSlot: source and target are both slot 1; copy between two different slots");
     expect(() => b.copyKvSlot(cache, 0, 1, 5)).toThrow("copyKvSlot: cannot copy 5 positions; a slot holds 0..4 positions");
     expect(() => b.copyKvSlot(cache, 0, 1, 1.5)).toThrow("copyKvSlot: cannot copy 1.5 positions");
+  });
+
+  it("attention equals a float64 softmax(q·kᵀ/√d)·v over each row's slot history: GQA groups, prefill blocks, chunks, mixed runs", () => {
+    const numSlots = 3, maxPositions = 96;
+    for (const [headDim, numKvHeads, group] of [[8, 2, 1], [64, 1, 4], [80, 2, 2]]) {
+      const b = new CpuBackend();
+      const numHeads = numKvHeads * group, kvWidth = numKvHeads * headDim, qWidth = numHeads * headDim;
+      const cache = b.createKvCache({ numLayers: 2, numKvHeads, headDim, numSlots, maxPositions });
+      // Every key and value written so far, per slot and position: the reference's view of the cache.
+      const history = Array.from({ length: numSlots }, () => new Map<number, { k: Float32Array; v: Float32Array }>());
+      let seed = headDim * 31 + group;
+      const pass = (placement: [slot: number, position: number][]) => {
+        const n = placement.length;
+        const q = random(n * qWidth, ++seed).map((x) => 4 * x), k = random(n * kvWidth, ++seed), v = random(n * kvWidth, ++seed);
+        placement.forEach(([slot, position], i) => history[slot].set(position, {
+          k: k.subarray(i * kvWidth, (i + 1) * kvWidth), v: v.subarray(i * kvWidth, (i + 1) * kvWidth),
+        }));
+        const out = b.zeros([n, qWidth]);
+        b.attention(b.upload(q, [n, qWidth]), b.upload(k, [n, kvWidth]), b.upload(v, [n, kvWidth]), cache, 1,
+          { slots: Int32Array.from(placement, ([slot]) => slot), positions: Int32Array.from(placement, ([, p]) => p) }, out);
+        const expected = new Float64Array(n * qWidth);
+        placement.forEach(([slot, position], i) => {
+          for (let h = 0; h < numHeads; h++) {
+            const kvAt = Math.floor(h / group) * headDim, qAt = (i * numHeads + h) * headDim;
+            const scores = Array.from({ length: position + 1 }, (_, t) => {
+              let dot = 0;
+              for (let j = 0; j < headDim; j++) dot += q[qAt + j] * history[slot].get(t)!.k[kvAt + j];
+              return dot / Math.sqrt(headDim);
+            });
+            const max = Math.max(...scores), weights = scores.map((x) => Math.exp(x - max));
+            const sum = weights.reduce((a, c) => a + c, 0);
+            weights.forEach((w, t) => {
+              for (let j = 0; j < headDim; j++) expected[qAt + j] += (w / sum) * history[slot].get(t)!.v[kvAt + j];
+            });
+          }
+        });
+        expect(maxAbsDiff(b.download(out), expected)).toBeLessThan(1e-5);
+      };
+      const range = (slot: number, from: number, to: number) =>
+        Array.from({ length: to - from }, (_, i): [number, number] => [slot, from + i]);
+      pass([...range(0, 0, 70), ...range(2, 0, 5)]); // prefills: 70 rows are three blocks of query rows
+      // Decoding rows, a prompt continued in a chunk, and one slot's rows split in two runs by another slot's.
+      pass([[2, 5], ...range(1, 0, 20), ...range(0, 70, 75), ...range(1, 20, 41), [2, 6]]);
+      pass([[0, 75], [1, 41], [2, 7]]); // a decode batch
+    }
   });
 
   it("shape and range errors name the op", () => {

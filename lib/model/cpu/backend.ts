@@ -73,6 +73,9 @@ function expectMultiple(name: string, tensor: Tensor, rowWidth: number): void {
 
 export class CpuBackend implements Backend {
   readonly name = "cpu" as const;
+  // Attention scratch, grown as needed and reused across calls.
+  #scores = new Float32Array(0);
+  #valuesT = new Float32Array(0);
 
   upload(data: Float32Array, shape: readonly number[], dtype: DType = "f32"): Tensor {
     if (data.length !== shapeSize(shape)) {
@@ -139,7 +142,7 @@ export class CpuBackend implements Backend {
       expectSize("LoRA B", b, outFeatures * rank);
       const down = new Float32Array(n * rank);
       matmulNT(xs.data, a.data, n, inFeatures, rank, down);
-      matmulNT(down, b.data, n, rank, outFeatures, o.data, lora.scale, true);
+      matmulNT(down, b.data, n, rank, outFeatures, o.data, { alpha: lora.scale, accumulate: true });
     }
   }
 
@@ -153,6 +156,12 @@ export class CpuBackend implements Backend {
     return new CpuKvCache({ ...spec });
   }
 
+  /**
+   * Writes each row's keys and values to its slot at its position, then causal attention of every row over its
+   * slot's positions 0..position: out = softmax(q·kᵀ/√headDim)·v per query head, heads of a GQA group sharing one KV
+   * head. Computed per run of consecutive rows of one slot, per head, in blocks of query rows (attendBlock), so the
+   * products are tiled matmuls rather than one dot product per row and key.
+   */
   attention(q: Tensor, k: Tensor, v: Tensor, cache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void {
     const kv = cpuKvCache(cache);
     const { numKvHeads, headDim, maxPositions, numSlots } = kv.spec;
@@ -173,36 +182,36 @@ export class CpuBackend implements Backend {
       keys.set(ks.subarray(i * kvWidth, (i + 1) * kvWidth), at);
       values.set(vs.subarray(i * kvWidth, (i + 1) * kvWidth), at);
     }
-    const scale = 1 / Math.sqrt(headDim);
-    let scores = new Float32Array(0);
-    for (let i = 0; i < n; i++) {
-      const slotBase = rows.slots[i] * maxPositions * kvWidth;
-      const length = rows.positions[i] + 1;
-      if (scores.length < length) scores = new Float32Array(length);
-      for (let h = 0; h < numHeads; h++) {
-        const qAt = (i * numHeads + h) * headDim;
-        const kvHead = Math.floor(h / groupSize) * headDim;
-        let max = -Infinity;
-        for (let t = 0; t < length; t++) {
-          const kAt = slotBase + t * kvWidth + kvHead;
-          let dot = 0;
-          for (let j = 0; j < headDim; j++) dot += qs[qAt + j] * keys[kAt + j];
-          scores[t] = dot * scale;
-          if (scores[t] > max) max = scores[t];
-        }
-        let sum = 0;
-        for (let t = 0; t < length; t++) {
-          scores[t] = Math.exp(scores[t] - max);
-          sum += scores[t];
-        }
-        o.fill(0, qAt, qAt + headDim);
-        for (let t = 0; t < length; t++) {
-          const p = scores[t] / sum;
-          const vAt = slotBase + t * kvWidth + kvHead;
-          for (let j = 0; j < headDim; j++) o[qAt + j] += p * values[vAt + j];
+    const qStride = numHeads * headDim;
+    for (let start = 0; start < n;) {
+      // A run: rows of one slot that follow each other (a prompt's prefill; a decoding sequence is a run of one).
+      const slot = rows.slots[start];
+      let end = start + 1;
+      while (end < n && rows.slots[end] === slot) end++;
+      let runKeys = 0;
+      for (let r = start; r < end; r++) runKeys = Math.max(runKeys, rows.positions[r] + 1);
+      const transposeValues = end - start > 1;
+      this.#attentionScratch(Math.min(ATTENTION_BLOCK, end - start) * runKeys, transposeValues ? headDim * runKeys : 0);
+      const slotKeys = keys.subarray(slot * maxPositions * kvWidth), slotValues = values.subarray(slot * maxPositions * kvWidth);
+      for (let kvHead = 0; kvHead < numKvHeads; kvHead++) {
+        const headKeys = slotKeys.subarray(kvHead * headDim), headValues = slotValues.subarray(kvHead * headDim);
+        if (transposeValues) transposeRows(headValues, runKeys, headDim, kvWidth, this.#valuesT);
+        for (let h = kvHead * groupSize; h < (kvHead + 1) * groupSize; h++) {
+          for (let b0 = start; b0 < end; b0 += ATTENTION_BLOCK) {
+            attendBlock(qs.subarray(b0 * qStride + h * headDim), headKeys, headValues, this.#valuesT, o.subarray(b0 * qStride + h * headDim),
+              rows.positions.subarray(b0, Math.min(end, b0 + ATTENTION_BLOCK)), headDim, qStride, kvWidth, runKeys, transposeValues,
+              this.#scores);
+          }
         }
       }
+      start = end;
     }
+  }
+
+  /** Grows the attention scratch (scores of one block; one head's values transposed) to at least these sizes. */
+  #attentionScratch(scores: number, valuesT: number): void {
+    if (this.#scores.length < scores) this.#scores = new Float32Array(scores);
+    if (this.#valuesT.length < valuesT) this.#valuesT = new Float32Array(valuesT);
   }
 
   copyKvSlot(cache: KvCache, from: number, to: number, numPositions: number): void {
@@ -246,5 +255,60 @@ export class CpuBackend implements Backend {
   sample(logits: Tensor, params: SamplingParams): SampleResult {
     const l = cpu(logits);
     return sampleRows(l.data, l.cols, params);
+  }
+}
+
+/** Query rows per attention block: one block's scores against every key of its slot fit in cache. */
+const ATTENTION_BLOCK = 32;
+
+/** out[j, t] = rows[t · stride + j] for t < count, j < width: one head's values as rows per dimension. */
+function transposeRows(rows: Float32Array, count: number, width: number, stride: number, out: Float32Array): void {
+  for (let t = 0; t < count; t++) {
+    const at = t * stride;
+    for (let j = 0; j < width; j++) out[j * count + t] = rows[at + j];
+  }
+}
+
+/**
+ * One query head over a block of rows of one slot, row r at cache position positions[r] (it sees keys 0..that):
+ * scores = q·kᵀ/√d for every key up to the block's last (one tiled matmul; a row ignores those past its own),
+ * a softmax per row, then out = p·v: one matmul against the transposed values for the keys every row of the block
+ * sees, and the few past the block's shortest row one by one. q and out rows lie `qStride` apart, keys and values
+ * `kvStride` apart (a KV head's slice of the cache); valuesT holds `runKeys` columns per dimension.
+ */
+function attendBlock(
+  q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array, out: Float32Array, positions: Int32Array,
+  headDim: number, qStride: number, kvStride: number, runKeys: number, transposeValues: boolean, scores: Float32Array,
+): void {
+  const blockRows = positions.length;
+  let blockKeys = 0, sharedKeys = Infinity;
+  for (let r = 0; r < blockRows; r++) {
+    blockKeys = Math.max(blockKeys, positions[r] + 1);
+    sharedKeys = Math.min(sharedKeys, positions[r] + 1);
+  }
+  matmulNT(q, keys, blockRows, headDim, blockKeys, scores, { alpha: 1 / Math.sqrt(headDim), xStride: qStride, wStride: kvStride });
+  for (let r = 0; r < blockRows; r++) {
+    const row = r * blockKeys, length = positions[r] + 1;
+    let max = -Infinity;
+    for (let t = 0; t < length; t++) max = Math.max(max, scores[row + t]);
+    let sum = 0;
+    for (let t = 0; t < length; t++) {
+      const e = Math.exp(scores[row + t] - max);
+      scores[row + t] = e;
+      sum += e;
+    }
+    const inverse = 1 / sum;
+    for (let t = 0; t < length; t++) scores[row + t] *= inverse;
+  }
+  // Without transposed values (a single decoding row) every key goes by the per-key loop; the matmul with k = 0
+  // then just zeroes the output.
+  const matmulKeys = transposeValues ? sharedKeys : 0;
+  matmulNT(scores, valuesT, blockRows, matmulKeys, headDim, out, { xStride: blockKeys, wStride: runKeys, outStride: qStride });
+  for (let r = 0; r < blockRows; r++) {
+    const row = r * blockKeys, at = r * qStride;
+    for (let t = matmulKeys; t <= positions[r]; t++) {
+      const p = scores[row + t], v = t * kvStride;
+      for (let j = 0; j < headDim; j++) out[at + j] += p * values[v + j];
+    }
   }
 }

@@ -8,22 +8,34 @@
 
 const ROW_BLOCK = 32;
 
-/**
- * out[n, m] = (accumulate ? out : 0) + alpha · x[n, k] · w[m, k]ᵀ, for output columns [columnStart, columnEnd)
- * (a share of the columns is how a second thread would split the work).
- */
-export function matmulNT(
-  x: Float32Array, w: Float32Array, n: number, k: number, m: number,
-  out: Float32Array, alpha = 1, accumulate = false, columnStart = 0, columnEnd = m,
-): void {
+export interface MatmulOptions {
+  /** Scale of the product. Default 1. */
+  alpha?: number;
+  /** Add to `out` instead of overwriting it. Default false. */
+  accumulate?: boolean;
+  /** Output columns [columnStart, columnEnd) only (a share of the columns is how a second thread would split the work). */
+  columnStart?: number;
+  columnEnd?: number;
+  /**
+   * Distance between consecutive rows of x, w and out (BLAS's leading dimensions). Defaults k, k and m: packed.
+   * Attention multiplies one head's slice of wider rows (a query head within all heads, a KV head in the cache).
+   */
+  xStride?: number;
+  wStride?: number;
+  outStride?: number;
+}
+
+/** out[n, m] = (accumulate ? out : 0) + alpha · x[n, k] · w[m, k]ᵀ */
+export function matmulNT(x: Float32Array, w: Float32Array, n: number, k: number, m: number, out: Float32Array, options: MatmulOptions = {}): void {
+  const { alpha = 1, accumulate = false, columnStart = 0, columnEnd = m, xStride = k, wStride = k, outStride = m } = options;
   for (let rowStart = 0; rowStart < n; rowStart += ROW_BLOCK) {
     const rowEnd = Math.min(n, rowStart + ROW_BLOCK);
     const tiledEnd = rowStart + ((rowEnd - rowStart) & ~3);
     let o = columnStart;
     for (; o + 1 < columnEnd; o += 2) {
-      const w0 = o * k, w1 = w0 + k;
+      const w0 = o * wStride, w1 = w0 + wStride;
       for (let i = rowStart; i < tiledEnd; i += 4) {
-        const x0 = i * k, x1 = x0 + k, x2 = x1 + k, x3 = x2 + k;
+        const x0 = i * xStride, x1 = x0 + xStride, x2 = x1 + xStride, x3 = x2 + xStride;
         let s00 = 0, s01 = 0, s10 = 0, s11 = 0, s20 = 0, s21 = 0, s30 = 0, s31 = 0;
         for (let j = 0; j < k; j++) {
           const a = w[w0 + j], b = w[w1 + j];
@@ -33,20 +45,23 @@ export function matmulNT(
           s20 += v2 * a; s21 += v2 * b;
           s30 += v3 * a; s31 += v3 * b;
         }
-        store(out, i * m + o, s00, alpha, accumulate); store(out, i * m + o + 1, s01, alpha, accumulate);
-        store(out, (i + 1) * m + o, s10, alpha, accumulate); store(out, (i + 1) * m + o + 1, s11, alpha, accumulate);
-        store(out, (i + 2) * m + o, s20, alpha, accumulate); store(out, (i + 2) * m + o + 1, s21, alpha, accumulate);
-        store(out, (i + 3) * m + o, s30, alpha, accumulate); store(out, (i + 3) * m + o + 1, s31, alpha, accumulate);
+        const o0 = i * outStride + o, o1 = o0 + outStride, o2 = o1 + outStride, o3 = o2 + outStride;
+        store(out, o0, s00, alpha, accumulate); store(out, o0 + 1, s01, alpha, accumulate);
+        store(out, o1, s10, alpha, accumulate); store(out, o1 + 1, s11, alpha, accumulate);
+        store(out, o2, s20, alpha, accumulate); store(out, o2 + 1, s21, alpha, accumulate);
+        store(out, o3, s30, alpha, accumulate); store(out, o3 + 1, s31, alpha, accumulate);
       }
     }
-    for (let c = o; c < columnEnd; c++) dotRows(x, w, k, m, out, alpha, accumulate, rowStart, tiledEnd, c);
+    for (let c = o; c < columnEnd; c++) {
+      for (let i = rowStart; i < tiledEnd; i++) store(out, i * outStride + c, dot(x, i * xStride, w, c * wStride, k), alpha, accumulate);
+    }
     // Rows left over from the 4-row tiles (all of them when decoding 1-3 sequences): a 1-row × 4-column tile
     // loads each activation once for four weights.
     for (let i = tiledEnd; i < rowEnd; i++) {
-      const x0 = i * k;
+      const x0 = i * xStride, o0 = i * outStride;
       let c = columnStart;
       for (; c + 3 < columnEnd; c += 4) {
-        const w0 = c * k, w1 = w0 + k, w2 = w1 + k, w3 = w2 + k;
+        const w0 = c * wStride, w1 = w0 + wStride, w2 = w1 + wStride, w3 = w2 + wStride;
         let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
         for (let j = 0; j < k; j++) {
           const v = x[x0 + j];
@@ -55,26 +70,19 @@ export function matmulNT(
           s2 += v * w[w2 + j];
           s3 += v * w[w3 + j];
         }
-        store(out, i * m + c, s0, alpha, accumulate); store(out, i * m + c + 1, s1, alpha, accumulate);
-        store(out, i * m + c + 2, s2, alpha, accumulate); store(out, i * m + c + 3, s3, alpha, accumulate);
+        store(out, o0 + c, s0, alpha, accumulate); store(out, o0 + c + 1, s1, alpha, accumulate);
+        store(out, o0 + c + 2, s2, alpha, accumulate); store(out, o0 + c + 3, s3, alpha, accumulate);
       }
-      for (; c < columnEnd; c++) dotRows(x, w, k, m, out, alpha, accumulate, i, i + 1, c);
+      for (; c < columnEnd; c++) store(out, o0 + c, dot(x, x0, w, c * wStride, k), alpha, accumulate);
     }
   }
 }
 
-/** Column `column` of rows [rowStart, rowEnd): plain dot products (the tiles' remainders). */
-function dotRows(
-  x: Float32Array, w: Float32Array, k: number, m: number, out: Float32Array, alpha: number, accumulate: boolean,
-  rowStart: number, rowEnd: number, column: number,
-): void {
-  const w0 = column * k;
-  for (let i = rowStart; i < rowEnd; i++) {
-    const x0 = i * k;
-    let s = 0;
-    for (let j = 0; j < k; j++) s += x[x0 + j] * w[w0 + j];
-    store(out, i * m + column, s, alpha, accumulate);
-  }
+/** Σ x[xAt + j] · w[wAt + j] over j < k: the tiles' remainders. */
+function dot(x: Float32Array, xAt: number, w: Float32Array, wAt: number, k: number): number {
+  let s = 0;
+  for (let j = 0; j < k; j++) s += x[xAt + j] * w[wAt + j];
+  return s;
 }
 
 function store(out: Float32Array, index: number, sum: number, alpha: number, accumulate: boolean): void {
