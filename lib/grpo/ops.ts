@@ -9,7 +9,7 @@
  * Parameters may be null in a backward call when they are frozen: their gradient is then skipped, which is
  * what makes LoRA training cheap (no dW for the frozen base).
  */
-import { matmulNT } from "../model/cpu/kernels.ts";
+import { matmulNT, transposeRows } from "../model/cpu/kernels.ts";
 import type { AdamWScalars } from "./training-ops.ts";
 
 /**
@@ -245,56 +245,62 @@ export function ropeApply(x: Float32Array, tables: RopeTables, rows: number, hea
   }
 }
 
+/** Query rows per block of the attention products: a block's keys end at those its last row sees. */
+const QUERY_BLOCK = 32;
+
 /**
  * Causal grouped-query attention of `queryLen` queries over `keyLen` keys, the queries being the LAST queryLen
  * positions of the key sequence: query t sees keys 0..(keyLen − queryLen + t). keyLen = queryLen is ordinary causal
  * attention; keyLen > queryLen lets completions attend to a shared prompt stored once (packing).
  * q [queryLen, heads, d], k/v [keyLen, kvHeads, d]; out [queryLen, heads, d]; probs [heads, queryLen, keyLen] keeps
- * the softmax for the backward.
+ * the softmax for the backward (zero past each row's last key, up to its block's last key; beyond that unwritten).
+ * Per head and block of query rows: scores = q·kᵀ/√d and out = p·v are tiled matmuls (v transposed once per KV head).
  */
 export function attentionForward(
   out: Float32Array, probs: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
   queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
   const group = heads / kvHeads;
-  const scale = 1 / Math.sqrt(headDim);
   const qStride = heads * headDim;
   const kvStride = kvHeads * headDim;
   const offset = keyLen - queryLen;
-  for (let h = 0; h < heads; h++) {
-    const kvh = Math.floor(h / group);
-    for (let t = 0; t < queryLen; t++) {
-      const qOff = t * qStride + h * headDim;
-      const pOff = (h * queryLen + t) * keyLen;
-      const last = offset + t;
-      let max = -Infinity;
-      for (let s = 0; s <= last; s++) {
-        const kOff = s * kvStride + kvh * headDim;
-        let dot = 0;
-        for (let i = 0; i < headDim; i++) dot += q[qOff + i] * k[kOff + i];
-        dot *= scale;
-        probs[pOff + s] = dot;
-        if (dot > max) max = dot;
-      }
-      let sum = 0;
-      for (let s = 0; s <= last; s++) {
-        const e = Math.exp(probs[pOff + s] - max);
-        probs[pOff + s] = e;
-        sum += e;
-      }
-      const oOff = t * qStride + h * headDim;
-      for (let i = 0; i < headDim; i++) out[oOff + i] = 0;
-      for (let s = 0; s <= last; s++) {
-        const p = probs[pOff + s] / sum;
-        probs[pOff + s] = p;
-        const vOff = s * kvStride + kvh * headDim;
-        for (let i = 0; i < headDim; i++) out[oOff + i] += p * v[vOff + i];
+  const valuesT = new Float32Array(headDim * keyLen);
+  for (let kvh = 0; kvh < kvHeads; kvh++) {
+    transposeRows(v.subarray(kvh * headDim), keyLen, headDim, kvStride, valuesT);
+    for (let h = kvh * group; h < (kvh + 1) * group; h++) {
+      const p = probs.subarray(h * queryLen * keyLen, (h + 1) * queryLen * keyLen);
+      for (let t0 = 0; t0 < queryLen; t0 += QUERY_BLOCK) {
+        const rows = Math.min(QUERY_BLOCK, queryLen - t0), keys = offset + t0 + rows;
+        matmulNT(q.subarray(t0 * qStride + h * headDim), k.subarray(kvh * headDim), rows, headDim, keys, p.subarray(t0 * keyLen),
+          { alpha: 1 / Math.sqrt(headDim), xStride: qStride, wStride: kvStride, outStride: keyLen });
+        for (let t = t0; t < t0 + rows; t++) causalSoftmax(p, t * keyLen, offset + t, keys);
+        matmulNT(p.subarray(t0 * keyLen), valuesT, rows, keys, headDim, out.subarray(t0 * qStride + h * headDim),
+          { xStride: keyLen, wStride: keyLen, outStride: qStride });
       }
     }
   }
 }
 
-/** Backward of attentionForward; dq, dk, dv accumulate. Query heads sharing a kv head add into its gradient. */
+/** Softmax of row[0..last] in place; row[last+1 .. end) = 0 (keys this query must not see). */
+function causalSoftmax(row: Float32Array, at: number, last: number, end: number): void {
+  let max = -Infinity;
+  for (let s = 0; s <= last; s++) max = Math.max(max, row[at + s]);
+  let sum = 0;
+  for (let s = 0; s <= last; s++) {
+    const e = Math.exp(row[at + s] - max);
+    row[at + s] = e;
+    sum += e;
+  }
+  const inverse = 1 / sum;
+  for (let s = 0; s <= last; s++) row[at + s] *= inverse;
+  row.fill(0, at + last + 1, at + end);
+}
+
+/**
+ * Backward of attentionForward; dq, dk, dv accumulate. Query heads sharing a kv head add into its gradient.
+ * With P the softmax: dP = dout·vᵀ, dS = P ∘ (dP − Σ_s P dP)/√d, then dq += dS·k, dk += dSᵀ·q, dv += Pᵀ·dout, each
+ * a tiled matmul over the blocks the causal mask leaves (key block s sees only queries t ≥ s − offset).
+ */
 export function attentionBackward(
   dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array, probs: Float32Array,
   q: Float32Array, k: Float32Array, v: Float32Array,
@@ -305,33 +311,59 @@ export function attentionBackward(
   const qStride = heads * headDim;
   const kvStride = kvHeads * headDim;
   const offset = keyLen - queryLen;
-  const dScores = new Float32Array(keyLen);
-  for (let h = 0; h < heads; h++) {
-    const kvh = Math.floor(h / group);
-    for (let t = 0; t < queryLen; t++) {
-      const oOff = t * qStride + h * headDim;
-      const pOff = (h * queryLen + t) * keyLen;
-      const last = offset + t;
-      // dP[s] = dout[t] · v[s]; softmax backward: dS = P ∘ (dP − Σ P dP).
-      let weighted = 0;
-      for (let s = 0; s <= last; s++) {
-        const vOff = s * kvStride + kvh * headDim;
-        let dp = 0;
-        for (let i = 0; i < headDim; i++) dp += dout[oOff + i] * v[vOff + i];
-        dScores[s] = dp;
-        weighted += probs[pOff + s] * dp;
-      }
-      for (let s = 0; s <= last; s++) {
-        const p = probs[pOff + s];
-        const ds = p * (dScores[s] - weighted) * scale;
-        const kvOff = s * kvStride + kvh * headDim;
-        for (let i = 0; i < headDim; i++) {
-          dv[kvOff + i] += p * dout[oOff + i];
-          dq[oOff + i] += ds * k[kvOff + i];
-          dk[kvOff + i] += ds * q[oOff + i];
+  const keysT = new Float32Array(headDim * keyLen);
+  const dScores = new Float32Array(queryLen * keyLen);
+  const scoresT = new Float32Array(keyLen * queryLen); // Pᵀ or dSᵀ, zero where the mask hides a key
+  const rowsT = new Float32Array(headDim * queryLen); // q or dout of one head, transposed
+  for (let kvh = 0; kvh < kvHeads; kvh++) {
+    transposeRows(k.subarray(kvh * headDim), keyLen, headDim, kvStride, keysT);
+    for (let h = kvh * group; h < (kvh + 1) * group; h++) {
+      const p = probs.subarray(h * queryLen * keyLen, (h + 1) * queryLen * keyLen);
+      for (let t0 = 0; t0 < queryLen; t0 += QUERY_BLOCK) {
+        const rows = Math.min(QUERY_BLOCK, queryLen - t0), keys = offset + t0 + rows;
+        matmulNT(dout.subarray(t0 * qStride + h * headDim), v.subarray(kvh * headDim), rows, headDim, keys, dScores.subarray(t0 * keyLen),
+          { xStride: qStride, wStride: kvStride, outStride: keyLen });
+        for (let t = t0; t < t0 + rows; t++) {
+          const at = t * keyLen, last = offset + t;
+          let weighted = 0;
+          for (let s = 0; s <= last; s++) weighted += p[at + s] * dScores[at + s];
+          for (let s = 0; s <= last; s++) dScores[at + s] = p[at + s] * (dScores[at + s] - weighted) * scale;
+          dScores.fill(0, at + last + 1, at + keys);
         }
+        matmulNT(dScores.subarray(t0 * keyLen), keysT, rows, keys, headDim, dq.subarray(t0 * qStride + h * headDim),
+          { accumulate: true, xStride: keyLen, wStride: keyLen, outStride: qStride });
       }
+      transposeCausal(dScores, queryLen, keyLen, scoresT);
+      transposeRows(q.subarray(h * headDim), queryLen, headDim, qStride, rowsT);
+      keyBlockProducts(scoresT, rowsT, dk.subarray(kvh * headDim), queryLen, keyLen, headDim, kvStride);
+      transposeCausal(p, queryLen, keyLen, scoresT);
+      transposeRows(dout.subarray(h * headDim), queryLen, headDim, qStride, rowsT);
+      keyBlockProducts(scoresT, rowsT, dv.subarray(kvh * headDim), queryLen, keyLen, headDim, kvStride);
     }
+  }
+}
+
+/** out[s, t] = scores[t, s] where query t sees key s, else 0: [keyLen, queryLen] from [queryLen, keyLen]. */
+function transposeCausal(scores: Float32Array, queryLen: number, keyLen: number, out: Float32Array): void {
+  const offset = keyLen - queryLen;
+  out.fill(0, 0, keyLen * queryLen);
+  for (let t = 0; t < queryLen; t++) {
+    for (let s = 0; s <= offset + t; s++) out[s * queryLen + t] = scores[t * keyLen + s];
+  }
+}
+
+/**
+ * out[s, ·] += Σ_t scoresT[s, t] · rowsT[·, t] for every key s (out rows `outStride` apart), per block of keys over
+ * only the queries that see them (t ≥ s − offset): the causal zeros are skipped, not multiplied.
+ */
+function keyBlockProducts(
+  scoresT: Float32Array, rowsT: Float32Array, out: Float32Array, queryLen: number, keyLen: number, headDim: number, outStride: number,
+): void {
+  const offset = keyLen - queryLen;
+  for (let s0 = 0; s0 < keyLen; s0 += QUERY_BLOCK) {
+    const keys = Math.min(QUERY_BLOCK, keyLen - s0), first = Math.max(0, s0 - offset);
+    matmulNT(scoresT.subarray(s0 * queryLen + first), rowsT.subarray(first), keys, queryLen - first, headDim,
+      out.subarray(s0 * outStride), { accumulate: true, xStride: queryLen, wStride: queryLen, outStride });
   }
 }
 

@@ -115,6 +115,53 @@ describe("training kernels match PyTorch autograd and finite differences", () =>
     });
   });
 
+  it("attention over several query blocks and a shared prefix (keyLen > queryLen) equals a float64 reference, forward and backward", () => {
+    const heads = 4, kvHeads = 2, headDim = 8, group = heads / kvHeads;
+    let seed = 7;
+    const random = (n: number) => Float32Array.from({ length: n }, () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648 - 0.5) * 2);
+    for (const [queryLen, keyLen] of [[70, 70], [45, 83]]) {
+      const offset = keyLen - queryLen, qStride = heads * headDim, kvStride = kvHeads * headDim;
+      const q = random(queryLen * qStride), k = random(keyLen * kvStride), v = random(keyLen * kvStride), dout = random(queryLen * qStride);
+      // Reference: one (query, head) at a time, in float64.
+      const out64 = new Float64Array(q.length), dq64 = new Float64Array(q.length), dk64 = new Float64Array(k.length), dv64 = new Float64Array(v.length);
+      for (let h = 0; h < heads; h++) {
+        const kv = Math.floor(h / group) * headDim;
+        for (let t = 0; t < queryLen; t++) {
+          const qAt = t * qStride + h * headDim, seen = offset + t + 1;
+          const dot = (a: Float32Array, aAt: number, b: Float32Array, bAt: number) => {
+            let sum = 0;
+            for (let j = 0; j < headDim; j++) sum += a[aAt + j] * b[bAt + j];
+            return sum;
+          };
+          const scores = Array.from({ length: seen }, (_, s) => dot(q, qAt, k, s * kvStride + kv) / Math.sqrt(headDim));
+          const max = Math.max(...scores), e = scores.map((x) => Math.exp(x - max)), z = e.reduce((a, b) => a + b, 0);
+          const p = e.map((x) => x / z);
+          const dp = Array.from({ length: seen }, (_, s) => dot(dout, qAt, v, s * kvStride + kv));
+          const weighted = p.reduce((a, x, s) => a + x * dp[s], 0);
+          for (let s = 0; s < seen; s++) {
+            const ds = (p[s] * (dp[s] - weighted)) / Math.sqrt(headDim);
+            for (let j = 0; j < headDim; j++) {
+              out64[qAt + j] += p[s] * v[s * kvStride + kv + j];
+              dq64[qAt + j] += ds * k[s * kvStride + kv + j];
+              dk64[s * kvStride + kv + j] += ds * q[qAt + j];
+              dv64[s * kvStride + kv + j] += p[s] * dout[qAt + j];
+            }
+          }
+        }
+      }
+      const out = new Float32Array(q.length), probs = new Float32Array(heads * queryLen * keyLen);
+      attentionForward(out, probs, q, k, v, queryLen, keyLen, heads, kvHeads, headDim);
+      const g = { q: new Float32Array(q.length).fill(1), k: new Float32Array(k.length).fill(1), v: new Float32Array(v.length).fill(1) };
+      attentionBackward(g.q, g.k, g.v, dout, probs, q, k, v, queryLen, keyLen, heads, kvHeads, headDim);
+      const maxDiff = (a: Float32Array, b: Float64Array, base = 0) => Math.max(...a.map((x, i) => Math.abs(x - base - b[i])));
+      expect(maxDiff(out, out64)).toBeLessThan(1e-5);
+      // The gradients accumulate onto what the buffers held (1 here).
+      expect(maxDiff(g.q, dq64, 1)).toBeLessThan(1e-5);
+      expect(maxDiff(g.k, dk64, 1)).toBeLessThan(1e-5);
+      expect(maxDiff(g.v, dv64, 1)).toBeLessThan(1e-5);
+    }
+  });
+
   it("SwiGLU", () => {
     checkOp("swiglu", ({ gate, up }) => {
       const out = zeros(gate);

@@ -9,7 +9,7 @@ import {
   type SampleResult, type SamplingParams, type Tensor, checkKvSlotCopy, shapeSize,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
-import { logSoftmaxRow, matmulNT, ropeRows, rmsNormRows } from "./kernels.ts";
+import { logSoftmaxRow, matmulNT, ropeRows, rmsNormRows, transposeRows } from "./kernels.ts";
 import { sampleRows } from "./sample.ts";
 
 export class CpuTensor implements Tensor {
@@ -260,14 +260,6 @@ export class CpuBackend implements Backend {
 
 /** Query rows per attention block: one block's scores against every key of its slot fit in cache. */
 const ATTENTION_BLOCK = 32;
-
-/** out[j, t] = rows[t · stride + j] for t < count, j < width: one head's values as rows per dimension. */
-function transposeRows(rows: Float32Array, count: number, width: number, stride: number, out: Float32Array): void {
-  for (let t = 0; t < count; t++) {
-    const at = t * stride;
-    for (let j = 0; j < width; j++) out[j * count + t] = rows[at + j];
-  }
-}
 
 /**
  * One query head over a block of rows of one slot, row r at cache position positions[r] (it sees keys 0..that):

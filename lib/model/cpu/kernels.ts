@@ -89,6 +89,17 @@ function store(out: Float32Array, index: number, sum: number, alpha: number, acc
   out[index] = accumulate ? out[index] + alpha * sum : alpha * sum;
 }
 
+/**
+ * out[j, t] = rows[t · stride + j] for t < count, j < width (out is [width, count]): a head's slice of wider rows,
+ * transposed so a product over the rows (p·v in attention) runs along contiguous memory in matmulNT.
+ */
+export function transposeRows(rows: Float32Array, count: number, width: number, stride: number, out: Float32Array): void {
+  for (let t = 0; t < count; t++) {
+    const at = t * stride;
+    for (let j = 0; j < width; j++) out[j * count + t] = rows[at + j];
+  }
+}
+
 /** RMSNorm of each consecutive group of `weight.length` values: out = x / sqrt(mean(x²) + eps) · weight. */
 export function rmsNormRows(x: Float32Array, weight: Float32Array, eps: number, out: Float32Array): void {
   const d = weight.length;
