@@ -152,6 +152,29 @@ describe("CPU kernels", () => {
     }
   });
 
+  it("attention gives a row the same bits whether its prompt is prefilled whole, in chunks, or up to it with the row alone", () => {
+    const b = new CpuBackend();
+    const [numHeads, numKvHeads, headDim, length] = [4, 2, 16, 70];
+    const q = random(length * numHeads * headDim, 21).map((x) => 4 * x), k = random(length * numKvHeads * headDim, 22), v = random(length * numKvHeads * headDim, 23);
+    const lastRow = (chunks: number[]) => {
+      const cache = b.createKvCache({ numLayers: 1, numKvHeads, headDim, numSlots: 2, maxPositions: length });
+      let out = new Float32Array(0);
+      for (let i = 0; i + 1 < chunks.length; i++) {
+        const [from, to] = [chunks[i], chunks[i + 1]];
+        const rows = (x: Float32Array, width: number) => b.upload(x.slice(from * width, to * width), [to - from, width]);
+        const o = b.zeros([to - from, numHeads * headDim]);
+        b.attention(rows(q, numHeads * headDim), rows(k, numKvHeads * headDim), rows(v, numKvHeads * headDim), cache, 0,
+          { slots: new Int32Array(to - from).fill(1), positions: Int32Array.from({ length: to - from }, (_, r) => from + r) }, o);
+        out = b.download(o).slice(-numHeads * headDim);
+      }
+      return out;
+    };
+    const whole = lastRow([0, length]);
+    expect(lastRow([0, 40, length])).toEqual(whole);
+    expect(lastRow([0, 33, 37, length])).toEqual(whole);
+    expect(lastRow([0, length - 1, length])).toEqual(whole); // the last prompt token fed again after a reused prefix
+  });
+
   it("shape and range errors name the op", () => {
     const b = new CpuBackend();
     expect(() => b.upload(new Float32Array(5), [2, 3])).toThrow("cpu backend: 5 values cannot fill shape [2,3]");

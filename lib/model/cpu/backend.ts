@@ -76,6 +76,7 @@ export class CpuBackend implements Backend {
   // Attention scratch, grown as needed and reused across calls.
   #scores = new Float32Array(0);
   #valuesT = new Float32Array(0);
+  #rowSums = new Float64Array(0);
 
   upload(data: Float32Array, shape: readonly number[], dtype: DType = "f32"): Tensor {
     if (data.length !== shapeSize(shape)) {
@@ -191,7 +192,7 @@ export class CpuBackend implements Backend {
       let runKeys = 0;
       for (let r = start; r < end; r++) runKeys = Math.max(runKeys, rows.positions[r] + 1);
       const transposeValues = end - start > 1;
-      this.#attentionScratch(Math.min(ATTENTION_BLOCK, end - start) * runKeys, transposeValues ? headDim * runKeys : 0);
+      this.#attentionScratch(Math.min(ATTENTION_BLOCK, end - start) * runKeys, transposeValues ? headDim * runKeys : 0, headDim);
       const slotKeys = keys.subarray(slot * maxPositions * kvWidth), slotValues = values.subarray(slot * maxPositions * kvWidth);
       for (let kvHead = 0; kvHead < numKvHeads; kvHead++) {
         const headKeys = slotKeys.subarray(kvHead * headDim), headValues = slotValues.subarray(kvHead * headDim);
@@ -200,7 +201,7 @@ export class CpuBackend implements Backend {
           for (let b0 = start; b0 < end; b0 += ATTENTION_BLOCK) {
             attendBlock(qs.subarray(b0 * qStride + h * headDim), headKeys, headValues, this.#valuesT, o.subarray(b0 * qStride + h * headDim),
               rows.positions.subarray(b0, Math.min(end, b0 + ATTENTION_BLOCK)), headDim, qStride, kvWidth, runKeys, transposeValues,
-              this.#scores);
+              this.#scores, this.#rowSums);
           }
         }
       }
@@ -208,10 +209,11 @@ export class CpuBackend implements Backend {
     }
   }
 
-  /** Grows the attention scratch (scores of one block; one head's values transposed) to at least these sizes. */
-  #attentionScratch(scores: number, valuesT: number): void {
+  /** Grows the attention scratch (scores of one block; one head's values transposed; one row's sums). */
+  #attentionScratch(scores: number, valuesT: number, headDim: number): void {
     if (this.#scores.length < scores) this.#scores = new Float32Array(scores);
     if (this.#valuesT.length < valuesT) this.#valuesT = new Float32Array(valuesT);
+    if (this.#rowSums.length < headDim) this.#rowSums = new Float64Array(headDim);
   }
 
   copyKvSlot(cache: KvCache, from: number, to: number, numPositions: number): void {
@@ -263,21 +265,21 @@ const ATTENTION_BLOCK = 32;
 
 /**
  * One query head over a block of rows of one slot, row r at cache position positions[r] (it sees keys 0..that):
- * scores = q·kᵀ/√d for every key up to the block's last (one tiled matmul; a row ignores those past its own),
- * a softmax per row, then out = p·v: one matmul against the transposed values for the keys every row of the block
- * sees, and the few past the block's shortest row one by one. q and out rows lie `qStride` apart, keys and values
- * `kvStride` apart (a KV head's slice of the cache); valuesT holds `runKeys` columns per dimension.
+ * scores = q·kᵀ/√d for every key up to the block's last (one tiled matmul), a softmax per row over its own keys
+ * (zero past them), then out = p·v, one matmul against the transposed values. q and out rows lie `qStride` apart,
+ * keys and values `kvStride` apart (a KV head's slice of the cache); valuesT holds `runKeys` columns per dimension.
+ * A row's numbers do not depend on its block: each product is one float64 sum over keys in order (the zeros past a
+ * row's keys add nothing), so a prompt prefilled whole, in chunks, or after a reused prefix gives the same tokens.
+ * A single decoding row (no transposed values) sums p·v the same way into `rowSums`.
  */
 function attendBlock(
   q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array, out: Float32Array, positions: Int32Array,
   headDim: number, qStride: number, kvStride: number, runKeys: number, transposeValues: boolean, scores: Float32Array,
+  rowSums: Float64Array,
 ): void {
   const blockRows = positions.length;
-  let blockKeys = 0, sharedKeys = Infinity;
-  for (let r = 0; r < blockRows; r++) {
-    blockKeys = Math.max(blockKeys, positions[r] + 1);
-    sharedKeys = Math.min(sharedKeys, positions[r] + 1);
-  }
+  let blockKeys = 0;
+  for (let r = 0; r < blockRows; r++) blockKeys = Math.max(blockKeys, positions[r] + 1);
   matmulNT(q, keys, blockRows, headDim, blockKeys, scores, { alpha: 1 / Math.sqrt(headDim), xStride: qStride, wStride: kvStride });
   for (let r = 0; r < blockRows; r++) {
     const row = r * blockKeys, length = positions[r] + 1;
@@ -291,16 +293,19 @@ function attendBlock(
     }
     const inverse = 1 / sum;
     for (let t = 0; t < length; t++) scores[row + t] *= inverse;
+    scores.fill(0, row + length, row + blockKeys);
   }
-  // Without transposed values (a single decoding row) every key goes by the per-key loop; the matmul with k = 0
-  // then just zeroes the output.
-  const matmulKeys = transposeValues ? sharedKeys : 0;
-  matmulNT(scores, valuesT, blockRows, matmulKeys, headDim, out, { xStride: blockKeys, wStride: runKeys, outStride: qStride });
+  if (transposeValues) {
+    matmulNT(scores, valuesT, blockRows, blockKeys, headDim, out, { xStride: blockKeys, wStride: runKeys, outStride: qStride });
+    return;
+  }
   for (let r = 0; r < blockRows; r++) {
     const row = r * blockKeys, at = r * qStride;
-    for (let t = matmulKeys; t <= positions[r]; t++) {
+    rowSums.fill(0, 0, headDim);
+    for (let t = 0; t <= positions[r]; t++) {
       const p = scores[row + t], v = t * kvStride;
-      for (let j = 0; j < headDim; j++) out[at + j] += p * values[v + j];
+      for (let j = 0; j < headDim; j++) rowSums[j] += p * values[v + j];
     }
+    for (let j = 0; j < headDim; j++) out[at + j] = rowSums[j];
   }
 }
