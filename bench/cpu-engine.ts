@@ -70,6 +70,8 @@ function main(argv: string[]): void {
   const workloads: Workload[] = [
     { name: "tiny", batch: 4, promptLength: 64, decodeTokens: 32, repeats: 2 },
     { name: "20m", batch: 4, promptLength: 64, decodeTokens: 16, repeats: 2 },
+    // A long prompt (an ART·E research prompt runs to about a thousand tokens): attention's share of prefill grows.
+    { name: "20m", batch: 1, promptLength: 1024, decodeTokens: 16, repeats: 1 },
   ];
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "art-bench-"));
   const results = [];
