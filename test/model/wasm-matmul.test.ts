@@ -5,8 +5,11 @@ import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import { ArtError } from "../../lib/core/errors.ts";
 import { seededRandom } from "../../lib/core/random.ts";
+import { CpuBackend, type CpuTensor } from "../../lib/model/cpu/backend.ts";
+import { matmulNT } from "../../lib/model/cpu/kernels.ts";
 import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
 import { generatedModuleSource, generatedPath } from "../../scripts/build-wasm.ts";
+import { maxAbsDiff } from "./helpers.ts";
 
 const F32_EPSILON = 2 ** -24;
 
@@ -53,6 +56,51 @@ describe("WASM SIMD matmul", () => {
         }
       }
     }
+  });
+
+  it("allocates first fit, merges released neighbours and gives free space at the top back", () => {
+    const kernel = WasmMatmul.create()!;
+    const a = kernel.allocate(100)!, b = kernel.allocate(64)!, c = kernel.allocate(16)!;
+    expect([a, b, c]).toEqual([0, 112, 176]);
+    expect(kernel.top).toBe(192);
+    kernel.release(a);
+    kernel.release(b);
+    expect(kernel.allocate(150)).toBe(0); // a and b merged into one 176-byte block
+    expect(kernel.allocate(16)).toBe(160); // its remainder
+    kernel.release(c);
+    expect(kernel.top).toBe(176);
+    expect(kernel.allocate(200_000)).toBe(176); // past the first 64 KiB page: the memory grows
+    expect(kernel.byteLength).toBeGreaterThanOrEqual(176 + 200_000);
+    expect(kernel.allocate(2 ** 32)).toBeNull();
+    expect(() => kernel.release(8)).toThrow(/no WASM block/);
+  });
+
+  it("CpuBackend.linear keeps weights in the WASM memory, their data readable across growth, and frees them", () => {
+    const backend = new CpuBackend();
+    const rng = seededRandom(5);
+    const values = (length: number) => Float32Array.from({ length }, () => rng() - 0.5);
+    const [n, k, m] = [3, 21, 10];
+    const wValues = values(m * k), xValues = values(n * k);
+    const w = backend.upload(wValues.slice(), [m, k]) as CpuTensor, x = backend.upload(xValues, [n, k]);
+    const out = backend.zeros([n, m]) as CpuTensor;
+    const expected = new Float32Array(n * m);
+    matmulNT(xValues, wValues, n, k, m, expected);
+    backend.linear(x, w, null, out);
+    expect(w.resident).not.toBeNull();
+    expect(maxAbsDiff(backend.download(out), expected)).toBeLessThan(1e-6);
+    // A weight of 1 MB grows the memory past its first page, detaching the view w.data held.
+    const big = backend.upload(values(512 * 512), [512, 512]);
+    backend.linear(backend.zeros([1, 512]), big, null, backend.zeros([1, 512]));
+    expect(w.data).toEqual(wValues);
+    out.data.fill(0);
+    backend.linear(x, w, null, out);
+    expect(maxAbsDiff(backend.download(out), expected)).toBeLessThan(1e-6);
+    const residentAt = w.resident!.offset;
+    backend.free(w);
+    expect(w.resident).toBeNull();
+    const again = backend.upload(wValues.slice(), [m, k]) as CpuTensor;
+    backend.linear(x, again, null, out);
+    expect(again.resident!.offset).toBe(residentAt); // the freed block is reused
   });
 
   it("names misplaced operands and refuses memory past 4 GiB", () => {

@@ -1,7 +1,9 @@
 /**
  * The WebAssembly SIMD matmul (matmul.wat, assembled into matmul-wasm-bytes.ts by scripts/build-wasm.ts): the same
  * `out = alpha · x Wᵀ (+ out)` as kernels.ts `matmulNT`, f32x4 register-tiled. It computes on its own linear memory,
- * so operands live at byte offsets there; this class owns an instance and grows its memory on request.
+ * so operands live at byte offsets there. This class owns an instance, and blocks of its memory are handed out by an
+ * explicit allocator (first fit over a free list, above it a bump pointer `top`): the CPU backend keeps each linear
+ * weight in a block and copies activations into the scratch space above `top` per call.
  */
 import { ArtError } from "../../core/errors.ts";
 import { matmulWasmBase64 } from "./matmul-wasm-bytes.ts";
@@ -44,6 +46,10 @@ function compiledModule(): object | null {
 export class WasmMatmul {
   readonly #exports: MatmulExports;
   #heap: Float32Array;
+  /** Free blocks below `top`, sorted by offset, never adjacent (released neighbours merge). */
+  readonly #free: { offset: number; bytes: number }[] = [];
+  readonly #blockBytes = new Map<number, number>();
+  #top = 0;
 
   /** A fresh instance (its own memory), or null without WebAssembly SIMD. */
   static create(): WasmMatmul | null {
@@ -64,6 +70,58 @@ export class WasmMatmul {
 
   get byteLength(): number {
     return this.#exports.memory.buffer.byteLength;
+  }
+
+  /** The end of the highest allocated block: scratch space starts here. */
+  get top(): number {
+    return this.#top;
+  }
+
+  /** A 16-byte-aligned block of `bytes`, or null when the memory cannot grow to hold it (past 4 GiB). */
+  allocate(bytes: number): number | null {
+    const size = Math.ceil(bytes / 16) * 16;
+    const index = this.#free.findIndex((block) => block.bytes >= size);
+    let offset: number;
+    if (index >= 0) {
+      const block = this.#free[index];
+      offset = block.offset;
+      if (block.bytes === size) this.#free.splice(index, 1);
+      else Object.assign(block, { offset: offset + size, bytes: block.bytes - size });
+    } else {
+      if (!this.ensureBytes(this.#top + size)) return null;
+      offset = this.#top;
+      this.#top += size;
+    }
+    this.#blockBytes.set(offset, size);
+    return offset;
+  }
+
+  /** Gives a block from `allocate` back. */
+  release(offset: number): void {
+    const bytes = this.#blockBytes.get(offset);
+    if (bytes === undefined) throw new ArtError("bad_wasm_block", `no WASM block was allocated at ${offset} (released twice?)`);
+    this.#blockBytes.delete(offset);
+    let index = this.#free.findIndex((block) => block.offset > offset);
+    if (index < 0) index = this.#free.length;
+    this.#free.splice(index, 0, { offset, bytes });
+    // Merge with the following block, then the preceding one, so free space never fragments into neighbours.
+    const next = this.#free[index + 1];
+    if (next && offset + bytes === next.offset) {
+      this.#free[index].bytes += next.bytes;
+      this.#free.splice(index + 1, 1);
+    }
+    const previous = this.#free[index - 1];
+    if (previous && previous.offset + previous.bytes === offset) {
+      previous.bytes += this.#free[index].bytes;
+      this.#free.splice(index, 1);
+      index--;
+    }
+    // Free space at the top goes back to the bump pointer (the memory itself never shrinks).
+    const last = this.#free[this.#free.length - 1];
+    if (last.offset + last.bytes === this.#top) {
+      this.#top = last.offset;
+      this.#free.pop();
+    }
   }
 
   /** Grows the memory to hold at least `bytes`; false when that is past 4 GiB or the runtime refuses. */
