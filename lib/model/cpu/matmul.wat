@@ -5,8 +5,9 @@
 ;; and the k % 4 leftover products follow in scalar code. All pointers are byte offsets into this module's memory.
 ;;
 ;; Tiles (how many outputs one pass over k computes, i.e. how often each loaded vector is reused):
-;;   4 rows × 2 columns  the main tile: 8 accumulators + 4 x vectors + 2 w vectors = 14 of the 16 SIMD registers
-;;                       x86-64 has, so nothing spills; each w vector feeds 4 rows, each x vector 2 columns.
+;;   4 rows × 2 columns  the main tile: 8 accumulators + 2 w vectors + the x vector in use = 11 of the 16 SIMD
+;;                       registers x86-64 has, so nothing spills; each w vector feeds 4 rows, each x vector 2
+;;                       columns. A 4 × 3 tile would need 12 + 3 + 1 = 16 and spill under V8's register allocator.
 ;;   1 row  × 4 columns  rows left over from the 4-row tiles (decoding 1-3 sequences is all leftover rows):
 ;;                       each x vector feeds 4 weights.
 ;;   1 row  × 1 column   whatever the two tiles above leave (an odd last column, the last m % 4 columns).

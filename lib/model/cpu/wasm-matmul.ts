@@ -79,7 +79,7 @@ export class WasmMatmul {
 
   /** A 16-byte-aligned block of `bytes`, or null when the memory cannot grow to hold it (past 4 GiB). */
   allocate(bytes: number): number | null {
-    const size = Math.ceil(bytes / 16) * 16;
+    const size = Math.max(16, Math.ceil(bytes / 16) * 16); // never empty: each block has its own offset
     const index = this.#free.findIndex((block) => block.bytes >= size);
     let offset: number;
     if (index >= 0) {
