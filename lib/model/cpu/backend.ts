@@ -34,9 +34,11 @@ export class CpuTensor implements Tensor {
     }
     return this.#data;
   }
+  /** New storage (free assigns an empty array): a resident tensor gives its block of WASM memory back. */
   set data(values: Float32Array) {
-    this.#data = values;
+    this.resident?.kernel.release(this.resident.offset);
     this.resident = null;
+    this.#data = values;
   }
   get rows(): number {
     return this.shape[0];
@@ -125,9 +127,7 @@ export class CpuBackend implements Backend {
   }
 
   free(tensor: Tensor): void {
-    const t = cpu(tensor);
-    t.resident?.kernel.release(t.resident.offset);
-    t.data = new Float32Array(0);
+    cpu(tensor).data = new Float32Array(0);
   }
 
   embedding(table: Tensor, ids: Int32Array, out: Tensor): void {
