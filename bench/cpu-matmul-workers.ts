@@ -8,6 +8,7 @@
 import * as os from "node:os";
 import { Worker } from "node:worker_threads";
 import { matmulNT } from "../lib/model/cpu/kernels.ts";
+import { compare } from "./timing.ts";
 
 const shapes = [
   { name: "decode gate_proj", n: 4, k: 384, m: 1536 },
@@ -34,31 +35,6 @@ const workerSource = `
   });
 `;
 
-/** Mean ms per call over a short window. */
-function timeIt(run: () => void, windowMs = 300): number {
-  let reps = 0;
-  const start = performance.now();
-  while (performance.now() - start < windowMs) {
-    run();
-    reps++;
-  }
-  return (performance.now() - start) / reps;
-}
-
-/** Alternates short windows of the two variants and keeps each one's best, so load from elsewhere hits both alike. */
-function compare(a: () => void, b: () => void, rounds = 8): [number, number] {
-  for (let i = 0; i < 3; i++) {
-    a();
-    b();
-  }
-  let bestA = Infinity, bestB = Infinity;
-  for (let r = 0; r < rounds; r++) {
-    bestA = Math.min(bestA, timeIt(a));
-    bestB = Math.min(bestB, timeIt(b));
-  }
-  return [bestA, bestB];
-}
-
 async function main(): Promise<void> {
   const results = [];
   for (const { name, n, k, m } of shapes) {
@@ -70,13 +46,13 @@ async function main(): Promise<void> {
     const worker = new Worker(workerSource, { eval: true, workerData: { control, x: x.buffer, w: w.buffer, out: out.buffer, n, k, m, kernelUrl } });
     await new Promise((resolve) => setTimeout(resolve, 300)); // let the worker load the kernel
     let jobs = 0;
-    const [single, split] = compare(() => matmulNT(x, w, n, k, m, out), () => {
+    const [single, split] = compare([() => matmulNT(x, w, n, k, m, out), () => {
       jobs++;
       Atomics.store(control, 0, jobs);
       Atomics.notify(control, 0);
       matmulNT(x, w, n, k, m, out, { columnEnd: m / 2 });
       while (Atomics.load(control, 1) < jobs) Atomics.wait(control, 1, Atomics.load(control, 1), 50);
-    });
+    }]);
     Atomics.store(control, 0, -1);
     Atomics.notify(control, 0);
     await worker.terminate();

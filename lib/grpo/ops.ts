@@ -14,7 +14,8 @@ import type { AdamWScalars } from "./training-ops.ts";
 
 /**
  * out[n, o] = Σ_i x[n, i] · W[o, i] (+ b[o]). W is stored as PyTorch's Linear: [out, in]. The product is the
- * engine's tiled CPU matmul, so training and inference compute the same forward numbers.
+ * JavaScript tiled matmul; the engine's linear runs the WASM SIMD kernel, which groups the sums differently, so the
+ * two forwards agree to f32 rounding, not bit for bit.
  */
 export function linearForward(
   out: Float32Array, x: Float32Array, weight: Float32Array, bias: Float32Array | null,

@@ -11,17 +11,34 @@ import {
 import { f32ToBf16 } from "../safetensors.ts";
 import { logSoftmaxRow, matmulNT, ropeRows, rmsNormRows, transposeRows } from "./kernels.ts";
 import { sampleRows } from "./sample.ts";
+import { WasmMatmul } from "./wasm-matmul.ts";
 
 export class CpuTensor implements Tensor {
   readonly shape: readonly number[];
   readonly dtype: DType;
   readonly size: number;
-  data: Float32Array;
+  #data: Float32Array;
+  /** Set once `linear` has moved this weight into the WASM matmul's memory: the values then live only there. */
+  resident: { kernel: WasmMatmul; offset: number } | null = null;
   constructor(shape: readonly number[], dtype: DType, data: Float32Array) {
     this.shape = shape;
     this.dtype = dtype;
-    this.data = data;
+    this.#data = data;
     this.size = data.length;
+  }
+  get data(): Float32Array {
+    // Growing the WASM memory detaches every view of it (length 0): a resident tensor then takes a fresh one.
+    if (this.resident && this.#data.length !== this.size) {
+      const start = this.resident.offset / 4;
+      this.#data = this.resident.kernel.heap.subarray(start, start + this.size);
+    }
+    return this.#data;
+  }
+  /** New storage (free assigns an empty array): a resident tensor gives its block of WASM memory back. */
+  set data(values: Float32Array) {
+    this.resident?.kernel.release(this.resident.offset);
+    this.resident = null;
+    this.#data = values;
   }
   get rows(): number {
     return this.shape[0];
@@ -54,6 +71,17 @@ function cpu(tensor: Tensor): CpuTensor {
   return tensor;
 }
 
+/** Moves a tensor's values into a block of the kernel's memory; null when the memory cannot hold them. */
+function moveIntoWasm(kernel: WasmMatmul, tensor: CpuTensor): CpuTensor["resident"] {
+  const offset = kernel.allocate(tensor.size * 4);
+  if (offset === null) return null;
+  const start = offset / 4;
+  kernel.heap.set(tensor.data, start);
+  tensor.data = kernel.heap.subarray(start, start + tensor.size);
+  tensor.resident = { kernel, offset };
+  return tensor.resident;
+}
+
 function cpuKvCache(cache: KvCache): CpuKvCache {
   if (!(cache instanceof CpuKvCache)) throw new ArtError("wrong_backend", "a KV cache from another backend was passed to the CPU backend");
   return cache;
@@ -73,6 +101,8 @@ function expectMultiple(name: string, tensor: Tensor, rowWidth: number): void {
 
 export class CpuBackend implements Backend {
   readonly name = "cpu" as const;
+  /** The WASM SIMD matmul `linear` runs on; null where the runtime has no WebAssembly SIMD. */
+  readonly #kernel = WasmMatmul.create();
   // Attention scratch, grown as needed and reused across calls.
   #scores = new Float32Array(0);
   #valuesT = new Float32Array(0);
@@ -130,7 +160,7 @@ export class CpuBackend implements Backend {
     expectMultiple("linear input", xs, inFeatures);
     const n = xs.size / inFeatures;
     expectSize("linear out", o, n * outFeatures);
-    matmulNT(xs.data, w.data, n, inFeatures, outFeatures, o.data);
+    if (!this.#wasmMatmul(xs, w, n, inFeatures, outFeatures, o)) matmulNT(xs.data, w.data, n, inFeatures, outFeatures, o.data);
     if (bias) {
       const b = cpu(bias).data;
       expectSize("linear bias", bias, outFeatures);
@@ -145,6 +175,25 @@ export class CpuBackend implements Backend {
       matmulNT(xs.data, a.data, n, inFeatures, rank, down);
       matmulNT(down, b.data, n, rank, outFeatures, o.data, { alpha: lora.scale, accumulate: true });
     }
+  }
+
+  /**
+   * out = x Wᵀ on the WASM SIMD kernel: W moves into its memory on first use (and stays, so each weight is copied
+   * once), x and out are copied through the scratch space per call. False where that cannot be (no WebAssembly SIMD,
+   * or the memory would pass 4 GiB): the caller then runs the JavaScript kernel, so models of any size still work.
+   */
+  #wasmMatmul(x: CpuTensor, w: CpuTensor, n: number, k: number, m: number, out: CpuTensor): boolean {
+    // A weight made resident by another CpuBackend is multiplied where it lives.
+    const resident = w.resident ?? (this.#kernel && moveIntoWasm(this.#kernel, w));
+    if (!resident) return false;
+    const { kernel } = resident;
+    const xAt = kernel.top, outAt = xAt + x.size * 4;
+    if (!kernel.ensureBytes(outAt + out.size * 4)) return false;
+    const heap = kernel.heap;
+    heap.set(x.data, xAt / 4);
+    kernel.matmulNT(xAt, resident.offset, outAt, n, k, m);
+    out.data.set(heap.subarray(outAt / 4, outAt / 4 + out.size));
+    return true;
   }
 
   rope(x: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {

@@ -1,0 +1,238 @@
+;; out[n, m] = alpha · x[n, k] · w[m, k]ᵀ (+ out when accumulating), in f32 with 128-bit SIMD.
+;;
+;; Both operands are read along contiguous rows of k (W keeps the checkpoint's [out, in] layout), so each f32x4
+;; accumulator holds four partial sums of one dot product, strided over k; the four lanes are added once at the end
+;; and the k % 4 leftover products follow in scalar code. All pointers are byte offsets into this module's memory.
+;;
+;; Tiles (how many outputs one pass over k computes, i.e. how often each loaded vector is reused):
+;;   4 rows × 2 columns  the main tile: 8 accumulators + 2 w vectors + the x vector in use = 11 of the 16 SIMD
+;;                       registers x86-64 has, so nothing spills; each w vector feeds 4 rows, each x vector 2
+;;                       columns. A 4 × 3 tile would need 12 + 3 + 1 = 16 and spill under V8's register allocator.
+;;   1 row  × 4 columns  rows left over from the 4-row tiles (decoding 1-3 sequences is all leftover rows):
+;;                       each x vector feeds 4 weights.
+;;   1 row  × 1 column   whatever the two tiles above leave (an odd last column, the last m % 4 columns).
+;; The 4-row tiles go through x in blocks of 32 rows, so a block of x stays in cache while W streams past it.
+
+(module
+  (memory (export "memory") 1)
+
+  ;; Adds the four lanes of a dot product's accumulator.
+  (func $sum_lanes (param $v v128) (result f32)
+    (f32.add
+      (f32.add (f32x4.extract_lane 0 (local.get $v)) (f32x4.extract_lane 1 (local.get $v)))
+      (f32.add (f32x4.extract_lane 2 (local.get $v)) (f32x4.extract_lane 3 (local.get $v)))))
+
+  ;; Σ x[j]·w[j] over the `count` (< 4) products the vector loop left, starting at byte offsets $x and $w.
+  (func $tail_dot (param $x i32) (param $w i32) (param $count i32) (result f32)
+    (local $sum f32)
+    (block $done
+      (loop $next
+        (br_if $done (i32.eqz (local.get $count)))
+        (local.set $sum (f32.add (local.get $sum)
+          (f32.mul (f32.load (local.get $x)) (f32.load (local.get $w)))))
+        (local.set $x (i32.add (local.get $x) (i32.const 4)))
+        (local.set $w (i32.add (local.get $w) (i32.const 4)))
+        (local.set $count (i32.sub (local.get $count) (i32.const 1)))
+        (br $next)))
+    (local.get $sum))
+
+  ;; out = alpha·sum, or out + alpha·sum when accumulating.
+  (func $store (param $out i32) (param $sum f32) (param $alpha f32) (param $accumulate i32)
+    (local.set $sum (f32.mul (local.get $alpha) (local.get $sum)))
+    (if (local.get $accumulate)
+      (then (local.set $sum (f32.add (f32.load (local.get $out)) (local.get $sum)))))
+    (f32.store (local.get $out) (local.get $sum)))
+
+  ;; Rows x0..x3 (consecutive, $rowBytes apart) times weight rows w0, w1: the 4 × 2 outputs at $out
+  ;; (rows $outRowBytes apart). $vectorBytes covers the k - k % 4 elements the vector loop takes.
+  (func $tile_4x2 (param $x0 i32) (param $w0 i32) (param $out i32) (param $rowBytes i32) (param $vectorBytes i32)
+                  (param $outRowBytes i32) (param $alpha f32) (param $accumulate i32)
+    (local $x1 i32) (local $x2 i32) (local $x3 i32) (local $w1 i32) (local $j i32) (local $tail i32)
+    (local $a v128) (local $b v128) (local $v v128)
+    (local $s00 v128) (local $s01 v128) (local $s10 v128) (local $s11 v128)
+    (local $s20 v128) (local $s21 v128) (local $s30 v128) (local $s31 v128)
+    (local.set $x1 (i32.add (local.get $x0) (local.get $rowBytes)))
+    (local.set $x2 (i32.add (local.get $x1) (local.get $rowBytes)))
+    (local.set $x3 (i32.add (local.get $x2) (local.get $rowBytes)))
+    (local.set $w1 (i32.add (local.get $w0) (local.get $rowBytes)))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $j) (local.get $vectorBytes)))
+        (local.set $a (v128.load (i32.add (local.get $w0) (local.get $j))))
+        (local.set $b (v128.load (i32.add (local.get $w1) (local.get $j))))
+        (local.set $v (v128.load (i32.add (local.get $x0) (local.get $j))))
+        (local.set $s00 (f32x4.add (local.get $s00) (f32x4.mul (local.get $v) (local.get $a))))
+        (local.set $s01 (f32x4.add (local.get $s01) (f32x4.mul (local.get $v) (local.get $b))))
+        (local.set $v (v128.load (i32.add (local.get $x1) (local.get $j))))
+        (local.set $s10 (f32x4.add (local.get $s10) (f32x4.mul (local.get $v) (local.get $a))))
+        (local.set $s11 (f32x4.add (local.get $s11) (f32x4.mul (local.get $v) (local.get $b))))
+        (local.set $v (v128.load (i32.add (local.get $x2) (local.get $j))))
+        (local.set $s20 (f32x4.add (local.get $s20) (f32x4.mul (local.get $v) (local.get $a))))
+        (local.set $s21 (f32x4.add (local.get $s21) (f32x4.mul (local.get $v) (local.get $b))))
+        (local.set $v (v128.load (i32.add (local.get $x3) (local.get $j))))
+        (local.set $s30 (f32x4.add (local.get $s30) (f32x4.mul (local.get $v) (local.get $a))))
+        (local.set $s31 (f32x4.add (local.get $s31) (f32x4.mul (local.get $v) (local.get $b))))
+        (local.set $j (i32.add (local.get $j) (i32.const 16)))
+        (br $next)))
+    ;; The k % 4 leftover products, then the eight stores.
+    (local.set $tail (i32.shr_u (i32.sub (local.get $rowBytes) (local.get $vectorBytes)) (i32.const 2)))
+    (local.set $x0 (i32.add (local.get $x0) (local.get $j)))
+    (local.set $x1 (i32.add (local.get $x1) (local.get $j)))
+    (local.set $x2 (i32.add (local.get $x2) (local.get $j)))
+    (local.set $x3 (i32.add (local.get $x3) (local.get $j)))
+    (local.set $w0 (i32.add (local.get $w0) (local.get $j)))
+    (local.set $w1 (i32.add (local.get $w1) (local.get $j)))
+    (call $store (local.get $out)
+      (f32.add (call $sum_lanes (local.get $s00)) (call $tail_dot (local.get $x0) (local.get $w0) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate))
+    (call $store (i32.add (local.get $out) (i32.const 4))
+      (f32.add (call $sum_lanes (local.get $s01)) (call $tail_dot (local.get $x0) (local.get $w1) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate))
+    (local.set $out (i32.add (local.get $out) (local.get $outRowBytes)))
+    (call $store (local.get $out)
+      (f32.add (call $sum_lanes (local.get $s10)) (call $tail_dot (local.get $x1) (local.get $w0) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate))
+    (call $store (i32.add (local.get $out) (i32.const 4))
+      (f32.add (call $sum_lanes (local.get $s11)) (call $tail_dot (local.get $x1) (local.get $w1) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate))
+    (local.set $out (i32.add (local.get $out) (local.get $outRowBytes)))
+    (call $store (local.get $out)
+      (f32.add (call $sum_lanes (local.get $s20)) (call $tail_dot (local.get $x2) (local.get $w0) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate))
+    (call $store (i32.add (local.get $out) (i32.const 4))
+      (f32.add (call $sum_lanes (local.get $s21)) (call $tail_dot (local.get $x2) (local.get $w1) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate))
+    (local.set $out (i32.add (local.get $out) (local.get $outRowBytes)))
+    (call $store (local.get $out)
+      (f32.add (call $sum_lanes (local.get $s30)) (call $tail_dot (local.get $x3) (local.get $w0) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate))
+    (call $store (i32.add (local.get $out) (i32.const 4))
+      (f32.add (call $sum_lanes (local.get $s31)) (call $tail_dot (local.get $x3) (local.get $w1) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate)))
+
+  ;; One row x0 times four consecutive weight rows: the 4 outputs at $out.
+  (func $tile_1x4 (param $x0 i32) (param $w0 i32) (param $out i32) (param $rowBytes i32) (param $vectorBytes i32)
+                  (param $alpha f32) (param $accumulate i32)
+    (local $w1 i32) (local $w2 i32) (local $w3 i32) (local $j i32) (local $tail i32) (local $v v128)
+    (local $s0 v128) (local $s1 v128) (local $s2 v128) (local $s3 v128)
+    (local.set $w1 (i32.add (local.get $w0) (local.get $rowBytes)))
+    (local.set $w2 (i32.add (local.get $w1) (local.get $rowBytes)))
+    (local.set $w3 (i32.add (local.get $w2) (local.get $rowBytes)))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $j) (local.get $vectorBytes)))
+        (local.set $v (v128.load (i32.add (local.get $x0) (local.get $j))))
+        (local.set $s0 (f32x4.add (local.get $s0) (f32x4.mul (local.get $v) (v128.load (i32.add (local.get $w0) (local.get $j))))))
+        (local.set $s1 (f32x4.add (local.get $s1) (f32x4.mul (local.get $v) (v128.load (i32.add (local.get $w1) (local.get $j))))))
+        (local.set $s2 (f32x4.add (local.get $s2) (f32x4.mul (local.get $v) (v128.load (i32.add (local.get $w2) (local.get $j))))))
+        (local.set $s3 (f32x4.add (local.get $s3) (f32x4.mul (local.get $v) (v128.load (i32.add (local.get $w3) (local.get $j))))))
+        (local.set $j (i32.add (local.get $j) (i32.const 16)))
+        (br $next)))
+    (local.set $tail (i32.shr_u (i32.sub (local.get $rowBytes) (local.get $vectorBytes)) (i32.const 2)))
+    (local.set $x0 (i32.add (local.get $x0) (local.get $j)))
+    (call $store (local.get $out)
+      (f32.add (call $sum_lanes (local.get $s0)) (call $tail_dot (local.get $x0) (i32.add (local.get $w0) (local.get $j)) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate))
+    (call $store (i32.add (local.get $out) (i32.const 4))
+      (f32.add (call $sum_lanes (local.get $s1)) (call $tail_dot (local.get $x0) (i32.add (local.get $w1) (local.get $j)) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate))
+    (call $store (i32.add (local.get $out) (i32.const 8))
+      (f32.add (call $sum_lanes (local.get $s2)) (call $tail_dot (local.get $x0) (i32.add (local.get $w2) (local.get $j)) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate))
+    (call $store (i32.add (local.get $out) (i32.const 12))
+      (f32.add (call $sum_lanes (local.get $s3)) (call $tail_dot (local.get $x0) (i32.add (local.get $w3) (local.get $j)) (local.get $tail)))
+      (local.get $alpha) (local.get $accumulate)))
+
+  ;; One row times one weight row: the output at $out.
+  (func $tile_1x1 (param $x0 i32) (param $w0 i32) (param $out i32) (param $rowBytes i32) (param $vectorBytes i32)
+                  (param $alpha f32) (param $accumulate i32)
+    (local $j i32) (local $s v128)
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $j) (local.get $vectorBytes)))
+        (local.set $s (f32x4.add (local.get $s)
+          (f32x4.mul (v128.load (i32.add (local.get $x0) (local.get $j))) (v128.load (i32.add (local.get $w0) (local.get $j))))))
+        (local.set $j (i32.add (local.get $j) (i32.const 16)))
+        (br $next)))
+    (call $store (local.get $out)
+      (f32.add (call $sum_lanes (local.get $s))
+        (call $tail_dot (i32.add (local.get $x0) (local.get $j)) (i32.add (local.get $w0) (local.get $j))
+          (i32.shr_u (i32.sub (local.get $rowBytes) (local.get $vectorBytes)) (i32.const 2))))
+      (local.get $alpha) (local.get $accumulate)))
+
+  ;; The entry point: x at byte offset $x ([n, k] row-major), w at $w ([m, k]), out at $out ([n, m]).
+  (func (export "matmulNT") (param $x i32) (param $w i32) (param $out i32) (param $n i32) (param $k i32) (param $m i32)
+                            (param $alpha f32) (param $accumulate i32)
+    (local $rowBytes i32) (local $vectorBytes i32) (local $outRowBytes i32)
+    (local $tiledRows i32) (local $blockStart i32) (local $blockEnd i32) (local $i i32) (local $c i32)
+    (local.set $rowBytes (i32.shl (local.get $k) (i32.const 2)))
+    (local.set $vectorBytes (i32.and (local.get $rowBytes) (i32.const -16)))
+    (local.set $outRowBytes (i32.shl (local.get $m) (i32.const 2)))
+    (local.set $tiledRows (i32.and (local.get $n) (i32.const -4)))
+    ;; Rows [0, tiledRows) in 4 × 2 tiles, 32 rows at a time; an odd last column row by row.
+    (block $blocksDone
+      (loop $nextBlock
+        (br_if $blocksDone (i32.ge_u (local.get $blockStart) (local.get $tiledRows)))
+        (local.set $blockEnd (select (local.get $tiledRows) (i32.add (local.get $blockStart) (i32.const 32))
+          (i32.lt_u (local.get $tiledRows) (i32.add (local.get $blockStart) (i32.const 32)))))
+        (local.set $c (i32.const 0))
+        (block $columnsDone
+          (loop $nextColumns
+            (br_if $columnsDone (i32.ge_u (i32.add (local.get $c) (i32.const 1)) (local.get $m)))
+            (local.set $i (local.get $blockStart))
+            (block $rowsDone
+              (loop $nextRows
+                (br_if $rowsDone (i32.ge_u (local.get $i) (local.get $blockEnd)))
+                (call $tile_4x2
+                  (i32.add (local.get $x) (i32.mul (local.get $i) (local.get $rowBytes)))
+                  (i32.add (local.get $w) (i32.mul (local.get $c) (local.get $rowBytes)))
+                  (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $c)) (i32.const 2)))
+                  (local.get $rowBytes) (local.get $vectorBytes) (local.get $outRowBytes) (local.get $alpha) (local.get $accumulate))
+                (local.set $i (i32.add (local.get $i) (i32.const 4)))
+                (br $nextRows)))
+            (local.set $c (i32.add (local.get $c) (i32.const 2)))
+            (br $nextColumns)))
+        (if (i32.lt_u (local.get $c) (local.get $m))
+          (then
+            (local.set $i (local.get $blockStart))
+            (block $rowsDone
+              (loop $nextRow
+                (br_if $rowsDone (i32.ge_u (local.get $i) (local.get $blockEnd)))
+                (call $tile_1x1
+                  (i32.add (local.get $x) (i32.mul (local.get $i) (local.get $rowBytes)))
+                  (i32.add (local.get $w) (i32.mul (local.get $c) (local.get $rowBytes)))
+                  (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $c)) (i32.const 2)))
+                  (local.get $rowBytes) (local.get $vectorBytes) (local.get $alpha) (local.get $accumulate))
+                (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                (br $nextRow)))))
+        (local.set $blockStart (local.get $blockEnd))
+        (br $nextBlock)))
+    ;; Rows [tiledRows, n) one at a time: 1 × 4 tiles, then the last m % 4 columns one by one.
+    (local.set $i (local.get $tiledRows))
+    (block $rowsDone
+      (loop $nextRow
+        (br_if $rowsDone (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $c (i32.const 0))
+        (block $columnsDone
+          (loop $nextColumns
+            (br_if $columnsDone (i32.ge_u (i32.add (local.get $c) (i32.const 3)) (local.get $m)))
+            (call $tile_1x4
+              (i32.add (local.get $x) (i32.mul (local.get $i) (local.get $rowBytes)))
+              (i32.add (local.get $w) (i32.mul (local.get $c) (local.get $rowBytes)))
+              (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $c)) (i32.const 2)))
+              (local.get $rowBytes) (local.get $vectorBytes) (local.get $alpha) (local.get $accumulate))
+            (local.set $c (i32.add (local.get $c) (i32.const 4)))
+            (br $nextColumns)))
+        (block $lastDone
+          (loop $nextLast
+            (br_if $lastDone (i32.ge_u (local.get $c) (local.get $m)))
+            (call $tile_1x1
+              (i32.add (local.get $x) (i32.mul (local.get $i) (local.get $rowBytes)))
+              (i32.add (local.get $w) (i32.mul (local.get $c) (local.get $rowBytes)))
+              (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $c)) (i32.const 2)))
+              (local.get $rowBytes) (local.get $vectorBytes) (local.get $alpha) (local.get $accumulate))
+            (local.set $c (i32.add (local.get $c) (i32.const 1)))
+            (br $nextLast)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $nextRow))))
+)

@@ -1,0 +1,112 @@
+// The WebAssembly SIMD matmul against a float64 triple loop written here, on shapes that reach every tile and
+// remainder (n = 1..3 rows for the 1 × 4 tile, k not a multiple of 4, m not a multiple of the tiles, more than one
+// 32-row block), with alpha ≠ 1 and accumulation; and the committed bytes against what the build script assembles.
+import { readFileSync } from "node:fs";
+import { describe, expect, it } from "vitest";
+import { ArtError } from "../../lib/core/errors.ts";
+import { seededRandom } from "../../lib/core/random.ts";
+import { CpuBackend, type CpuTensor } from "../../lib/model/cpu/backend.ts";
+import { matmulNT } from "../../lib/model/cpu/kernels.ts";
+import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
+import { generatedModuleSource, generatedPath } from "../../scripts/build-wasm.ts";
+import { maxAbsDiff } from "./helpers.ts";
+
+const F32_EPSILON = 2 ** -24;
+
+describe("WASM SIMD matmul", () => {
+  it("the committed module is what scripts/build-wasm.ts assembles from matmul.wat", async () => {
+    expect(readFileSync(generatedPath, "utf8")).toBe(await generatedModuleSource());
+  });
+
+  it("matches a float64 x·Wᵀ within f32 rounding on every tile and remainder", () => {
+    const kernel = WasmMatmul.create();
+    if (!kernel) throw new Error("this runtime has no WebAssembly SIMD");
+    const rng = seededRandom(11);
+    const shapes = [[1, 1, 1], [1, 7, 5], [2, 13, 9], [3, 384, 10], [4, 16, 2], [5, 3, 3], [37, 9, 11], [70, 33, 7], [8, 1, 4]];
+    for (let trial = 0; trial < 12; trial++) {
+      shapes.push([1 + Math.floor(rng() * 80), 1 + Math.floor(rng() * 70), 1 + Math.floor(rng() * 40)]);
+    }
+    for (const [n, k, m] of shapes) {
+      for (const [alpha, accumulate] of [[1, false], [-0.375, true], [2.5, false]] as const) {
+        const x = Float32Array.from({ length: n * k }, () => rng() * 2 - 1);
+        const w = Float32Array.from({ length: m * k }, () => rng() * 2 - 1);
+        const before = Float32Array.from({ length: n * m }, () => rng() * 4 - 2);
+        // Operands at unaligned-to-16 offsets, as a tensor allocator may place them.
+        const xAt = 4, wAt = xAt + x.byteLength + 4, outAt = wAt + w.byteLength + 12;
+        expect(kernel.ensureBytes(outAt + before.byteLength)).toBe(true);
+        const heap = kernel.heap;
+        heap.set(x, xAt / 4);
+        heap.set(w, wAt / 4);
+        heap.set(before, outAt / 4);
+        kernel.matmulNT(xAt, wAt, outAt, n, k, m, alpha, accumulate);
+        const out = heap.subarray(outAt / 4, outAt / 4 + n * m);
+        for (let i = 0; i < n; i++) {
+          for (let o = 0; o < m; o++) {
+            let exact = 0, magnitude = 0;
+            for (let j = 0; j < k; j++) {
+              exact += x[i * k + j] * w[o * k + j];
+              magnitude += Math.abs(x[i * k + j] * w[o * k + j]);
+            }
+            const previous = accumulate ? before[i * m + o] : 0;
+            // Any summation order of k f32 products is within k·ε of Σ|x·w| (plus the scale and the add).
+            const bound = (k + 3) * F32_EPSILON * (Math.abs(alpha) * magnitude + Math.abs(previous)) + 1e-30;
+            const error = Math.abs(out[i * m + o] - (previous + alpha * exact));
+            if (error > bound) throw new Error(`n=${n} k=${k} m=${m} alpha=${alpha} accumulate=${accumulate}: out[${i}, ${o}] is off by ${error} > ${bound}`);
+          }
+        }
+      }
+    }
+  });
+
+  it("allocates first fit, merges released neighbours and gives free space at the top back", () => {
+    const kernel = WasmMatmul.create()!;
+    const a = kernel.allocate(100)!, b = kernel.allocate(64)!, c = kernel.allocate(16)!;
+    expect([a, b, c]).toEqual([0, 112, 176]);
+    expect(kernel.top).toBe(192);
+    kernel.release(a);
+    kernel.release(b);
+    expect(kernel.allocate(150)).toBe(0); // a and b merged into one 176-byte block
+    expect(kernel.allocate(16)).toBe(160); // its remainder
+    kernel.release(c);
+    expect(kernel.top).toBe(176);
+    expect(kernel.allocate(200_000)).toBe(176); // past the first 64 KiB page: the memory grows
+    expect(kernel.byteLength).toBeGreaterThanOrEqual(176 + 200_000);
+    expect(kernel.allocate(2 ** 32)).toBeNull();
+    expect(() => kernel.release(8)).toThrow(/no WASM block/);
+  });
+
+  it("CpuBackend.linear keeps weights in the WASM memory, their data readable across growth, and frees them", () => {
+    const backend = new CpuBackend();
+    const rng = seededRandom(5);
+    const values = (length: number) => Float32Array.from({ length }, () => rng() - 0.5);
+    const [n, k, m] = [3, 21, 10];
+    const wValues = values(m * k), xValues = values(n * k);
+    const w = backend.upload(wValues.slice(), [m, k]) as CpuTensor, x = backend.upload(xValues, [n, k]);
+    const out = backend.zeros([n, m]) as CpuTensor;
+    const expected = new Float32Array(n * m);
+    matmulNT(xValues, wValues, n, k, m, expected);
+    backend.linear(x, w, null, out);
+    expect(w.resident).not.toBeNull();
+    expect(maxAbsDiff(backend.download(out), expected)).toBeLessThan(1e-6);
+    // A weight of 1 MB grows the memory past its first page, detaching the view w.data held.
+    const big = backend.upload(values(512 * 512), [512, 512]);
+    backend.linear(backend.zeros([1, 512]), big, null, backend.zeros([1, 512]));
+    expect(w.data).toEqual(wValues);
+    out.data.fill(0);
+    backend.linear(x, w, null, out);
+    expect(maxAbsDiff(backend.download(out), expected)).toBeLessThan(1e-6);
+    const residentAt = w.resident!.offset;
+    backend.free(w);
+    expect(w.resident).toBeNull();
+    const again = backend.upload(wValues.slice(), [m, k]) as CpuTensor;
+    backend.linear(x, again, null, out);
+    expect(again.resident!.offset).toBe(residentAt); // the freed block is reused
+  });
+
+  it("names misplaced operands and refuses memory past 4 GiB", () => {
+    const kernel = WasmMatmul.create()!;
+    expect(() => kernel.matmulNT(2, 0, 64, 1, 4, 1)).toThrow(ArtError);
+    expect(() => kernel.matmulNT(0, 0, kernel.byteLength, 1, 4, 1)).toThrow(/reach past/);
+    expect(kernel.ensureBytes(2 ** 32 + 4)).toBe(false);
+  });
+});
