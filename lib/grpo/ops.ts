@@ -9,7 +9,7 @@
  * Parameters may be null in a backward call when they are frozen: their gradient is then skipped, which is
  * what makes LoRA training cheap (no dW for the frozen base).
  */
-import { matmulNT, transposeRows } from "../model/cpu/kernels.ts";
+import { ATTENTION_BLOCK, attendBlock, matmulNT, transposeRows } from "../model/cpu/kernels.ts";
 import type { AdamWScalars } from "./training-ops.ts";
 
 /**
@@ -246,16 +246,14 @@ export function ropeApply(x: Float32Array, tables: RopeTables, rows: number, hea
   }
 }
 
-/** Query rows per block of the attention products: a block's keys end at those its last row sees. */
-const QUERY_BLOCK = 32;
-
 /**
  * Causal grouped-query attention of `queryLen` queries over `keyLen` keys, the queries being the LAST queryLen
  * positions of the key sequence: query t sees keys 0..(keyLen − queryLen + t). keyLen = queryLen is ordinary causal
  * attention; keyLen > queryLen lets completions attend to a shared prompt stored once (packing).
  * q [queryLen, heads, d], k/v [keyLen, kvHeads, d]; out [queryLen, heads, d]; probs [heads, queryLen, keyLen] keeps
  * the softmax for the backward (zero past each row's last key, up to its block's last key; beyond that unwritten).
- * Per head and block of query rows: scores = q·kᵀ/√d and out = p·v are tiled matmuls (v transposed once per KV head).
+ * Per head and block of query rows through the engine's attendBlock (tiled matmuls; v transposed once per KV head),
+ * the same code as the engine's attention.
  */
 export function attentionForward(
   out: Float32Array, probs: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
@@ -266,35 +264,18 @@ export function attentionForward(
   const kvStride = kvHeads * headDim;
   const offset = keyLen - queryLen;
   const valuesT = new Float32Array(headDim * keyLen);
+  const positions = Int32Array.from({ length: queryLen }, (_, t) => offset + t);
   for (let kvh = 0; kvh < kvHeads; kvh++) {
     transposeRows(v.subarray(kvh * headDim), keyLen, headDim, kvStride, valuesT);
     for (let h = kvh * group; h < (kvh + 1) * group; h++) {
       const p = probs.subarray(h * queryLen * keyLen, (h + 1) * queryLen * keyLen);
-      for (let t0 = 0; t0 < queryLen; t0 += QUERY_BLOCK) {
-        const rows = Math.min(QUERY_BLOCK, queryLen - t0), keys = offset + t0 + rows;
-        matmulNT(q.subarray(t0 * qStride + h * headDim), k.subarray(kvh * headDim), rows, headDim, keys, p.subarray(t0 * keyLen),
-          { alpha: 1 / Math.sqrt(headDim), xStride: qStride, wStride: kvStride, outStride: keyLen });
-        for (let t = t0; t < t0 + rows; t++) causalSoftmax(p, t * keyLen, offset + t, keys);
-        matmulNT(p.subarray(t0 * keyLen), valuesT, rows, keys, headDim, out.subarray(t0 * qStride + h * headDim),
-          { xStride: keyLen, wStride: keyLen, outStride: qStride });
+      for (let t0 = 0; t0 < queryLen; t0 += ATTENTION_BLOCK) {
+        attendBlock(q.subarray(t0 * qStride + h * headDim), k.subarray(kvh * headDim), v.subarray(kvh * headDim), valuesT,
+          out.subarray(t0 * qStride + h * headDim), positions.subarray(t0, Math.min(queryLen, t0 + ATTENTION_BLOCK)), headDim, qStride,
+          kvStride, keyLen, p.subarray(t0 * keyLen), new Float64Array(0));
       }
     }
   }
-}
-
-/** Softmax of row[0..last] in place; row[last+1 .. end) = 0 (keys this query must not see). */
-function causalSoftmax(row: Float32Array, at: number, last: number, end: number): void {
-  let max = -Infinity;
-  for (let s = 0; s <= last; s++) max = Math.max(max, row[at + s]);
-  let sum = 0;
-  for (let s = 0; s <= last; s++) {
-    const e = Math.exp(row[at + s] - max);
-    row[at + s] = e;
-    sum += e;
-  }
-  const inverse = 1 / sum;
-  for (let s = 0; s <= last; s++) row[at + s] *= inverse;
-  row.fill(0, at + last + 1, at + end);
 }
 
 /**
@@ -320,8 +301,8 @@ export function attentionBackward(
     transposeRows(k.subarray(kvh * headDim), keyLen, headDim, kvStride, keysT);
     for (let h = kvh * group; h < (kvh + 1) * group; h++) {
       const p = probs.subarray(h * queryLen * keyLen, (h + 1) * queryLen * keyLen);
-      for (let t0 = 0; t0 < queryLen; t0 += QUERY_BLOCK) {
-        const rows = Math.min(QUERY_BLOCK, queryLen - t0), keys = offset + t0 + rows;
+      for (let t0 = 0; t0 < queryLen; t0 += ATTENTION_BLOCK) {
+        const rows = Math.min(ATTENTION_BLOCK, queryLen - t0), keys = offset + t0 + rows;
         matmulNT(dout.subarray(t0 * qStride + h * headDim), v.subarray(kvh * headDim), rows, headDim, keys, dScores.subarray(t0 * keyLen),
           { xStride: qStride, wStride: kvStride, outStride: keyLen });
         for (let t = t0; t < t0 + rows; t++) {
@@ -361,8 +342,8 @@ function keyBlockProducts(
   scoresT: Float32Array, rowsT: Float32Array, out: Float32Array, queryLen: number, keyLen: number, headDim: number, outStride: number,
 ): void {
   const offset = keyLen - queryLen;
-  for (let s0 = 0; s0 < keyLen; s0 += QUERY_BLOCK) {
-    const keys = Math.min(QUERY_BLOCK, keyLen - s0), first = Math.max(0, s0 - offset);
+  for (let s0 = 0; s0 < keyLen; s0 += ATTENTION_BLOCK) {
+    const keys = Math.min(ATTENTION_BLOCK, keyLen - s0), first = Math.max(0, s0 - offset);
     matmulNT(scoresT.subarray(s0 * queryLen + first), rowsT.subarray(first), keys, queryLen - first, headDim,
       out.subarray(s0 * outStride), { accumulate: true, xStride: queryLen, wStride: queryLen, outStride });
   }

@@ -9,7 +9,7 @@ import {
   type SampleResult, type SamplingParams, type Tensor, checkKvSlotCopy, shapeSize,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
-import { logSoftmaxRow, matmulNT, ropeRows, rmsNormRows, transposeRows } from "./kernels.ts";
+import { ATTENTION_BLOCK, attendBlock, logSoftmaxRow, matmulNT, ropeRows, rmsNormRows, transposeRows } from "./kernels.ts";
 import { sampleRows } from "./sample.ts";
 import { WasmMatmul } from "./wasm-matmul.ts";
 
@@ -248,9 +248,9 @@ export class CpuBackend implements Backend {
         if (transposeValues) transposeRows(headValues, runKeys, headDim, kvWidth, this.#valuesT);
         for (let h = kvHead * groupSize; h < (kvHead + 1) * groupSize; h++) {
           for (let b0 = start; b0 < end; b0 += ATTENTION_BLOCK) {
-            attendBlock(qs.subarray(b0 * qStride + h * headDim), headKeys, headValues, this.#valuesT, o.subarray(b0 * qStride + h * headDim),
-              rows.positions.subarray(b0, Math.min(end, b0 + ATTENTION_BLOCK)), headDim, qStride, kvWidth, runKeys, transposeValues,
-              this.#scores, this.#rowSums);
+            attendBlock(qs.subarray(b0 * qStride + h * headDim), headKeys, headValues, transposeValues ? this.#valuesT : null,
+              o.subarray(b0 * qStride + h * headDim), rows.positions.subarray(b0, Math.min(end, b0 + ATTENTION_BLOCK)), headDim, qStride,
+              kvWidth, runKeys, this.#scores, this.#rowSums);
           }
         }
       }
@@ -306,55 +306,5 @@ export class CpuBackend implements Backend {
   sample(logits: Tensor, params: SamplingParams): SampleResult {
     const l = cpu(logits);
     return sampleRows(l.data, l.cols, params);
-  }
-}
-
-/** Query rows per attention block: one block's scores against every key of its slot fit in cache. */
-const ATTENTION_BLOCK = 32;
-
-/**
- * One query head over a block of rows of one slot, row r at cache position positions[r] (it sees keys 0..that):
- * scores = q·kᵀ/√d for every key up to the block's last (one tiled matmul), a softmax per row over its own keys
- * (zero past them), then out = p·v, one matmul against the transposed values. q and out rows lie `qStride` apart,
- * keys and values `kvStride` apart (a KV head's slice of the cache); valuesT holds `runKeys` columns per dimension.
- * A row's numbers do not depend on its block: each product is one float64 sum over keys in order (the zeros past a
- * row's keys add nothing), so a prompt prefilled whole, in chunks, or after a reused prefix gives the same tokens.
- * A single decoding row (no transposed values) sums p·v the same way into `rowSums`.
- */
-function attendBlock(
-  q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array, out: Float32Array, positions: Int32Array,
-  headDim: number, qStride: number, kvStride: number, runKeys: number, transposeValues: boolean, scores: Float32Array,
-  rowSums: Float64Array,
-): void {
-  const blockRows = positions.length;
-  let blockKeys = 0;
-  for (let r = 0; r < blockRows; r++) blockKeys = Math.max(blockKeys, positions[r] + 1);
-  matmulNT(q, keys, blockRows, headDim, blockKeys, scores, { alpha: 1 / Math.sqrt(headDim), xStride: qStride, wStride: kvStride });
-  for (let r = 0; r < blockRows; r++) {
-    const row = r * blockKeys, length = positions[r] + 1;
-    let max = -Infinity;
-    for (let t = 0; t < length; t++) max = Math.max(max, scores[row + t]);
-    let sum = 0;
-    for (let t = 0; t < length; t++) {
-      const e = Math.exp(scores[row + t] - max);
-      scores[row + t] = e;
-      sum += e;
-    }
-    const inverse = 1 / sum;
-    for (let t = 0; t < length; t++) scores[row + t] *= inverse;
-    scores.fill(0, row + length, row + blockKeys);
-  }
-  if (transposeValues) {
-    matmulNT(scores, valuesT, blockRows, blockKeys, headDim, out, { xStride: blockKeys, wStride: runKeys, outStride: qStride });
-    return;
-  }
-  for (let r = 0; r < blockRows; r++) {
-    const row = r * blockKeys, at = r * qStride;
-    rowSums.fill(0, 0, headDim);
-    for (let t = 0; t <= positions[r]; t++) {
-      const p = scores[row + t], v = t * kvStride;
-      for (let j = 0; j < headDim; j++) rowSums[j] += p * values[v + j];
-    }
-    for (let j = 0; j < headDim; j++) out[at + j] = rowSums[j];
   }
 }

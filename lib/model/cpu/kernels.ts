@@ -100,6 +100,62 @@ export function transposeRows(rows: Float32Array, count: number, width: number, 
   }
 }
 
+/**
+ * Softmax of row[at .. at+last] in place, row[at+last+1 .. at+end) = 0: one attention row over the keys its query
+ * sees, zero for the keys a block's later rows see (so a product over the whole block adds nothing for them).
+ */
+export function causalSoftmax(row: Float32Array, at: number, last: number, end: number): void {
+  let max = -Infinity;
+  for (let s = 0; s <= last; s++) max = Math.max(max, row[at + s]);
+  let sum = 0;
+  for (let s = 0; s <= last; s++) {
+    const e = Math.exp(row[at + s] - max);
+    row[at + s] = e;
+    sum += e;
+  }
+  const inverse = 1 / sum;
+  for (let s = 0; s <= last; s++) row[at + s] *= inverse;
+  row.fill(0, at + last + 1, at + end);
+}
+
+/** Query rows per attention block: a block's scores against every key its rows see stay in cache. */
+export const ATTENTION_BLOCK = 32;
+
+/**
+ * One query head over a block of query rows, row r seeing keys 0..positions[r]: scores = q·kᵀ/√d for every key up to
+ * the block's last (one tiled matmul), a softmax per row over its own keys (zero past them), then out = p·v, one
+ * matmul against `valuesT` (the values transposed: `runKeys` columns per dimension). q and out rows lie `qStride`
+ * apart, keys and values `kvStride` apart (one KV head's slice of wider rows); score rows lie `runKeys` apart.
+ * A row's numbers do not depend on its block: each product is one float64 sum over keys in order (the zeros past a
+ * row's keys add nothing), so a prompt prefilled whole, in chunks, or after a reused prefix gives the same tokens.
+ * Without `valuesT` (a single decoding row, where transposing would cost as much as the product) p·v is summed the
+ * same way into `rowSums`. The engine and the trainer's forward both attend through this.
+ */
+export function attendBlock(
+  q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array | null, out: Float32Array, positions: Int32Array,
+  headDim: number, qStride: number, kvStride: number, runKeys: number, scores: Float32Array, rowSums: Float64Array,
+): void {
+  const blockRows = positions.length;
+  let blockKeys = 0;
+  for (let r = 0; r < blockRows; r++) blockKeys = Math.max(blockKeys, positions[r] + 1);
+  matmulNT(q, keys, blockRows, headDim, blockKeys, scores,
+    { alpha: 1 / Math.sqrt(headDim), xStride: qStride, wStride: kvStride, outStride: runKeys });
+  for (let r = 0; r < blockRows; r++) causalSoftmax(scores, r * runKeys, positions[r], blockKeys);
+  if (valuesT) {
+    matmulNT(scores, valuesT, blockRows, blockKeys, headDim, out, { xStride: runKeys, wStride: runKeys, outStride: qStride });
+    return;
+  }
+  for (let r = 0; r < blockRows; r++) {
+    const row = r * runKeys, at = r * qStride;
+    rowSums.fill(0, 0, headDim);
+    for (let t = 0; t <= positions[r]; t++) {
+      const p = scores[row + t], v = t * kvStride;
+      for (let j = 0; j < headDim; j++) rowSums[j] += p * values[v + j];
+    }
+    for (let j = 0; j < headDim; j++) out[at + j] = rowSums[j];
+  }
+}
+
 /** RMSNorm of each consecutive group of `weight.length` values: out = x / sqrt(mean(x²) + eps) · weight. */
 export function rmsNormRows(x: Float32Array, weight: Float32Array, eps: number, out: Float32Array): void {
   const d = weight.length;
