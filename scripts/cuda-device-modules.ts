@@ -24,6 +24,8 @@ function visit(name: string, from: string): void {
   for (const dependency of Object.keys({ ...entry.dependencies, ...entry.optionalDependencies })) visit(dependency, key);
 }
 
-// koffi (FFI), vitest (the GPU suites), and what lib/model loads at run time (tokenizers, chat templates).
-for (const root of ["koffi", "vitest", "@huggingface/tokenizers", "@huggingface/jinja"]) visit(root, "");
+// The library's runtime dependencies (koffi, tokenizers, chat templates, the openai client the trainable model serves)
+// and vitest for the GPU suites.
+const manifest = JSON.parse(readFileSync("package.json", "utf8")) as { dependencies: Record<string, string> };
+for (const root of [...Object.keys(manifest.dependencies), "vitest"]) visit(root, "");
 console.log([...needed].sort().join("\n"));

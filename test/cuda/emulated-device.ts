@@ -5,7 +5,7 @@
 // row-major to column-major GEMM mapping are checked here; speed, real cuBLAS and the driver are checked on a GPU.
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -36,20 +36,23 @@ export function buildEmulator(compiler: string): string {
   const dir = join(tmpdir(), `art-cuda-emulator-${hash.digest("hex").slice(0, 16)}`);
   const library = join(dir, "libemulator.so");
   if (existsSync(library)) return library;
+  // Build in a directory of this process's own, then rename into place: vitest workers build at the same time.
   mkdirSync(dir, { recursive: true });
+  const build = mkdtempSync(join(dir, "build-"));
   // The two places CUDA C++ differs from host C++ in these sources: the bf16 header and dynamic shared memory.
   for (const file of files) {
     const text = readFileSync(join(sources, file), "utf8")
       .replace("#include <cuda_bf16.h>", '#include "emulator.h"')
       .replaceAll("extern __shared__ float shared[];", "float* shared = emu_dynamic_shared();");
-    writeFileSync(join(dir, file), text);
+    writeFileSync(join(build, file), text);
   }
-  writeFileSync(join(dir, "kernels.inc"), Object.keys(kernelModules).map((m) => `#include "${m}.cu"\n`).join(""));
+  writeFileSync(join(build, "kernels.inc"), Object.keys(kernelModules).map((m) => `#include "${m}.cu"\n`).join(""));
   const names = Object.values(kernelModules).flatMap((module) => Object.keys(module));
-  writeFileSync(join(dir, "registry.inc"), names.map((n) => `{"${n}", [](void** p) { invoke(${n}, p); }},\n`).join(""));
-  execFileSync(compiler, ["-std=c++20", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", "-w", "-I", dir, "-I", emulatorDir,
-    join(emulatorDir, "runtime.cpp"), "-o", `${library}.tmp`], { stdio: ["ignore", "ignore", "pipe"] });
-  renameSync(`${library}.tmp`, library);
+  writeFileSync(join(build, "registry.inc"), names.map((n) => `{"${n}", [](void** p) { invoke(${n}, p); }},\n`).join(""));
+  execFileSync(compiler, ["-std=c++20", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", "-w", "-I", build, "-I", emulatorDir,
+    join(emulatorDir, "runtime.cpp"), "-o", join(build, "libemulator.so")], { stdio: ["ignore", "ignore", "pipe"] });
+  renameSync(join(build, "libemulator.so"), library);
+  rmSync(build, { recursive: true, force: true });
   return library;
 }
 
