@@ -11,11 +11,9 @@
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { createCudaBackend } from "../lib/cuda/mod.ts";
-import type { CudaBackend } from "../lib/cuda/backend.ts";
-import type { Tensor } from "../lib/model/backend.ts";
-import { parseConfig, type ModelConfig } from "../lib/model/config.ts";
 import { step, type StepSequence } from "../lib/model/generate.ts";
-import { Transformer, type ModelWeights } from "../lib/model/transformer.ts";
+import { Transformer } from "../lib/model/transformer.ts";
+import { measureBandwidth, randomWeights, shapeConfig } from "./cuda-random-model.ts";
 
 const { values } = parseArgs({ options: {
   peer: { type: "string" }, shapes: { type: "string", default: "qwen2.5-0.5b,qwen2.5-1.5b" },
@@ -24,49 +22,10 @@ const { values } = parseArgs({ options: {
 } });
 const promptLength = Number(values.prompt), steps = Number(values.steps), prefillLength = Number(values.prefill);
 const batches = values.batches!.split(",").map(Number);
-const shapes = JSON.parse(readFileSync(new URL("./cuda-shapes.json", import.meta.url), "utf8")) as Record<string, unknown>;
 const peer = values.peer ? JSON.parse(readFileSync(values.peer, "utf8")) as PeerResults : null;
 
 interface PeerResults {
-  results: Record<string, { decode: Record<string, number>; prefill: Record<string, number> }>;
-}
-
-/** Random weights at the model's shapes, bf16 matrices and f32 norms, as loadWeights would upload them. */
-function randomWeights(backend: CudaBackend, c: ModelConfig): { weights: ModelWeights; bytes: number } {
-  const pool = Float32Array.from({ length: 1 << 22 }, () => (Math.random() - 0.5) * 0.04);
-  let bytes = 0;
-  const tensor = (shape: number[]): Tensor => {
-    const size = shape.reduce((a, b) => a * b, 1);
-    const data = new Float32Array(size);
-    for (let at = 0; at < size; at += pool.length) data.set(pool.subarray(0, Math.min(pool.length, size - at)), at);
-    if (shape.length === 1) data.fill(1);
-    bytes += size * (shape.length === 1 ? 4 : 2);
-    return backend.upload(data, shape, shape.length === 1 ? "f32" : "bf16");
-  };
-  const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
-  const layers = Array.from({ length: c.numLayers }, () => ({
-    inputNorm: tensor([d]), qProj: tensor([h * hd, d]), qBias: tensor([h * hd]), kProj: tensor([kv * hd, d]), kBias: tensor([kv * hd]),
-    vProj: tensor([kv * hd, d]), vBias: tensor([kv * hd]), oProj: tensor([d, h * hd]), oBias: null, qNorm: null, kNorm: null,
-    postAttentionNorm: tensor([d]), gateProj: tensor([inter, d]), upProj: tensor([inter, d]), downProj: tensor([d, inter]),
-  }));
-  const embedding = tensor([c.vocabSize, d]);
-  return { weights: { embedding, layers, finalNorm: tensor([d]), lmHead: embedding }, bytes };
-}
-
-/** Bandwidth of a device-to-device copy (bytes read + written per second). */
-function measureBandwidth(backend: CudaBackend): number {
-  const ctx = backend.context, bytes = 1 << 30;
-  const a = ctx.pool.allocate(bytes), b = ctx.pool.allocate(bytes);
-  const start = ctx.createEvent(), end = ctx.createEvent();
-  ctx.copyDeviceToDevice(b, a, bytes);
-  ctx.recordEvent(start);
-  for (let i = 0; i < 10; i++) ctx.copyDeviceToDevice(b, a, bytes);
-  ctx.recordEvent(end);
-  const seconds = ctx.elapsedMs(start, end) / 1000;
-  for (const e of [start, end]) ctx.destroyEvent(e);
-  ctx.pool.free(a);
-  ctx.pool.free(b);
-  return (2 * 10 * bytes) / seconds;
+  results: Record<string, { decode: Record<string, number>; decodeLoop?: Record<string, number>; prefill: Record<string, number> }>;
 }
 
 const greedy = { temperature: 0, topP: 1, topK: 0, uniform: 0, topLogprobs: 0 };
@@ -109,7 +68,7 @@ const backend = createCudaBackend({ log: (m) => console.error(m) });
 const bandwidth = measureBandwidth(backend);
 const results: Record<string, unknown> = {};
 for (const name of values.shapes!.split(",")) {
-  const config = parseConfig(shapes[name], `bench/cuda-shapes.json#${name}`);
+  const config = shapeConfig(name);
   const { weights, bytes: weightBytes } = randomWeights(backend, config);
   const model = new Transformer(backend, config, weights);
   const decode: Record<string, unknown> = {};
@@ -117,11 +76,13 @@ for (const name of values.shapes!.split(",")) {
     const { tokensPerSecond, kvBytesPerStep } = decodeRun(model, batch);
     const rooflineTokensPerSecond = (batch * bandwidth) / (weightBytes + kvBytesPerStep);
     const hf = peer?.results[name]?.decode[String(batch)];
+    const hfLoop = peer?.results[name]?.decodeLoop?.[String(batch)];
     decode[batch] = {
       tokensPerSecond: +tokensPerSecond.toFixed(1),
       rooflineTokensPerSecond: +rooflineTokensPerSecond.toFixed(1),
       fractionOfRoofline: +(tokensPerSecond / rooflineTokensPerSecond).toFixed(3),
       ...(hf ? { hfTokensPerSecond: hf, ratioToHf: +(tokensPerSecond / hf).toFixed(2) } : {}),
+      ...(hfLoop ? { hfForwardLoopTokensPerSecond: hfLoop, ratioToHfForwardLoop: +(tokensPerSecond / hfLoop).toFixed(2) } : {}),
     };
   }
   const prefill: Record<string, unknown> = {};

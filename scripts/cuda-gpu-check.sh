@@ -6,8 +6,10 @@
 #                  training pass vs the CPU trainer (and TrainableModel on CUDA), and (when the transformers
 #                  reference could be written) logits vs transformers; kernels from the prebuilt fatbin
 #   fallback.txt   the parity suite with kernels compiled at run time by NVRTC (ART_CUDA_KERNELS=nvrtc)
-#   hf.json        the transformers peer (bench/peers/hf_generate.py), when transformers is installed
-#   bench.json     bench/cuda-decode.ts, with the peer's numbers beside ours when hf.json is valid
+#   hf-fixtures.tar.gz  test/fixtures/hf as scripts/reference/hf_fixtures.py wrote it (transformers + PEFT)
+#   bench.tar      bench/: roofline.json (bench/peers/gpu_roofline.py), hf.json (bench/peers/hf_generate.py),
+#                  decode.json (bench/cuda-decode.ts, the peer's numbers beside ours when hf.json is valid),
+#                  hf-train.json (bench/peers/hf_train_step.py), train.json (bench/cuda-train.ts, likewise)
 #   summary.json   every step with its status ("ok", "failed (exit N)", "timed out after N s", "skipped: why",
 #                  "running", "pending"), rewritten after each step, so a call cut short still leaves valid JSON
 #   log.txt        every step's command and stderr
@@ -18,8 +20,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
-mkdir -p "$OUT"
-all_steps="env build hf_reference tests nvrtc_fallback hf_peer bench"
+mkdir -p "$OUT/bench"
+all_steps="env build hf_reference tests nvrtc_fallback hf_fixtures roofline hf_peer bench hf_train_peer train_bench"
 selected=" ${ART_GPU_CHECK_STEPS:-$all_steps} "
 deadline=$((SECONDS + ${ART_GPU_CHECK_SECONDS:-570}))
 declare -A status
@@ -85,10 +87,16 @@ reference=""
 [[ ${status[hf_reference]:-} == ok* ]] && reference="ART_HF_REFERENCE=/tmp/art-hf-reference"
 step tests 200 tests.txt bash -c "ART_TEST_GPU=1 $reference node node_modules/vitest/vitest.mjs run test/cuda test/trainable/cuda.test.ts --reporter=verbose 2>&1"
 step nvrtc_fallback 120 fallback.txt bash -c 'ART_TEST_GPU=1 ART_CUDA_KERNELS=nvrtc node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts test/cuda/training-parity.test.ts --reporter=verbose 2>&1'
-step hf_peer 150 hf.json python3 bench/peers/hf_generate.py
-if [[ ${status[hf_peer]:-} == ok* ]]; then
-  step bench 150 bench.json node bench/cuda-decode.ts --peer "$OUT/hf.json"
-else
-  step bench 150 bench.json node bench/cuda-decode.ts
-fi
+step hf_fixtures 90 log.txt bash -c "python3 scripts/reference/hf_fixtures.py /tmp/art-hf-fixtures >&2 && tar -czf '$OUT/hf-fixtures.tar.gz' -C /tmp art-hf-fixtures"
+step roofline 60 bench/roofline.json python3 bench/peers/gpu_roofline.py
+step hf_peer 240 bench/hf.json python3 bench/peers/hf_generate.py
+peer=""
+[[ ${status[hf_peer]:-} == ok* ]] && peer="--peer $OUT/bench/hf.json"
+step bench 150 bench/decode.json node bench/cuda-decode.ts $peer
+step hf_train_peer 120 bench/hf-train.json python3 bench/peers/hf_train_step.py
+peer=""
+[[ ${status[hf_train_peer]:-} == ok* ]] && peer="--peer $OUT/bench/hf-train.json"
+step train_bench 150 bench/train.json node bench/cuda-train.ts $peer
+# The device tool returns at most 8 files: the bench results travel as one archive.
+tar -cf "$OUT/bench.tar" -C "$OUT" bench && rm -rf "$OUT/bench"
 cat "$OUT/summary.json"

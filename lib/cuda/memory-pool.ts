@@ -102,6 +102,12 @@ export class MemoryPool {
     this.#stats.inUseBytes = 0;
   }
 
+  /** Returns the cached blocks to the device and starts the peak again from what is in use now (benchmarks). */
+  resetPeak(): void {
+    this.trim();
+    this.#stats.peakReservedBytes = this.#stats.inUseBytes;
+  }
+
   stats(): MemoryPoolStats {
     return { ...this.#stats };
   }

@@ -62,6 +62,18 @@ describe("device memory pool", () => {
     expect(fake.used()).toBe(0);
   });
 
+  it("restarts the peak from the blocks in use, after returning the cached ones", () => {
+    const fake = fakeDevice(1 << 20);
+    const pool = new MemoryPool(fake.device);
+    const kept = pool.allocate(1024);
+    pool.free(pool.allocate(8192));
+    expect(pool.stats().peakReservedBytes).toBe(1024 + 8192);
+    pool.resetPeak();
+    expect(fake.used()).toBe(1024);
+    expect(pool.stats()).toMatchObject({ peakReservedBytes: 1024, cachedBytes: 0, inUseBytes: 1024 });
+    pool.free(kept);
+  });
+
   it("refuses to free an address twice", () => {
     const pool = new MemoryPool(fakeDevice(1 << 20).device);
     const a = pool.allocate(10);
