@@ -22,8 +22,6 @@ export interface TrainingGemm {
        operandType: GemmType, alpha?: number, beta?: number): void;
 }
 
-/** Dynamic shared memory the training attention kernels may ask for (sm_86/89 allow 99 KiB per block). */
-const attentionSharedLimit = 99 * 1024;
 /** Blocks of the sum-of-squares reduction per tensor. */
 const sumSquaresBlocks = 64;
 
@@ -60,6 +58,8 @@ function gridFor(n: number): number {
 export class CudaTrainingOps implements TrainingOps {
   readonly name = "cuda" as const;
   readonly fullParameter = false;
+  /** 1024 rows × 16384 vocabulary entries: a 64 MB f32 block, 80 blocks for 8 × 1024 tokens of a 152k vocabulary. */
+  readonly logitChunks = { rowChunk: 1024, vocabChunk: 16384 };
   readonly backend: CudaBackend<DeviceQueue>;
   readonly #gemm: TrainingGemm;
 
@@ -221,13 +221,13 @@ export class CudaTrainingOps implements TrainingOps {
     const { heads, kvHeads, headDim } = shape;
     const o = f32("attention out", out), qs = f32("attention q", q), ks = f32("attention k", k), vs = f32("attention v", v);
     const rows = qs.size / (heads * headDim);
+    checkTrainingHeadDim(headDim);
     written(o);
     const lse = device(this.backend.zeros([rows, heads]));
-    const bytes = (keys: number) => (headDim + keys) * 4;
-    const shared = bytes(this.#maxKeys(segments, bytes));
-    this.#withIndices(rowKeys(segments, rows), (index) => this.backend.launch("attention_train_forward", [rows, heads], [128],
-      [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", index], ["ptr", o.address], ["ptr", lse.address],
-        ["i32", heads], ["i32", kvHeads], ["i32", headDim]], shared));
+    const pairs = rows * heads;
+    this.#withIndices(rowKeys(segments, rows), (index) => this.backend.launch("attention_train_forward", [Math.ceil(pairs / pairsPerBlock)],
+      [pairsPerBlock * 32], [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", index], ["ptr", o.address],
+        ["ptr", lse.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim], ["i32", pairs]]));
     return lse;
   }
 
@@ -238,11 +238,22 @@ export class CudaTrainingOps implements TrainingOps {
     const qs = f32("attention q", q), ks = f32("attention k", k), vs = f32("attention v", v), lse = f32("attention log-sum-exp", saved);
     const rows = qs.size / (heads * headDim);
     written(dqs, dks, dvs);
-    const bytes = (keys: number) => (2 * headDim + 2 * keys) * 4;
-    const shared = bytes(this.#maxKeys(segments, bytes));
-    this.#withIndices(rowKeys(segments, rows), (index) => this.backend.launch("attention_train_backward", [rows, heads], [128],
-      [["ptr", dqs.address], ["ptr", dks.address], ["ptr", dvs.address], ["ptr", g.address], ["ptr", qs.address], ["ptr", ks.address],
-        ["ptr", vs.address], ["ptr", lse.address], ["ptr", index], ["i32", heads], ["i32", kvHeads], ["i32", headDim]], shared));
+    checkTrainingHeadDim(headDim);
+    // Δ = Σ p·dP per (row, head), written by the dq pass for the dk/dv pass.
+    const delta = device(this.backend.zeros([rows, heads]));
+    const pairs = rows * heads;
+    try {
+      this.#withIndices(rowKeys(segments, rows), (index) => this.backend.launch("attention_train_backward_dq", [Math.ceil(pairs / pairsPerBlock)],
+        [pairsPerBlock * 32], [["ptr", dqs.address], ["ptr", delta.address], ["ptr", g.address], ["ptr", qs.address], ["ptr", ks.address],
+          ["ptr", vs.address], ["ptr", lse.address], ["ptr", index], ["i32", heads], ["i32", kvHeads], ["i32", headDim], ["i32", pairs]]));
+      const { offsets, ranges } = keyQueryRanges(segments, rows);
+      this.#withIndices(offsets, (offsetIndex) => this.#withIndices(ranges, (rangeIndex) =>
+        this.backend.launch("attention_train_backward_dkdv", [rows, kvHeads], [pairsPerBlock * 32], [["ptr", dks.address], ["ptr", dvs.address],
+          ["ptr", g.address], ["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", lse.address], ["ptr", delta.address],
+          ["ptr", offsetIndex], ["ptr", rangeIndex], ["i32", heads], ["i32", kvHeads], ["i32", headDim]], 2 * pairsPerBlock * headDim * 4)));
+    } finally {
+      this.free(delta);
+    }
   }
 
   swiglu(out: Tensor, gate: Tensor, up: Tensor): void {
@@ -390,15 +401,6 @@ export class CudaTrainingOps implements TrainingOps {
     }
   }
 
-  /** Longest key range of any row; refuses one whose scores would not fit in shared memory. */
-  #maxKeys(segments: readonly AttentionSegment[], sharedBytes: (keys: number) => number): number {
-    const keys = Math.max(1, ...segments.map((s) => s.length + (s.prefix?.length ?? 0)));
-    if (sharedBytes(keys) > attentionSharedLimit) {
-      throw new ArtError("cuda_unsupported", `cuda training: a sequence attends to ${keys} keys, more than the training attention kernels hold in shared memory; lower TrainConfig.maxSequenceLength (about 12000 fits)`);
-    }
-    return keys;
-  }
-
   /** Uploads a small int32 array for the launches `use` queues; freed after them (later stream work reuses it). */
   #withIndices(values: Int32Array, use: (address: bigint) => void): void {
     const pool = this.backend.context.pool;
@@ -412,6 +414,14 @@ export class CudaTrainingOps implements TrainingOps {
   }
 }
 
+/** The training attention kernels run one (row, head) pair per warp, this many warps per block. */
+const pairsPerBlock = 4;
+
+/** Their lanes hold up to 8 dimensions each (TRAIN_DIMS_PER_LANE in training.cu). */
+function checkTrainingHeadDim(headDim: number): void {
+  if (headDim > 32 * 8) throw new ArtError("cuda_unsupported", `cuda training attention: head size ${headDim} is over 256`);
+}
+
 /** Per row: its segment's first row, its prefix's first row, its prefix's length (see attention_train_forward). */
 function rowKeys(segments: readonly AttentionSegment[], rows: number): Int32Array {
   const keys = new Int32Array(rows * 3);
@@ -421,6 +431,23 @@ function rowKeys(segments: readonly AttentionSegment[], rows: number): Int32Arra
     }
   }
   return keys;
+}
+
+/**
+ * For every key row, the query rows that attend to it, as [first, end) ranges in CSR form (offsets[key] ..
+ * offsets[key + 1] index the pairs in `ranges`): the rows of its own segment from the key on (causal), and every
+ * row of each segment that reads it as part of a shared prefix.
+ */
+export function keyQueryRanges(segments: readonly AttentionSegment[], rows: number): { offsets: Int32Array; ranges: Int32Array } {
+  const perKey: number[][] = Array.from({ length: rows }, () => []);
+  for (const { start, length, prefix } of segments) {
+    const end = start + length;
+    for (let key = start; key < end; key++) perKey[key].push(key, end);
+    if (prefix) for (let key = prefix.start; key < prefix.start + prefix.length; key++) perKey[key].push(start, end);
+  }
+  const offsets = new Int32Array(rows + 1);
+  perKey.forEach((pairs, key) => (offsets[key + 1] = offsets[key] + pairs.length / 2));
+  return { offsets, ranges: Int32Array.from(perKey.flat()) };
 }
 
 /** The training ops of a CUDA backend made by createCudaBackend (its cuBLAS handle runs the general GEMMs). */

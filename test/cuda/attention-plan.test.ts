@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { attentionDimsPerLane, attentionSharedBytes, planSplits, planTiles } from "../../lib/cuda/attention-plan.ts";
+import { keyQueryRanges } from "../../lib/cuda/training-ops.ts";
 
 describe("attention launch planning", () => {
   it("tiles consecutive prefill rows of one slot, up to 16 query vectors per block", () => {
@@ -35,5 +36,21 @@ describe("attention launch planning", () => {
     expect(splitLength % 32).toBe(0);
     expect((splits - 1) * splitLength).toBeLessThan(4097);
     expect(splits * splitLength).toBeGreaterThanOrEqual(4097);
+  });
+});
+
+describe("training attention backward: the query rows of each key row", () => {
+  it("lists its own segment's rows from the key on, and every row of each segment reading it as a shared prefix", () => {
+    // rows 0-2: a prompt stored once; rows 3-4 and 5-7: two completions that read it; row 8: a sequence of its own.
+    const segments = [{ start: 0, length: 3 }, { start: 3, length: 2, prefix: { start: 0, length: 3 } },
+      { start: 5, length: 3, prefix: { start: 0, length: 2 } }, { start: 8, length: 1 }];
+    const { offsets, ranges } = keyQueryRanges(segments, 9);
+    const of = (key: number) => Array.from(ranges.subarray(2 * offsets[key], 2 * offsets[key + 1]));
+    expect(of(0)).toEqual([0, 3, 3, 5, 5, 8]);
+    expect(of(2)).toEqual([2, 3, 3, 5]); // the second completion reads only 2 prompt rows
+    expect(of(4)).toEqual([4, 5]);
+    expect(of(5)).toEqual([5, 8]);
+    expect(of(8)).toEqual([8, 9]);
+    expect(offsets[9]).toBe(ranges.length / 2);
   });
 });
