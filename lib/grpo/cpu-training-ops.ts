@@ -5,7 +5,7 @@
 import { ArtError } from "../core/errors.ts";
 import { shapeSize, type Tensor } from "../model/backend.ts";
 import { CpuTensor } from "../model/cpu/backend.ts";
-import { chunkedLogprobs, chunkedLogprobsBackward, type ChunkSizes, type TokenLogprobs } from "./logprobs.ts";
+import { chunkedLogprobs, chunkedLogprobsBackward, type ChunkSizes, DEFAULT_CHUNKS, type TokenLogprobs } from "./logprobs.ts";
 import {
   adamwUpdate, attentionBackward, attentionForward, embeddingBackward, embeddingForward, linearBackward, linearForward,
   loraBackward, loraForward, rmsnormBackward, rmsnormForward, ropeApply, ropeTables, sumOfSquares, swigluBackward,
@@ -51,6 +51,7 @@ function keyLength(segment: AttentionSegment): number {
 export class CpuTrainingOps implements TrainingOps {
   readonly name = "cpu" as const;
   readonly fullParameter = true;
+  readonly logitChunks = DEFAULT_CHUNKS;
 
   owns(tensor: Tensor): boolean {
     return tensor instanceof CpuTensor;

@@ -22,7 +22,7 @@ import type { ParameterTensors, TrainableParameter } from "./adamw.ts";
 import type { Adapter } from "./peft.ts";
 import { loraScale, PROJECTIONS, type LoraConfig, type Projection } from "./config.ts";
 import { cpuTrainingOps } from "./cpu-training-ops.ts";
-import { DEFAULT_CHUNKS, type ChunkSizes } from "./logprobs.ts";
+import type { ChunkSizes } from "./logprobs.ts";
 import type { AttentionShape, RopeTensors, TrainingOps } from "./training-ops.ts";
 import { seededRandom } from "../core/random.ts";
 
@@ -159,6 +159,7 @@ export interface TrainingModelOptions {
   seed?: number;
   /** start from this adapter (its rank, alpha and target modules replace `lora`) */
   adapter?: Adapter;
+  /** the logits block of the logprob passes (default: the ops' own, ops.logitChunks) */
   chunks?: ChunkSizes;
   /** the ops of the backend holding `weights` (default: the CPU's) */
   ops?: TrainingOps;
@@ -182,8 +183,8 @@ export class TrainingModel {
     this.config = config;
     this.lora = options.adapter?.lora ?? options.lora;
     this.recomputeActivations = options.recomputeActivations ?? false;
-    this.chunks = options.chunks ?? DEFAULT_CHUNKS;
     const ops = this.ops = options.ops ?? cpuTrainingOps;
+    this.chunks = options.chunks ?? ops.logitChunks;
     const full = this.lora === null;
     if (full && !ops.fullParameter) {
       throw new ArtError("cuda_unsupported", `full-parameter training runs on the CPU only; train a LoRA adapter on ${ops.name}, or load the model with device "cpu"`);

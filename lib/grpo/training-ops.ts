@@ -35,6 +35,11 @@ export interface TrainingOps {
   readonly name: "cpu" | "cuda";
   /** Whether every weight can be trained (weight, bias, norm and embedding gradients), not only LoRA adapters. */
   readonly fullParameter: boolean;
+  /**
+   * The logits block the logprob passes work on when the model names none: small on the CPU (it stays in cache),
+   * large on a GPU (each block is a product and a few launches, so many small blocks would be launch-bound).
+   */
+  readonly logitChunks: ChunkSizes;
   /** Whether `tensor` lives where these ops run (an engine's weights must, to be trained here). */
   owns(tensor: Tensor): boolean;
 
