@@ -79,10 +79,11 @@ describe.skipIf(skip)(title, () => {
     }
   });
 
-  it("linear: f32 and bf16 weights, bias, unmerged LoRA", () => {
-    const n = 9, inF = 896, outF = 1200, rank = 8;
-    const x = both(random(n * inF, 7), [n, inF]);
-    for (const [dtype, tolerance] of [["f32", 1e-5], ["bf16", 1.5e-2]] as const) {
+  // A prefill-sized batch and decode-sized ones (cuBLAS picks other kernels for a single row).
+  it("linear: f32 and bf16 weights, bias, unmerged LoRA, 9, 8 and 1 rows", () => {
+    const inF = 896, outF = 1200, rank = 8;
+    for (const [n, dtype, tolerance] of [[9, "f32", 1e-5], [9, "bf16", 1.5e-2], [8, "bf16", 1.5e-2], [1, "bf16", 1.5e-2]] as const) {
+      const x = both(random(n * inF, 7), [n, inF]);
       const w = both(random(outF * inF, 8, 0.05), [outF, inF], dtype), bias = both(random(outF, 9), [outF]);
       const a = both(random(rank * inF, 10, 0.05), [rank, inF], dtype), bB = both(random(outF * rank, 11, 0.05), [outF, rank], dtype);
       const out = zeros([n, outF]);
