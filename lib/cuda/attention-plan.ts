@@ -47,6 +47,16 @@ export function attentionSharedBytes(dimsPerLane: number): number {
 }
 
 /**
+ * The key count an attention launch is planned for: the longest row's keys rounded up to a power of two (at least
+ * 64), capped at the cache's positions. Blocks whose split starts past a row's keys write an empty partial that the
+ * combine skips, so planning for more keys than a row has is exact; and a decode pass keeps the same grid and
+ * arguments for a whole window of positions, which is what lets it be replayed as a recorded CUDA graph.
+ */
+export function attentionKeyWindow(keys: number, maxPositions: number): number {
+  return Math.min(maxPositions, Math.max(64, 2 ** Math.ceil(Math.log2(keys))));
+}
+
+/**
  * Key-range split: enough blocks to fill the GPU twice over (tiles × kv heads × splits ≈ 2 · SMs), each split at
  * least 64 keys and a whole number of 32-key chunks. One split when the grid is already large or keys are few.
  */

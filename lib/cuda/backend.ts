@@ -12,7 +12,7 @@ import {
   type SamplingParams, type Tensor, checkKvSlotCopy, checkSamplingParams, shapeSize,
 } from "../model/backend.ts";
 import {
-  attentionDimsPerLane, attentionQueryVectors, attentionSharedBytes, attentionWarps, planSplits, planTiles,
+  attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, planSplits, planTiles,
 } from "./attention-plan.ts";
 import type { GemmType } from "./blas.ts";
 import type { CudaContext, KernelFunction, LaunchConfig } from "./driver.ts";
@@ -317,7 +317,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
 
     const tiles = this.#tiles(rows, group);
     const tileCount = tiles.tileStart.length;
-    const { splits, splitLength } = planSplits(tileCount, numKvHeads, maxPosition + 1, this.context.device.multiprocessors);
+    const keyWindow = attentionKeyWindow(maxPosition + 1, maxPositions);
+    const { splits, splitLength } = planSplits(tileCount, numKvHeads, keyWindow, this.context.device.multiprocessors);
     const dpl = attentionDimsPerLane(headDim);
     const partialO = splits > 1 ? this.context.pool.allocate(splits * n * numHeads * headDim * 4) : 0n;
     const partialMl = splits > 1 ? this.context.pool.allocate(splits * n * numHeads * 2 * 4) : 0n;

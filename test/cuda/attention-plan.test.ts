@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { attentionDimsPerLane, attentionSharedBytes, planSplits, planTiles } from "../../lib/cuda/attention-plan.ts";
+import { attentionDimsPerLane, attentionKeyWindow, attentionSharedBytes, planSplits, planTiles } from "../../lib/cuda/attention-plan.ts";
 import { keyQueryRanges } from "../../lib/cuda/training-ops.ts";
 
 describe("attention launch planning", () => {
@@ -36,6 +36,12 @@ describe("attention launch planning", () => {
     expect(splitLength % 32).toBe(0);
     expect((splits - 1) * splitLength).toBeLessThan(4097);
     expect(splits * splitLength).toBeGreaterThanOrEqual(4097);
+  });
+
+  it("plans for a window of keys: a power of two from 64, capped at the cache", () => {
+    expect([1, 64, 65, 128, 129, 1000, 1024, 1025].map((keys) => attentionKeyWindow(keys, 32768))).toEqual([64, 64, 128, 128, 256, 1024, 1024, 2048]);
+    expect(attentionKeyWindow(1025, 1500)).toBe(1500);
+    expect(attentionKeyWindow(10, 40)).toBe(40);
   });
 });
 
