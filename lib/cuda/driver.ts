@@ -1,6 +1,7 @@
 /**
  * The CUDA driver API from TypeScript: the device's primary context, one stream, events, device memory through
- * the caching pool, async host<->device copies through a pinned staging ring, modules and kernel launches.
+ * the caching pool, async host<->device copies through a pinned staging ring, modules, kernel launches, and
+ * stream capture into CUDA graphs (recorded once, replayed with one launch).
  * libcuda.so.1 is opened by soname only (it belongs to the installed kernel driver). CUDA 13 exports the _v2
  * names used here. Every call is checked; a failure throws ArtError with the driver's error name.
  */
@@ -46,6 +47,12 @@ export const driverSignatures = {
   cuModuleGetFunction: fn(i32, b, p, b),
   cuFuncSetAttribute: fn(i32, p, i32, i32),
   cuLaunchKernel: fn(i32, p, u32, u32, u32, u32, u32, u32, u32, p, p, p),
+  cuStreamBeginCapture_v2: fn(i32, p, i32),
+  cuStreamEndCapture: fn(i32, p, b),
+  cuGraphInstantiateWithFlags: fn(i32, b, p, u64),
+  cuGraphDestroy: fn(i32, p),
+  cuGraphLaunch: fn(i32, p, p),
+  cuGraphExecDestroy: fn(i32, p),
   cuGetErrorName: fn(i32, i32, b),
   cuGetErrorString: fn(i32, i32, b),
   // CUDA 12.8 added cuEventElapsedTime_v2 (cuda.h maps cuEventElapsedTime to it); older drivers have only the first.
@@ -63,11 +70,12 @@ export const driverConstants = {
   CU_MEMHOSTALLOC_PORTABLE: 1,
   CU_EVENT_DEFAULT: 0,
   CU_STREAM_NON_BLOCKING: 1,
+  CU_STREAM_CAPTURE_MODE_RELAXED: 2,
 } as const;
 const {
   CUDA_ERROR_OUT_OF_MEMORY, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
   CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, CU_MEMHOSTALLOC_PORTABLE,
-  CU_EVENT_DEFAULT, CU_STREAM_NON_BLOCKING,
+  CU_EVENT_DEFAULT, CU_STREAM_NON_BLOCKING, CU_STREAM_CAPTURE_MODE_RELAXED,
 } = driverConstants;
 
 export interface DeviceInfo {
@@ -177,6 +185,7 @@ export class CudaContext {
    */
   readonly #modules: Array<{ handle: bigint; image: Uint8Array }> = [];
   readonly #sharedLimits = new Map<bigint, number>();
+  #capturing = false;
   #disposed = false;
 
   constructor(ordinal = 0) {
@@ -223,6 +232,7 @@ export class CudaContext {
 
   /** Queues a copy of `source` into device memory at `destination` (+ `offset` bytes). */
   upload(destination: bigint, source: ArrayBufferView, offset = 0): void {
+    this.#notCapturing("upload");
     const bytes = new Uint8Array(source.buffer, source.byteOffset, source.byteLength);
     for (let done = 0; done < bytes.length;) {
       const chunk = Math.min(bytes.length - done, stagingBytes);
@@ -235,6 +245,7 @@ export class CudaContext {
 
   /** Copies device memory into `target`, waiting for every queued operation first. */
   download(source: bigint, target: ArrayBufferView, offset = 0): void {
+    this.#notCapturing("download");
     const bytes = new Uint8Array(target.buffer, target.byteOffset, target.byteLength);
     for (let done = 0; done < bytes.length;) {
       const chunk = Math.min(bytes.length - done, stagingBytes);
@@ -255,6 +266,7 @@ export class CudaContext {
   }
 
   synchronize(): void {
+    this.#notCapturing("synchronize");
     this.check(this.#c.cuStreamSynchronize(this.stream), "cuStreamSynchronize");
     this.#stagingOffset = 0;  // nothing queued reads the staging ring any more
   }
@@ -290,6 +302,42 @@ export class CudaContext {
     const [bx, by = 1, bz = 1] = config.block;
     this.check(this.#c.cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, shared, this.stream, this.#argBlock, 0n),
       `cuLaunchKernel(${kernel.name}, grid ${gx}x${gy}x${gz}, block ${bx}x${by}x${bz})`);
+  }
+
+  /**
+   * Starts recording this stream's work into a graph instead of running it: kernels, GEMMs on the stream, memsets
+   * and device copies. Relaxed mode, so the pool may still take memory from the driver meanwhile (that memory then
+   * belongs to whoever keeps the graph). Host copies and waits are refused until endCapture: a captured copy would
+   * bake the staging ring's address into the graph, and a wait would invalidate the capture.
+   */
+  beginCapture(): void {
+    if (this.#capturing) throw new ArtError("cuda_capture", "beginCapture: the stream is already capturing");
+    this.check(this.#c.cuStreamBeginCapture_v2(this.stream, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
+    this.#capturing = true;
+  }
+
+  /** Ends the capture and returns the instantiated graph (cuGraphExec); the stream runs work normally again. */
+  endCapture(): bigint {
+    this.#capturing = false;
+    const out = new BigUint64Array(1);
+    this.check(this.#c.cuStreamEndCapture(this.stream, out), "cuStreamEndCapture");
+    const graph = out[0];
+    try {
+      this.check(this.#c.cuGraphInstantiateWithFlags(out, graph, 0n), "cuGraphInstantiate");
+    } finally {
+      this.check(this.#c.cuGraphDestroy(graph), "cuGraphDestroy");  // the executable graph is independent of it
+    }
+    return out[0];
+  }
+
+  /** Queues one replay of a graph from endCapture on the stream. */
+  launchGraph(graph: bigint): void {
+    this.check(this.#c.cuGraphLaunch(graph, this.stream), "cuGraphLaunch");
+  }
+
+  /** Frees a graph from endCapture (a replay still queued completes first). */
+  destroyGraph(graph: bigint): void {
+    this.check(this.#c.cuGraphExecDestroy(graph), "cuGraphExecDestroy");
   }
 
   createEvent(): bigint {
@@ -346,6 +394,12 @@ export class CudaContext {
     attempt(() => this.check(this.#c.cuStreamDestroy_v2(this.stream), "cuStreamDestroy"));
     attempt(() => this.check(this.#c.cuDevicePrimaryCtxRelease_v2(this.device.handle), "cuDevicePrimaryCtxRelease"));
     if (failures.length > 0) throw failures[0];
+  }
+
+  #notCapturing(what: string): void {
+    if (this.#capturing) {
+      throw new ArtError("cuda_capture", `${what} while the stream is capturing a CUDA graph: host copies and waits cannot be recorded in one`);
+    }
   }
 
   /** The next `bytes` of the staging ring; wrapping waits for queued copies that may still read the ring. */

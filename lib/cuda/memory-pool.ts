@@ -79,6 +79,30 @@ export class MemoryPool {
     list.push(address);
   }
 
+  /** True when `address` starts a block handed out and not yet freed. */
+  has(address: bigint): boolean {
+    return this.#live.has(address);
+  }
+
+  /**
+   * Takes the cached block at `address` (of a request of `bytes`) out of the free list and hands it out again;
+   * false when that block is not cached here (handed out, or never this pool's). A recorded CUDA graph writes its
+   * output to one fixed block: claiming it is how a replay gets that block back.
+   */
+  claim(address: bigint, bytes: number): boolean {
+    const size = sizeClass(bytes);
+    const list = this.#free.get(size);
+    const index = list?.indexOf(address) ?? -1;
+    if (index < 0) return false;
+    list!.splice(index, 1);
+    this.#live.set(address, size);
+    this.#stats.reused++;
+    this.#stats.requests++;
+    this.#stats.cachedBytes -= size;
+    this.#stats.inUseBytes += size;
+    return true;
+  }
+
   /** True when [address, address + bytes) lies inside one live block (a check for tests and diagnostics: O(blocks)). */
   owns(address: bigint, bytes: number): boolean {
     for (const [start, size] of this.#live) {

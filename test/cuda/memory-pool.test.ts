@@ -92,4 +92,33 @@ describe("memory pool ownership check", () => {
     pool.free(a);
     expect(pool.owns(a, 1)).toBe(false);
   });
+
+  it("claims a cached block back by address, and refuses one that is handed out or unknown", () => {
+    const fake = fakeDevice(1 << 20);
+    const pool = new MemoryPool(fake.device);
+    const a = pool.allocate(3000), b = pool.allocate(3000);
+    expect(pool.claim(a, 3000)).toBe(false); // handed out
+    pool.free(a);
+    pool.free(b);
+    expect(pool.has(a)).toBe(false);
+    expect(pool.claim(a, 3000)).toBe(true);
+    expect(pool.has(a)).toBe(true);
+    expect(pool.claim(a, 3000)).toBe(false); // already taken
+    expect(pool.claim(0x9999n, 3000)).toBe(false);
+    expect(pool.allocate(3000)).toBe(b); // the other cached block is still there
+    expect(pool.stats()).toMatchObject({ inUseBytes: 2 * 3072, cachedBytes: 0 });
+  });
+
+  it("stacks on another pool: blocks come from it and go back to it only when trimmed", () => {
+    const fake = fakeDevice(1 << 20);
+    const main = new MemoryPool(fake.device);
+    const arena = new MemoryPool({ allocate: (bytes) => main.allocate(bytes), release: (address) => main.free(address) });
+    const a = arena.allocate(5000);
+    expect(main.has(a)).toBe(true);
+    arena.free(a);
+    expect(main.has(a)).toBe(true); // cached by the arena, still the arena's
+    arena.trim();
+    expect(main.has(a)).toBe(false);
+    expect(main.stats().cachedBytes).toBe(sizeClass(5000));
+  });
 });

@@ -56,6 +56,52 @@ results.elapsedMs = context.elapsedMs(start, end);
 context.destroyEvent(start);
 context.destroyEvent(end);
 
+// A CUDA graph: captured work does not run; each replay runs it with the arguments of the capture; host copies
+// and waits are refused while capturing; a capture the driver invalidated fails at its end, and the stream then
+// works as before.
+{
+  const region = context.pool.allocate(64 * 4);
+  const readRegion = () => {
+    const back = new Float32Array(64);
+    context.download(region, back);
+    return [...new Set(back)];
+  };
+  context.upload(region, new Float32Array(64).fill(1));
+  context.beginCapture();
+  context.launch(fill, { grid: [1], block: [32] }, [["ptr", region], ["f32", 7], ["i64", 32]]);
+  context.zero(region + 32n * 4n, 32 * 4);
+  const refused = [() => context.upload(region, new Float32Array(1)), () => context.synchronize()].map((call) => {
+    try {
+      call();
+      return "not refused";
+    } catch (error) {
+      return (error as Error).message;
+    }
+  });
+  const graph = context.endCapture();
+  const graphResults: unknown[] = [readRegion(), refused];
+  context.launchGraph(graph);
+  graphResults.push(readRegion());
+  context.upload(region, new Float32Array(64).fill(3));
+  context.launchGraph(graph);
+  graphResults.push(readRegion());
+  context.destroyGraph(graph);
+  // The driver itself refuses a wait on a capturing stream and invalidates the capture (CudaContext never asks).
+  const { cuStreamSynchronize: rawSynchronize } = openLibrary("libcuda.so.1", { cuStreamSynchronize: { result: "i32", args: ["pointer"] } }).symbols;
+  context.beginCapture();
+  graphResults.push(rawSynchronize(context.stream));
+  try {
+    context.endCapture();
+    graphResults.push("invalidated capture ended without error");
+  } catch (error) {
+    graphResults.push((error as Error).message);
+  }
+  context.upload(region, new Float32Array(64).fill(5));
+  graphResults.push(readRegion());
+  context.pool.free(region);
+  results.graph = graphResults;
+}
+
 // Out of device memory while stream work is queued: the pool releases its cached blocks and retries.
 for (const buffer of buffers) context.pool.free(buffer);
 context.upload(values, new Float32Array(16));

@@ -4,7 +4,8 @@
 // read it, downloads wait before reading, async copies use pinned memory, kernels get their arguments through
 // cuLaunchKernel's pointer array, more than 48 KiB of shared memory is opted into, device handles come from
 // cuDeviceGet, the context is current on every call, OOM recovery waits before freeing, error names come back,
-// and dispose frees everything before releasing the context. On Node (koffi) and Deno (Deno.dlopen).
+// graphs replay what was captured (and nothing runs at capture), and dispose frees everything before releasing
+// the context. On Node (koffi) and Deno (Deno.dlopen).
 import { execFileSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
@@ -28,7 +29,14 @@ const expected = {
   elapsedMs: 0.5,
   allocatedAfterOom: true,
   errors: ["mock call failed: CUDA_ERROR_OUT_OF_MEMORY: out of memory (code 2)", "mock call failed: CUresult 12345 (code 12345)"],
-  driver: { launches: 2, retains: 0, violations: [] },
+  graph: [
+    [1], ["upload while the stream is capturing a CUDA graph: host copies and waits cannot be recorded in one",
+      "synchronize while the stream is capturing a CUDA graph: host copies and waits cannot be recorded in one"],
+    [7, 0], [7, 0], 900,
+    "cuStreamEndCapture failed: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: operation failed due to a previous error during capture (code 901)",
+    [5],
+  ],
+  driver: { launches: 3, graphLaunches: 2, retains: 0, violations: ["cuStreamSynchronize during stream capture"] },
 };
 
 describe.skipIf(skip !== "")(`CudaContext against a recording libcuda${skip ? ` (skipped: ${skip})` : ""}`, () => {
@@ -44,7 +52,7 @@ describe.skipIf(skip !== "")(`CudaContext against a recording libcuda${skip ? ` 
   // A Node that runs .ts files: this one, or the repo's pinned one (node_modules/.bin/node).
   const pinned = join(root, "node_modules", ".bin", "node");
   const node = (process.features as { typescript?: unknown }).typescript ? process.execPath : existsSync(pinned) ? pinned : null;
-  it.skipIf(!node)(`on Node: copies, launches, events, OOM recovery, errors and dispose behave as on a driver${node ? "" : " (skipped: no Node that runs .ts)"}`, () => {
+  it.skipIf(!node)(`on Node: copies, launches, graphs, events, OOM recovery, errors and dispose behave as on a driver${node ? "" : " (skipped: no Node that runs .ts)"}`, () => {
     build();
     expect(run(node!, [])).toEqual(expected);
   });

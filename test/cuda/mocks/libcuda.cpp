@@ -8,7 +8,11 @@
 //   - every call after setup needs the primary context current on the calling thread;
 //   - CUdevice handles come from cuDeviceGet (deliberately not equal to the ordinal);
 //   - dynamic shared memory above 48 KiB needs cuFuncSetAttribute first;
-//   - cuMemFree with queued stream work, and releasing the context with anything still allocated, are recorded.
+//   - cuMemFree with queued stream work, and releasing the context with anything still allocated, are recorded;
+//   - stream capture: between cuStreamBeginCapture and cuStreamEndCapture the stream's work is recorded into a graph
+//     (kernel arguments by value, as the driver copies them) and runs only when a graph made from it is launched and
+//     the host waits; a wait on the capturing stream fails and invalidates the capture, and a host copy, a cuMemFree
+//     or (outside relaxed mode) a cuMemAlloc during capture is recorded as a violation.
 // Device memory is host memory. One kernel exists: fill_f32(float* out, float value, long long n).
 // mock_report() returns what was recorded as JSON; MOCK_CUDA_MEMORY_LIMIT caps device bytes (to force OOM).
 #include <cuda.h>
@@ -27,7 +31,14 @@ CUcontext const kContext = reinterpret_cast<CUcontext>(0xc0);
 thread_local CUcontext current = nullptr;
 bool initialized = false;
 int retains = 0;
-std::vector<std::function<void()>> queue;  // the one stream's pending work
+using Work = std::vector<std::function<void()>>;
+Work queue;  // the one stream's pending work
+// Stream capture of the one stream: the work recorded so far, whether a failed call invalidated it, its mode.
+bool capturing = false, captureInvalidated = false;
+CUstreamCaptureMode captureMode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+Work captured;
+std::map<CUgraph, Work> graphs;
+std::map<CUgraphExec, Work> executables;
 std::map<CUdeviceptr, size_t> deviceBlocks;
 size_t deviceBytes = 0;
 std::map<uintptr_t, size_t> pinnedBlocks;
@@ -39,6 +50,7 @@ long clock = 0;
 std::vector<std::string> violations;
 std::string report;
 int launches = 0;
+int graphLaunches = 0;
 
 void violation(const std::string& what) { violations.push_back(what); }
 
@@ -53,6 +65,16 @@ CUresult needContext(const char* what) {
 void drain() {
   for (auto& work : queue) work();
   queue.clear();
+}
+
+// Where the stream's next operation goes: into the graph being captured, or the queue.
+void enqueue(std::function<void()> work) { (capturing ? captured : queue).push_back(std::move(work)); }
+
+// A call that must not happen during capture: recorded, and (like the driver) it invalidates the capture.
+CUresult refuseDuringCapture(const char* what) {
+  violation(std::string(what) + " during stream capture");
+  captureInvalidated = true;
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
 bool pinned(const void* address, size_t bytes) {
@@ -109,10 +131,12 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
 }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   if (device != kDevice) { violation("cuDevicePrimaryCtxRelease given an ordinal, not a CUdevice"); return CUDA_ERROR_INVALID_DEVICE; }
-  if (!deviceBlocks.empty() || !pinnedBlocks.empty() || !streams.empty() || !modules.empty() || !queue.empty()) {
+  if (!deviceBlocks.empty() || !pinnedBlocks.empty() || !streams.empty() || !modules.empty() || !queue.empty() ||
+      !graphs.empty() || !executables.empty()) {
     violation("context released with " + std::to_string(deviceBlocks.size()) + " device blocks, " +
               std::to_string(pinnedBlocks.size()) + " pinned blocks, " + std::to_string(streams.size()) + " streams, " +
-              std::to_string(modules.size()) + " modules, " + std::to_string(queue.size()) + " queued operations");
+              std::to_string(modules.size()) + " modules, " + std::to_string(queue.size()) + " queued operations, " +
+              std::to_string(graphs.size() + executables.size()) + " graphs");
   }
   retains--;
   return CUDA_SUCCESS;
@@ -142,6 +166,7 @@ CUresult cuStreamDestroy_v2(CUstream stream) {
 CUresult cuStreamSynchronize(CUstream stream) {
   if (CUresult r = needContext("cuStreamSynchronize")) return r;
   if (!streams.count(stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (capturing) return refuseDuringCapture("cuStreamSynchronize");
   drain();
   return CUDA_SUCCESS;
 }
@@ -156,7 +181,7 @@ CUresult cuEventRecord(CUevent event, CUstream stream) {
   if (CUresult r = needContext("cuEventRecord")) return r;
   if (!eventTimes.count(event) || !streams.count(stream)) return CUDA_ERROR_INVALID_HANDLE;
   eventTimes[event] = -1;
-  queue.push_back([event] { eventTimes[event] = ++clock; });
+  enqueue([event] { eventTimes[event] = ++clock; });
   return CUDA_SUCCESS;
 }
 CUresult cuEventSynchronize(CUevent event) {
@@ -182,6 +207,7 @@ CUresult cuEventDestroy_v2(CUevent event) {
 CUresult cuMemAlloc_v2(CUdeviceptr* address, size_t bytes) {
   if (CUresult r = needContext("cuMemAlloc")) return r;
   const char* limit = std::getenv("MOCK_CUDA_MEMORY_LIMIT");
+  if (capturing && captureMode != CU_STREAM_CAPTURE_MODE_RELAXED) return refuseDuringCapture("cuMemAlloc outside relaxed capture mode");
   if (limit && deviceBytes + bytes > std::strtoull(limit, nullptr, 10)) return CUDA_ERROR_OUT_OF_MEMORY;
   void* block = std::malloc(bytes);
   *address = reinterpret_cast<CUdeviceptr>(block);
@@ -193,6 +219,7 @@ CUresult cuMemFree_v2(CUdeviceptr address) {
   if (CUresult r = needContext("cuMemFree")) return r;
   auto block = deviceBlocks.find(address);
   if (block == deviceBlocks.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (capturing) return refuseDuringCapture("cuMemFree");
   if (!queue.empty()) violation("cuMemFree with " + std::to_string(queue.size()) + " stream operations still queued");
   drain();
   deviceBytes -= block->second;
@@ -218,26 +245,28 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr destination, const void* source, size_
   if (CUresult r = needContext("cuMemcpyHtoDAsync")) return r;
   if (!streams.count(stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (!pinned(source, bytes)) { violation("cuMemcpyHtoDAsync from pageable memory"); return CUDA_ERROR_INVALID_VALUE; }
-  queue.push_back([=] { std::memcpy(reinterpret_cast<void*>(destination), source, bytes); });
+  if (capturing) violation("cuMemcpyHtoDAsync captured: the graph would read the staging memory at every replay");
+  enqueue([=] { std::memcpy(reinterpret_cast<void*>(destination), source, bytes); });
   return CUDA_SUCCESS;
 }
 CUresult cuMemcpyDtoHAsync_v2(void* destination, CUdeviceptr source, size_t bytes, CUstream stream) {
   if (CUresult r = needContext("cuMemcpyDtoHAsync")) return r;
   if (!streams.count(stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (!pinned(destination, bytes)) { violation("cuMemcpyDtoHAsync to pageable memory"); return CUDA_ERROR_INVALID_VALUE; }
-  queue.push_back([=] { std::memcpy(destination, reinterpret_cast<const void*>(source), bytes); });
+  if (capturing) violation("cuMemcpyDtoHAsync captured: the graph would write the staging memory at every replay");
+  enqueue([=] { std::memcpy(destination, reinterpret_cast<const void*>(source), bytes); });
   return CUDA_SUCCESS;
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr destination, CUdeviceptr source, size_t bytes, CUstream stream) {
   if (CUresult r = needContext("cuMemcpyDtoDAsync")) return r;
   if (!streams.count(stream)) return CUDA_ERROR_INVALID_HANDLE;
-  queue.push_back([=] { std::memmove(reinterpret_cast<void*>(destination), reinterpret_cast<const void*>(source), bytes); });
+  enqueue([=] { std::memmove(reinterpret_cast<void*>(destination), reinterpret_cast<const void*>(source), bytes); });
   return CUDA_SUCCESS;
 }
 CUresult cuMemsetD8Async(CUdeviceptr destination, unsigned char value, size_t bytes, CUstream stream) {
   if (CUresult r = needContext("cuMemsetD8Async")) return r;
   if (!streams.count(stream)) return CUDA_ERROR_INVALID_HANDLE;
-  queue.push_back([=] { std::memset(reinterpret_cast<void*>(destination), value, bytes); });
+  enqueue([=] { std::memset(reinterpret_cast<void*>(destination), value, bytes); });
   return CUDA_SUCCESS;
 }
 
@@ -279,7 +308,59 @@ CUresult cuLaunchKernel(CUfunction function, unsigned gx, unsigned gy, unsigned 
   const float value = *static_cast<float*>(params[1]);
   const long long n = *static_cast<long long*>(params[2]);
   launches++;
-  queue.push_back([=] { for (long long i = 0; i < n; i++) out[i] = value; });
+  enqueue([=] { for (long long i = 0; i < n; i++) out[i] = value; });
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+  if (CUresult r = needContext("cuStreamBeginCapture")) return r;
+  if (!streams.count(stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  capturing = true;
+  captureInvalidated = false;
+  captureMode = mode;
+  captured.clear();
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  if (CUresult r = needContext("cuStreamEndCapture")) return r;
+  if (!streams.count(stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (!capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  capturing = false;
+  if (captureInvalidated) {
+    captured.clear();
+    *graph = nullptr;
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  *graph = reinterpret_cast<CUgraph>(new char);
+  graphs[*graph] = std::move(captured);
+  captured.clear();
+  return CUDA_SUCCESS;
+}
+CUresult cuGraphInstantiateWithFlags(CUgraphExec* executable, CUgraph graph, unsigned long long flags) {
+  if (CUresult r = needContext("cuGraphInstantiate")) return r;
+  if (!graphs.count(graph) || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  *executable = reinterpret_cast<CUgraphExec>(new char);
+  executables[*executable] = graphs[graph];
+  return CUDA_SUCCESS;
+}
+CUresult cuGraphDestroy(CUgraph graph) {
+  if (CUresult r = needContext("cuGraphDestroy")) return r;
+  if (!graphs.erase(graph)) return CUDA_ERROR_INVALID_VALUE;
+  delete reinterpret_cast<char*>(graph);
+  return CUDA_SUCCESS;
+}
+CUresult cuGraphLaunch(CUgraphExec executable, CUstream stream) {
+  if (CUresult r = needContext("cuGraphLaunch")) return r;
+  if (!executables.count(executable) || !streams.count(stream)) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto& work : executables[executable]) enqueue(work);
+  graphLaunches++;
+  return CUDA_SUCCESS;
+}
+CUresult cuGraphExecDestroy(CUgraphExec executable) {
+  if (CUresult r = needContext("cuGraphExecDestroy")) return r;
+  if (!executables.erase(executable)) return CUDA_ERROR_INVALID_VALUE;
+  delete reinterpret_cast<char*>(executable);
   return CUDA_SUCCESS;
 }
 
@@ -289,6 +370,8 @@ CUresult cuGetErrorName(CUresult error, const char** text) {
     case CUDA_ERROR_INVALID_VALUE: *text = "CUDA_ERROR_INVALID_VALUE"; return CUDA_SUCCESS;
     case CUDA_ERROR_OUT_OF_MEMORY: *text = "CUDA_ERROR_OUT_OF_MEMORY"; return CUDA_SUCCESS;
     case CUDA_ERROR_INVALID_CONTEXT: *text = "CUDA_ERROR_INVALID_CONTEXT"; return CUDA_SUCCESS;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *text = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; return CUDA_SUCCESS;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *text = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; return CUDA_SUCCESS;
     default: *text = nullptr; return CUDA_ERROR_INVALID_VALUE;
   }
 }
@@ -297,12 +380,14 @@ CUresult cuGetErrorString(CUresult error, const char** text) {
     case CUDA_ERROR_INVALID_VALUE: *text = "invalid argument"; return CUDA_SUCCESS;
     case CUDA_ERROR_OUT_OF_MEMORY: *text = "out of memory"; return CUDA_SUCCESS;
     case CUDA_ERROR_INVALID_CONTEXT: *text = "invalid device context"; return CUDA_SUCCESS;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *text = "operation not permitted when stream is capturing"; return CUDA_SUCCESS;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *text = "operation failed due to a previous error during capture"; return CUDA_SUCCESS;
     default: *text = nullptr; return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
 const char* mock_report() {
-  report = "{\"launches\": " + std::to_string(launches) + ", \"retains\": " + std::to_string(retains) + ", \"violations\": [";
+  report = "{\"launches\": " + std::to_string(launches) + ", \"graphLaunches\": " + std::to_string(graphLaunches) + ", \"retains\": " + std::to_string(retains) + ", \"violations\": [";
   for (size_t i = 0; i < violations.size(); i++) report += (i ? ", " : "") + quoted(violations[i]);
   return (report += "]}").c_str();
 }
