@@ -4,6 +4,7 @@
  * The constants mirror attention.cu.
  */
 import { ArtError } from "../core/errors.ts";
+import type { KvCacheSpec, RowPlacement } from "../model/backend.ts";
 
 export const attentionWarps = 4;
 export const attentionChunk = 32;
@@ -32,6 +33,19 @@ export function planTiles(slots: Int32Array, positions: Int32Array, group: numbe
     }
   }
   return { tileStart: Int32Array.from(starts), tileRows: Int32Array.from(counts) };
+}
+
+/** Throws ArtError unless every row names a slot and position of the cache; returns the last position named. */
+export function checkRowsInCache(spec: KvCacheSpec, rows: RowPlacement): number {
+  let maxPosition = 0;
+  for (let i = 0; i < rows.slots.length; i++) {
+    const slot = rows.slots[i], position = rows.positions[i];
+    if (!(slot >= 0 && slot < spec.numSlots && position >= 0 && position < spec.maxPositions)) {
+      throw new ArtError("kv_cache_range", `row ${i} names slot ${slot} position ${position}; the KV cache has ${spec.numSlots} slots of ${spec.maxPositions} positions`);
+    }
+    maxPosition = Math.max(maxPosition, position);
+  }
+  return maxPosition;
 }
 
 /** Dims per lane (ceil(headDim / 32)) of the attention_dpl* instantiation that serves `headDim`. */

@@ -4,7 +4,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import { CudaBackend } from "./backend.ts";
-import { Blas, findBlasLibraries } from "./blas.ts";
+import { Blas, cublasWorkspaceBytes, findBlasLibraries } from "./blas.ts";
 import { systemDiscoveryInputs } from "./discovery.ts";
 import { CudaContext, type DeviceInfo, listDevices } from "./driver.ts";
 import { loadKernels } from "./kernels.ts";
@@ -43,8 +43,10 @@ function probe(): CudaAvailability {
 export interface CreateCudaBackendOptions {
   /** GPU ordinal (default 0). */
   device?: number;
-  /** Told which kernels were loaded (prebuilt or compiled) and where cuBLAS came from. */
+  /** Told which kernels were loaded (prebuilt or compiled) and where cuBLAS came from, and if graphs are switched off. */
   log?: (message: string) => void;
+  /** Replay decode passes as CUDA graphs (default: on, unless ART_CUDA_GRAPHS=0). */
+  graphs?: boolean;
 }
 
 export function createCudaBackend(options: CreateCudaBackendOptions = {}): CudaBackend {
@@ -54,10 +56,11 @@ export function createCudaBackend(options: CreateCudaBackendOptions = {}): CudaB
   let blas: Blas | null = null;
   try {
     const inputs = systemDiscoveryInputs();
-    blas = new Blas(context.stream, findBlasLibraries(inputs));
+    // The workspace is pool memory for the context's life: the context frees it when it is disposed.
+    blas = new Blas(context.stream, findBlasLibraries(inputs), { address: context.pool.allocate(cublasWorkspaceBytes), bytes: cublasWorkspaceBytes });
     const kernels = loadKernels(context, inputs);
     options.log?.(`art-ts cuda: ${context.device.name}, kernels from ${kernels.source}, cuBLAS ${blas.libraries.cublas.path}`);
-    return new CudaBackend(context, blas, kernels.functions);
+    return new CudaBackend(context, blas, kernels.functions, { graphs: options.graphs, log: options.log });
   } catch (error) {
     blas?.dispose();
     context.dispose();

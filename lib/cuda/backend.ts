@@ -4,16 +4,20 @@
  * bf16 (one conversion kernel), f32 accumulation either way; the unmerged LoRA is two more small GEMMs, the second
  * accumulating `scale · (x Aᵀ) Bᵀ` into the output. The KV cache is bf16. Small per-call index arrays (token ids,
  * positions, slots, attention tiles) go up through the pinned staging ring; the last few are cached by content,
- * because every layer of a forward pass passes the same positions and slots.
+ * because every layer of a forward pass passes the same positions and slots. Decode passes are recorded into CUDA
+ * graphs and replayed (decode-graphs.ts); while one is recorded, the backend takes its transient memory from the
+ * graph arena and reads the step's ids, slots and positions from the graph's input buffer.
  */
 import { ArtError } from "../core/errors.ts";
 import {
-  type Backend, type DType, type KvCache, type KvCacheSpec, type LoraWeights, type RowPlacement, type SampleResult,
-  type SamplingParams, type Tensor, checkKvSlotCopy, checkSamplingParams, shapeSize,
+  type Backend, type DecodePass, type DType, type KvCache, type KvCacheSpec, type LoraWeights, type RowPlacement,
+  type SampleResult, type SamplingParams, type Tensor, checkKvSlotCopy, checkSamplingParams, checkTokenIds, shapeSize,
 } from "../model/backend.ts";
 import {
-  attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, planSplits, planTiles,
+  attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkRowsInCache,
+  planSplits, planTiles,
 } from "./attention-plan.ts";
+import { type DecodeGraphStats, DecodeGraphs, type DeferredUpload } from "./decode-graphs.ts";
 import type { GemmType } from "./blas.ts";
 import type { CudaContext, KernelFunction, LaunchConfig } from "./driver.ts";
 import type { KernelArg } from "./kernel-args.ts";
@@ -57,6 +61,12 @@ export interface DeviceQueue {
   zero(destination: bigint, bytes: number): void;
   launch(kernel: KernelFunction, config: LaunchConfig, args: readonly KernelArg[]): void;
   synchronize(): void;
+  /** Stream capture (CudaContext.beginCapture): work queued until endCapture is recorded, not run. */
+  beginCapture(): void;
+  /** Ends the capture; the instantiated graph. */
+  endCapture(): bigint;
+  launchGraph(graph: bigint): void;
+  destroyGraph(graph: bigint): void;
   memoryInfo(): { freeBytes: number; totalBytes: number };
   dispose(): void;
 }
@@ -70,11 +80,14 @@ export interface GemmRunner {
 class CudaKvCache implements KvCache {
   readonly spec: KvCacheSpec;
   readonly address: bigint;
-  readonly #free: (address: bigint) => void;
+  /** Names the cache in recorded graphs' keys. */
+  readonly id: number;
+  readonly #free: (cache: CudaKvCache) => void;
   #freed = false;
-  constructor(spec: KvCacheSpec, address: bigint, free: (address: bigint) => void) {
+  constructor(spec: KvCacheSpec, address: bigint, id: number, free: (cache: CudaKvCache) => void) {
     this.spec = spec;
     this.address = address;
+    this.id = id;
     this.#free = free;
   }
   /** Elements of K (or V) of one layer: [slots, kvHeads, maxPositions, headDim]. */
@@ -91,7 +104,7 @@ class CudaKvCache implements KvCache {
   free(): void {
     if (this.#freed) return;
     this.#freed = true;
-    this.#free(this.address);
+    this.#free(this);
   }
 }
 
@@ -140,6 +153,23 @@ interface CachedIndex {
 /** Recently uploaded index arrays, reused while their content is unchanged. */
 const indexCacheEntries = 8;
 
+export interface CudaBackendOptions {
+  /**
+   * Replay decode passes as CUDA graphs (decode-graphs.ts). Default: on, unless the environment sets
+   * ART_CUDA_GRAPHS=0.
+   */
+  graphs?: boolean;
+  /** Told when graphs are switched off after a failure. Default: console.warn. */
+  log?: (message: string) => void;
+}
+
+/** While a decode pass is recorded: its memory, its inputs' fixed addresses, the index arrays to upload after. */
+interface Recording {
+  arena: MemoryPool;
+  inputs: Map<Int32Array, bigint>;
+  deferred: Map<Int32Array, DeferredUpload>;
+}
+
 export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Backend {
   readonly name = "cuda" as const;
   readonly context: Device;
@@ -150,18 +180,42 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   #bf16Copy: { tensor: CudaTensor; version: number; address: bigint } | null = null;
   /** The last attention tiling, reused by every layer of a pass (same arrays, so their device copies are reused too). */
   #lastTiles: { slots: Int32Array; positions: Int32Array; group: number; tiles: ReturnType<typeof planTiles> } | null = null;
+  readonly #graphs: DecodeGraphs | null;
+  #recording: Recording | null = null;
+  #nextCacheId = 1;
 
-  constructor(context: Device, blas: GemmRunner, kernels: Record<KernelName, KernelFunction>) {
+  constructor(context: Device, blas: GemmRunner, kernels: Record<KernelName, KernelFunction>, options: CudaBackendOptions = {}) {
     this.context = context;
     this.blas = blas;
     this.#kernels = kernels;
+    const graphs = options.graphs ?? process.env.ART_CUDA_GRAPHS !== "0";
+    this.#graphs = !graphs ? null : new DecodeGraphs({
+      pool: context.pool,
+      upload: (destination, data) => context.upload(destination, data),
+      launchGraph: (graph) => context.launchGraph(graph),
+      destroyGraph: (graph) => context.destroyGraph(graph),
+      record: (run, inputs, arena) => this.#record(run, inputs, arena),
+      outputTensor: (shape, address) => new CudaTensor(shape, "f32", address),
+      kvCache: cudaKvCache,
+    }, options.log ?? ((message) => console.warn(message)));
   }
 
   // ---- memory ---------------------------------------------------------------------------------------------------
 
   #allocate(shape: readonly number[], dtype: DType): CudaTensor {
     const size = shapeSize(shape);
-    return new CudaTensor([...shape], dtype, this.context.pool.allocate(Math.max(1, size) * (dtype === "bf16" ? 2 : 4)));
+    return new CudaTensor([...shape], dtype, this.#transient().allocate(Math.max(1, size) * (dtype === "bf16" ? 2 : 4)));
+  }
+
+  /** Where tensors and scratch come from: the graph arena while a pass is recorded, the main pool otherwise. */
+  #transient(): MemoryPool {
+    return this.#recording?.arena ?? this.context.pool;
+  }
+
+  /** Gives a block back to the pool that handed it out. */
+  #release(address: bigint): void {
+    const arena = this.#graphs?.arena;
+    (arena?.has(address) ? arena : this.context.pool).free(address);
   }
 
   upload(data: Float32Array, shape: readonly number[], dtype: DType = "f32"): Tensor {
@@ -198,12 +252,27 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   free(tensor: Tensor): void {
     const t = cuda(tensor);
     if (this.#bf16Copy?.tensor === t) this.#dropBf16Copy();
-    this.context.pool.free(t.release());
+    this.#release(t.release());
   }
 
-  /** Device memory statistics (pool and driver) for benchmarks and diagnostics. */
+  /** Device memory statistics (pool, graph arena, driver) for benchmarks and diagnostics. */
   memoryStats() {
-    return { pool: this.context.pool.stats(), device: this.context.memoryInfo() };
+    return { pool: this.context.pool.stats(), graphArena: this.#graphs?.arena.stats() ?? null, device: this.context.memoryInfo() };
+  }
+
+  // ---- recorded decode passes (decode-graphs.ts) -----------------------------------------------------------------
+
+  runDecodePass(pass: DecodePass, run: () => Tensor): Tensor {
+    return this.#graphs ? this.#graphs.run(pass, run) : run();
+  }
+
+  releaseDecodePasses(owner: object): void {
+    this.#graphs?.forgetOwner(owner);
+  }
+
+  /** How decode passes ran (recorded, replayed, eager), or null when graphs were not asked for. */
+  decodeGraphStats(): DecodeGraphStats | null {
+    return this.#graphs?.stats() ?? null;
   }
 
   // ---- ops ------------------------------------------------------------------------------------------------------
@@ -213,9 +282,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     o.version++;
     const [vocab, d] = t.shape;
     expectSize("embedding out", o, ids.length * d);
-    for (const id of ids) {
-      if (!(id >= 0 && id < vocab)) throw new ArtError("bad_token_id", `token id ${id} is outside the vocabulary (0..${vocab - 1})`);
-    }
+    checkTokenIds(ids, vocab);
     this.#launch(t.dtype === "bf16" ? "embedding_bf16" : "embedding_f32", [ids.length], [rowThreads(d)],
       [["ptr", t.address], ["ptr", this.#indices(ids)], ["ptr", o.address], ["i32", d]]);
   }
@@ -262,12 +329,12 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       const rank = a.shape[0];
       expectSize("LoRA A", a, rank * inFeatures);
       expectSize("LoRA B", b, outFeatures * rank);
-      const down = this.context.pool.allocate(n * rank * 4);
+      const down = this.#transient().allocate(n * rank * 4);
       this.blas.linear(operand(a.dtype), a.address, down, n, inFeatures, rank, a.dtype);
       const downOperand = b.dtype === "bf16" ? this.#narrow(down, n * rank) : down;
       this.blas.linear(downOperand, b.address, o.address, n, rank, outFeatures, b.dtype, lora.scale, 1);
-      if (downOperand !== down) this.context.pool.free(downOperand);
-      this.context.pool.free(down);
+      if (downOperand !== down) this.#release(downOperand);
+      this.#release(down);
     }
   }
 
@@ -285,7 +352,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const elements = spec.numLayers * 2 * spec.numSlots * spec.numKvHeads * spec.maxPositions * spec.headDim;
     const address = this.context.pool.allocate(elements * 2);
     this.context.zero(address, elements * 2);
-    return new CudaKvCache({ ...spec }, address, (a) => this.context.pool.free(a));
+    return new CudaKvCache({ ...spec }, address, this.#nextCacheId++, (cache) => {
+      this.#graphs?.forgetCache(cache.id);
+      this.context.pool.free(cache.address);
+    });
   }
 
   attention(q: Tensor, k: Tensor, v: Tensor, kvCache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void {
@@ -298,14 +368,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     expectSize("attention k", ks, n * kvWidth);
     expectSize("attention v", vs, n * kvWidth);
     expectSize("attention out", o, qs.size);
-    let maxPosition = 0;
-    for (let i = 0; i < n; i++) {
-      const slot = rows.slots[i], position = rows.positions[i];
-      if (!(slot >= 0 && slot < numSlots && position >= 0 && position < maxPositions)) {
-        throw new ArtError("kv_cache_range", `row ${i} names slot ${slot} position ${position}; the KV cache has ${numSlots} slots of ${maxPositions} positions`);
-      }
-      maxPosition = Math.max(maxPosition, position);
-    }
+    const maxPosition = checkRowsInCache(cache.spec, rows);
     const numHeads = qs.size / (n * headDim);
     const group = numHeads / numKvHeads;
     if (!Number.isInteger(group) || group > attentionQueryVectors) {
@@ -320,8 +383,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const keyWindow = attentionKeyWindow(maxPosition + 1, maxPositions);
     const { splits, splitLength } = planSplits(tileCount, numKvHeads, keyWindow, this.context.device.multiprocessors);
     const dpl = attentionDimsPerLane(headDim);
-    const partialO = splits > 1 ? this.context.pool.allocate(splits * n * numHeads * headDim * 4) : 0n;
-    const partialMl = splits > 1 ? this.context.pool.allocate(splits * n * numHeads * 2 * 4) : 0n;
+    const partialO = splits > 1 ? this.#transient().allocate(splits * n * numHeads * headDim * 4) : 0n;
+    const partialMl = splits > 1 ? this.#transient().allocate(splits * n * numHeads * 2 * 4) : 0n;
     this.#launch(`attention_dpl${dpl}`, [tileCount, numKvHeads, splits], [attentionWarps * 32], [
       ["ptr", qs.address], ["ptr", cache.keys(layer)], ["ptr", cache.values(layer)], ["ptr", slots], ["ptr", positions],
       ["ptr", this.#indices(tiles.tileStart)], ["ptr", this.#indices(tiles.tileRows)], ["i32", numHeads], ["i32", numKvHeads],
@@ -330,8 +393,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     if (splits > 1) {
       this.#launch("attention_combine", [n * numHeads], [rowThreads(headDim)], [["ptr", partialO], ["ptr", partialMl],
         ["ptr", o.address], ["i32", splits], ["i32", n], ["i32", numHeads], ["i32", headDim]]);
-      this.context.pool.free(partialO);
-      this.context.pool.free(partialMl);
+      this.#release(partialO);
+      this.#release(partialMl);
     }
   }
 
@@ -429,6 +492,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.#dropBf16Copy();
     for (const entry of this.#indexCache) this.context.pool.free(entry.address);
     this.#indexCache = [];
+    this.#graphs?.dispose();
     try {
       this.blas.dispose();
     } finally {
@@ -459,15 +523,49 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   }
 
   #dropBf16Copy(): void {
-    if (this.#bf16Copy) this.context.pool.free(this.#bf16Copy.address);
+    if (this.#bf16Copy) this.#release(this.#bf16Copy.address);
     this.#bf16Copy = null;
   }
 
   /** A bf16 copy of `count` f32 values (the caller frees it). */
   #narrow(source: bigint, count: number): bigint {
-    const address = this.context.pool.allocate(count * 2);
+    const address = this.#transient().allocate(count * 2);
     this.#launch("f32_to_bf16", [gridFor(count)], [256], [["ptr", source], ["ptr", address], ["i64", count]]);
     return address;
+  }
+
+  /** GraphHost.record: `run` captured into a graph, with the backend in recording mode meanwhile. */
+  #record(run: () => Tensor, inputs: Map<Int32Array, bigint>, arena: MemoryPool) {
+    // A cached bf16 operand made before the recording must not be baked into it (its block is freed and reused).
+    this.#dropBf16Copy();
+    const recording: Recording = { arena, inputs, deferred: new Map() };
+    this.#recording = recording;
+    let output: CudaTensor | null = null, graph: bigint | null = null, failure: { error: unknown } | null = null;
+    try {
+      this.context.beginCapture();
+      try {
+        output = cuda(run());
+      } catch (error) {
+        failure = { error };
+      }
+      try {
+        graph = this.context.endCapture();
+      } catch (error) {
+        failure ??= { error };
+      }
+    } catch (error) {
+      failure = { error };
+    } finally {
+      this.#recording = null;
+      this.#dropBf16Copy();
+    }
+    const deferred = [...recording.deferred.values()];
+    if (failure || !output || graph === null) {
+      if (graph !== null) this.context.destroyGraph(graph);
+      for (const upload of deferred) this.context.pool.free(upload.address);
+      throw failure ? failure.error : new ArtError("cuda_graph", "recording a decode pass produced no graph");
+    }
+    return { graph, output, deferred };
   }
 
   #tiles(rows: RowPlacement, group: number) {
@@ -480,8 +578,22 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     return tiles;
   }
 
-  /** Device copy of a small int32 array; reused while the same array comes back with the same content. */
+  /**
+   * Device copy of a small int32 array; reused while the same array comes back with the same content. While a pass
+   * is recorded: a step input's fixed address, or a copy of the graph's own that is written once the capture ends.
+   */
   #indices(host: Int32Array): bigint {
+    const recording = this.#recording;
+    if (recording) {
+      const input = recording.inputs.get(host);
+      if (input !== undefined) return input;
+      let upload = recording.deferred.get(host);
+      if (!upload) {
+        upload = { address: this.context.pool.allocate(Math.max(4, host.byteLength)), data: Int32Array.from(host) };
+        recording.deferred.set(host, upload);
+      }
+      return upload.address;
+    }
     const hit = this.#indexCache.find((entry) => entry.host === host && sameContent(entry.snapshot, host));
     if (hit) return hit.address;
     const address = this.context.pool.allocate(Math.max(4, host.byteLength));

@@ -20,6 +20,7 @@ export const cublasSignatures = {
   cublasCreate_v2: { result: "i32", args: ["buffer"] },
   cublasDestroy_v2: { result: "i32", args: ["pointer"] },
   cublasSetStream_v2: { result: "i32", args: ["pointer", "pointer"] },
+  cublasSetWorkspace_v2: { result: "i32", args: ["pointer", "pointer", "u64"] },
   cublasGetStatusName: { result: "pointer", args: ["i32"] },
   cublasGemmEx: {
     result: "i32",
@@ -74,6 +75,9 @@ export function linearGemmArguments(x: bigint, w: bigint, y: bigint, rows: numbe
   return gemmExArguments(x, w, y, rows, outF, inF, false, true, operandType);
 }
 
+/** Device memory cuBLAS works in: NVIDIA's recommended size for Hopper (older GPUs need less and ignore the rest). */
+export const cublasWorkspaceBytes = 32 << 20;
+
 export class Blas {
   readonly libraries: BlasLibraries;
   readonly #lib: NativeLibrary;
@@ -81,7 +85,12 @@ export class Blas {
   readonly #alpha = new Float32Array(1);
   readonly #beta = new Float32Array(1);
 
-  constructor(stream: bigint, libraries: BlasLibraries = findBlasLibraries()) {
+  /**
+   * A handle bound to `stream`, working in `workspace` (device memory the caller owns and keeps until dispose). With
+   * its own workspace, cuBLAS allocates nothing while a stream is captured into a CUDA graph, and every graph and
+   * every eager call share the one buffer (all work is ordered on the one stream).
+   */
+  constructor(stream: bigint, libraries: BlasLibraries, workspace: { address: bigint; bytes: number }) {
     this.libraries = libraries;
     // Opening cublasLt first makes its soname resolvable for cublas (same directory, any search path).
     openLibrary(libraries.cublasLt.path, cublasLtSignatures);
@@ -90,6 +99,8 @@ export class Blas {
     this.#check(this.#lib.symbols.cublasCreate_v2(out), "cublasCreate");
     this.#handle = out[0];
     this.#check(this.#lib.symbols.cublasSetStream_v2(this.#handle, stream), "cublasSetStream");
+    // After the stream: cublasSetStream resets the handle to cuBLAS's own workspace.
+    this.#check(this.#lib.symbols.cublasSetWorkspace_v2(this.#handle, workspace.address, workspace.bytes), "cublasSetWorkspace");
   }
 
   /**

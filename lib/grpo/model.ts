@@ -14,7 +14,7 @@
  * A batch is several sequences concatenated row-wise; attention stays within each sequence (segment).
  */
 import { ArtError } from "../core/errors.ts";
-import type { Tensor } from "../model/backend.ts";
+import { checkTokenIds, type Tensor } from "../model/backend.ts";
 import type { ModelConfig } from "../model/config.ts";
 import { CpuTensor } from "../model/cpu/backend.ts";
 import { ropeInverseFrequencies, type LayerLoras, type ModelWeights, type ProjectionName } from "../model/transformer.ts";
@@ -317,9 +317,7 @@ export class TrainingModel {
     const ops = this.ops, c = this.config;
     const n = batch.tokens.length;
     const d = c.hiddenSize;
-    for (const id of batch.tokens) {
-      if (!(id >= 0 && id < c.vocabSize)) throw new ArtError("bad_token_id", `token id ${id} is outside the vocabulary (0..${c.vocabSize - 1})`);
-    }
+    checkTokenIds(batch.tokens, c.vocabSize);
     const rope = ops.ropeTables(batch.positions, this.invFreq);
     let x = ops.zeros([n, d]);
     ops.embedding(x, this.embedding.tensor, batch.tokens, d);

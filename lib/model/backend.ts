@@ -109,6 +109,14 @@ export function allowedTokenMask(vocab: number, rows: readonly (ArrayLike<number
   return mask;
 }
 
+/** Throws ArtError naming the first id outside 0..vocab-1 (every embedding lookup checks its ids with this). */
+export function checkTokenIds(ids: ArrayLike<number>, vocab: number): void {
+  for (let i = 0; i < ids.length; i++) {
+    const id = ids[i];
+    if (!(id >= 0 && id < vocab)) throw new ArtError("bad_token_id", `token id ${id} is outside the vocabulary (0..${vocab - 1})`);
+  }
+}
+
 /** Throws ArtError when sampling parameters do not fit logits of `rows` × `vocab` (shared by every backend). */
 export function checkSamplingParams(backend: string, params: SamplingParams, rows: number, vocab: number): void {
   for (const [name, array] of [["temperature", params.temperature], ["topP", params.topP], ["topK", params.topK],
@@ -131,6 +139,17 @@ export function checkSamplingParams(backend: string, params: SamplingParams, row
       throw new ArtError("empty_token_mask", `${backend}: row ${row}'s allowed-token mask allows no token; allow at least one, or give the row no constraint (every bit set)`);
     }
   }
+}
+
+/** A decode pass: one row per KV slot and logits for every row (see Backend.runDecodePass). */
+export interface DecodePass {
+  /** Whose weights the pass reads; its recordings go with it (releaseDecodePasses). */
+  owner: object;
+  /** What else decides which ops the pass queues (the transformer's LoRA set); "" for nothing. */
+  key: string;
+  cache: KvCache;
+  ids: Int32Array;
+  rows: RowPlacement;
 }
 
 export interface SampleResult {
@@ -194,6 +213,18 @@ export interface Backend {
   logSoftmax(logits: Tensor, out: Tensor): void;
   /** Samples one id per row of logits:[n, vocab] (see SamplingParams); waits for queued ops. */
   sample(logits: Tensor, params: SamplingParams): SampleResult;
+
+  // Optional: replaying recorded passes (the CUDA backend's graphs).
+  /**
+   * Runs `run` (a whole forward pass over `pass`'s rows, returning its logits), or replays what an earlier pass of
+   * the same shape queued: the same owner, key and row count (a device backend adds what its own launches depend
+   * on, such as the attention's key window). A decode step then costs one launch instead of hundreds. The contract
+   * on `run`: it reads the ids, slots and positions only through these very arrays, and queues the same ops for
+   * every pass of that shape. The caller frees the returned logits before its next pass.
+   */
+  runDecodePass?(pass: DecodePass, run: () => Tensor): Tensor;
+  /** Forgets what runDecodePass recorded for `owner` (its weights are about to be freed). */
+  releaseDecodePasses?(owner: object): void;
 }
 
 /** Number of elements of a shape; the one definition every backend uses. */

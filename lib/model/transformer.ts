@@ -12,7 +12,7 @@
  * rows' (slot, position); re-running a layer rewrites the same values.
  */
 import { ArtError } from "../core/errors.ts";
-import type { Backend, DType, KvCache, LoraWeights, RowPlacement, Tensor } from "./backend.ts";
+import { type Backend, type DType, type KvCache, type LoraWeights, type RowPlacement, type Tensor, checkTokenIds } from "./backend.ts";
 import type { ModelConfig, RopeScaling } from "./config.ts";
 import type { TensorStore } from "./safetensors.ts";
 
@@ -38,6 +38,31 @@ export interface ModelWeights {
 export type ProjectionName = "qProj" | "kProj" | "vProj" | "oProj" | "gateProj" | "upProj" | "downProj";
 /** Unmerged LoRA per layer and projection (the training area fills it). */
 export type LayerLoras = Partial<Record<ProjectionName, LoraWeights>>;
+
+const projectionNames: readonly ProjectionName[] = ["qProj", "kProj", "vProj", "oProj", "gateProj", "upProj", "downProj"];
+const objectIds = new WeakMap<object, number>();
+let nextObjectId = 1;
+function objectId(object: object): number {
+  let id = objectIds.get(object);
+  if (id === undefined) objectIds.set(object, (id = nextObjectId++));
+  return id;
+}
+
+/**
+ * What a forward pass's ops depend on in a LoRA set: which tensors (by identity: a tensor keeps its memory for its
+ * life, and training updates it in place) and the scales. Recorded decode passes are keyed on it.
+ */
+function loraKey(loras: LayerLoras[] | undefined): string {
+  if (!loras) return "";
+  const parts: (number | string)[] = [];
+  loras.forEach((layer, l) => {
+    for (const name of projectionNames) {
+      const lora = layer[name];
+      if (lora) parts.push(l, name, objectId(lora.a), objectId(lora.b), lora.scale);
+    }
+  });
+  return parts.join(" ");
+}
 
 /** Named intermediates of one layer's forward over n rows. */
 export interface LayerActivations {
@@ -174,15 +199,27 @@ export class Transformer {
   /**
    * One forward pass over a batch of rows (ids[i] at rows.slots[i], rows.positions[i]), filling the KV cache.
    * Returns logits [logitRows.length, vocab] for the chosen rows (all rows when null); the caller frees it.
+   * A decode pass (one row per slot, logits for every row) goes through the backend's runDecodePass when it has
+   * one: the CUDA backend replays such passes as recorded graphs.
    */
   forward(ids: Int32Array, rows: RowPlacement, cache: KvCache, logitRows: Int32Array | null, loras?: LayerLoras[]): Tensor {
     const n = ids.length;
     if (rows.slots.length !== n || rows.positions.length !== n) {
       throw new ArtError("bad_rows", `forward: ${n} ids but ${rows.slots.length} slots and ${rows.positions.length} positions`);
     }
+    checkTokenIds(ids, this.config.vocabSize);
+    const everyRow = logitRows === null || (logitRows.length === n && logitRows.every((row, i) => row === i));
+    const pass = () => this.#forwardPass(ids, rows, cache, everyRow ? null : logitRows, loras);
+    if (everyRow && this.backend.runDecodePass && new Set(rows.slots).size === n) {
+      return this.backend.runDecodePass({ owner: this, key: loraKey(loras), cache, ids, rows }, pass);
+    }
+    return pass();
+  }
+
+  #forwardPass(ids: Int32Array, rows: RowPlacement, cache: KvCache, logitRows: Int32Array | null, loras?: LayerLoras[]): Tensor {
     const b = this.backend, c = this.config;
-    const x = b.zeros([n, c.hiddenSize]);
-    const acts = this.allocateLayerActivations(n);
+    const x = b.zeros([ids.length, c.hiddenSize]);
+    const acts = this.allocateLayerActivations(ids.length);
     try {
       b.embedding(this.weights.embedding, ids, x);
       for (let l = 0; l < c.numLayers; l++) this.layerForward(l, x, acts, cache, rows, loras?.[l]);
@@ -203,6 +240,7 @@ export class Transformer {
   }
 
   free(): void {
+    this.backend.releaseDecodePasses?.(this);
     const w = this.weights;
     const tensors = new Set<Tensor>([w.embedding, w.finalNorm, w.lmHead, this.invFreq]);
     for (const layer of w.layers) for (const t of Object.values(layer)) if (t) tensors.add(t);

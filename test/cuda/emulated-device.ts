@@ -9,7 +9,7 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, renameSy
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { CudaBackend, type DeviceQueue, type GemmRunner } from "../../lib/cuda/backend.ts";
+import { CudaBackend, type CudaBackendOptions, type DeviceQueue, type GemmRunner } from "../../lib/cuda/backend.ts";
 import { type GemmExArguments, linearGemmArguments } from "../../lib/cuda/blas.ts";
 import type { KernelFunction, LaunchConfig } from "../../lib/cuda/driver.ts";
 import { cString, type NativeLibrary, openLibrary } from "../../lib/cuda/ffi.ts";
@@ -73,6 +73,11 @@ export function emulatedGemmEx(library: string): (g: GemmExArguments, alpha: num
   };
 }
 
+/**
+ * Stream capture as on a GPU: between beginCapture and endCapture, launches (with their argument values as packed
+ * then), GEMMs and memsets are recorded instead of run, and host copies and waits are refused; launchGraph runs a
+ * recording. Everything else runs at once (one in-order stream).
+ */
 class EmulatedDevice implements DeviceQueue {
   readonly device = { name: "CPU emulation", multiprocessors: 8 };
   readonly pool: MemoryPool;
@@ -80,6 +85,9 @@ class EmulatedDevice implements DeviceQueue {
   readonly #memory = hostMemory();
   readonly #argBlock: bigint;
   readonly #gemmEx: ReturnType<typeof emulatedGemmEx>;
+  #captured: Array<() => void> | null = null;
+  readonly #graphs = new Map<bigint, Array<() => void>>();
+  #nextGraph = 1n;
 
   constructor(library: string) {
     this.#lib = openLibrary(library, {
@@ -94,34 +102,81 @@ class EmulatedDevice implements DeviceQueue {
   }
 
   upload(destination: bigint, source: ArrayBufferView, offset = 0): void {
+    this.#notCapturing("upload");
     this.#memory.write(destination + BigInt(offset), source);
   }
 
   download(source: bigint, target: ArrayBufferView, offset = 0): void {
+    this.#notCapturing("download");
     this.#memory.read(source + BigInt(offset), target);
   }
 
   zero(destination: bigint, bytes: number): void {
-    this.#memory.write(destination, new Uint8Array(bytes));
+    this.#stream(() => this.#memory.write(destination, new Uint8Array(bytes)));
   }
 
   launch(kernel: KernelFunction, config: LaunchConfig, args: readonly KernelArg[]): void {
-    this.#memory.write(this.#argBlock, packKernelArgs(args, this.#argBlock));
+    const packed = packKernelArgs(args, this.#argBlock);
     const [gx, gy = 1, gz = 1] = config.grid, [bx, by = 1, bz = 1] = config.block;
-    const status = this.#lib.symbols.emu_launch(cString(kernel.name), gx, gy, gz, bx, by, bz, config.sharedBytes ?? 0, this.#argBlock);
-    if (status !== 0) throw new Error(`emulator: unknown kernel ${kernel.name}`);
+    this.#stream(() => {
+      this.#memory.write(this.#argBlock, packed);
+      const status = this.#lib.symbols.emu_launch(cString(kernel.name), gx, gy, gz, bx, by, bz, config.sharedBytes ?? 0, this.#argBlock);
+      if (status !== 0) throw new Error(`emulator: unknown kernel ${kernel.name}`);
+    });
   }
 
   /** GEMMs with the arguments Blas gives cublasGemmEx, run by the emulator's column-major reference. */
   gemm(): GemmRunner {
     return {
-      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0) =>
-        this.#gemmEx(linearGemmArguments(x, w, y, rows, inF, outF, type), alpha, beta),
+      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0) => {
+        const args = linearGemmArguments(x, w, y, rows, inF, outF, type);
+        this.#stream(() => this.#gemmEx(args, alpha, beta));
+      },
       dispose: () => {},
     };
   }
 
-  synchronize(): void {}
+  synchronize(): void {
+    this.#notCapturing("synchronize");
+  }
+
+  beginCapture(): void {
+    if (this.#captured) throw new Error("emulator: beginCapture while capturing");
+    this.#captured = [];
+  }
+
+  endCapture(): bigint {
+    if (!this.#captured) throw new Error("emulator: endCapture without beginCapture");
+    const graph = this.#nextGraph++;
+    this.#graphs.set(graph, this.#captured);
+    this.#captured = null;
+    return graph;
+  }
+
+  launchGraph(graph: bigint): void {
+    const work = this.#graphs.get(graph);
+    if (!work) throw new Error(`emulator: graph ${graph} does not exist`);
+    for (const step of work) this.#stream(step);
+  }
+
+  destroyGraph(graph: bigint): void {
+    if (!this.#graphs.delete(graph)) throw new Error(`emulator: graph ${graph} destroyed twice`);
+  }
+
+  /** Graphs made and not destroyed. */
+  get liveGraphs(): number {
+    return this.#graphs.size;
+  }
+
+  /** Runs stream work now, or records it while capturing. */
+  #stream(work: () => void): void {
+    if (this.#captured) this.#captured.push(work);
+    else work();
+  }
+
+  #notCapturing(what: string): void {
+    if (this.#captured) throw new Error(`emulator: ${what} while capturing a graph`);
+  }
 
   memoryInfo() {
     return { freeBytes: 0, totalBytes: 0 };
@@ -133,9 +188,9 @@ class EmulatedDevice implements DeviceQueue {
   }
 }
 
-export function createEmulatedBackend(library: string): CudaBackend<EmulatedDevice> {
+export function createEmulatedBackend(library: string, options: CudaBackendOptions = {}): CudaBackend<EmulatedDevice> {
   const device = new EmulatedDevice(library);
   const names = Object.values(kernelModules).flatMap((module) => Object.keys(module)) as KernelName[];
   const kernels = Object.fromEntries(names.map((name, i) => [name, { name, handle: BigInt(i + 1) }])) as Record<KernelName, KernelFunction>;
-  return new CudaBackend(device, device.gemm(), kernels);
+  return new CudaBackend(device, device.gemm(), kernels, options);
 }

@@ -8,4 +8,4 @@ const compiler = findCompiler();
 const skipReason = process.arch !== "x64" ? "skipped: the emulator's fibers are x86-64 only"
   : compiler ? "" : "skipped: no C++ compiler (g++ or clang++; or set CXX)";
 defineParitySuite(`CUDA kernels on the CPU emulator vs the CPU backend${skipReason ? ` (${skipReason})` : ""}`,
-  skipReason !== "", () => createEmulatedBackend(buildEmulator(compiler!)), { vocab: 3000, maxContext: 300, drawVocab: 64, draws: 256 });
+  skipReason !== "", (options) => createEmulatedBackend(buildEmulator(compiler!), options), { vocab: 3000, maxContext: 300, drawVocab: 64, draws: 256 });

@@ -1,5 +1,5 @@
 // Blas (lib/cuda/blas.ts) through the FFI against mocks/libcublas.cpp: the handle is bound to the backend's
-// stream, cublasGemmEx gets its 19 arguments in order (computed with the emulator's column-major reference on host
+// stream and then to its own workspace, cublasGemmEx gets its 19 arguments in order (computed with the emulator's column-major reference on host
 // memory), alpha/beta are host scalars, failures carry cuBLAS's status name, dispose destroys the handle.
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -15,11 +15,12 @@ const compiler = findCompiler();
 describe.skipIf(!compiler)(`Blas against a recording cuBLAS${compiler ? "" : " (skipped: no C++ compiler; set CXX)"}`, () => {
   const dir = mockDirectory("cublas");
 
-  it("runs row-major linear layers (f32 and bf16, alpha and beta) on the bound stream and names failures", () => {
+  it("runs row-major linear layers (f32 and bf16, alpha and beta) on the bound stream and workspace, and names failures", () => {
     const path = buildMock(compiler!, "libcublas", join(dir, "libcublas.so"));
     const stream = 0xabcn;
-    const blas = new Blas(stream, { cublasLt: { name: "cublasLt", path, source: "test" }, cublas: { name: "cublas", path, source: "test" } });
     const memory = hostMemory();
+    const workspace = { address: memory.malloc(4096), bytes: 4096 };
+    const blas = new Blas(stream, { cublasLt: { name: "cublasLt", path, source: "test" }, cublas: { name: "cublas", path, source: "test" } }, workspace);
     const random = seededRandom(3);
     const [rows, inF, outF] = [3, 4, 5];
     // Multiples of 1/8 below 4: exact in bf16, so both operand types must give the same sums.
@@ -56,6 +57,7 @@ describe.skipIf(!compiler)(`Blas against a recording cuBLAS${compiler ? "" : " (
     }
     blas.dispose();
     const report = openLibrary(path, { mock_cublas_report: { result: "pointer", args: [] } }).symbols.mock_cublas_report() as bigint;
-    expect(JSON.parse(memory.readCString(report))).toEqual({ gemms: 4, liveHandles: 0, lastStream: Number(stream), violations: [] });
+    expect(JSON.parse(memory.readCString(report))).toEqual({ gemms: 4, liveHandles: 0, lastStream: Number(stream), lastWorkspaceBytes: 4096, violations: [] });
+    memory.free(workspace.address);
   });
 });

@@ -1,6 +1,6 @@
 // The parity suite: every CUDA op against the CPU backend on random inputs (sampling draw for draw: the CPU sampler
 // is the reference of the kernel's algorithm), logits of tiny checkpoints against the CPU engine, greedy generation
-// token-identical. Defined once, run on a GPU (parity.test.ts, ART_TEST_GPU=1) and
+// token-identical, and decode passes replayed as CUDA graphs bit-identical to eager ones. Defined once, run on a GPU (parity.test.ts, ART_TEST_GPU=1) and
 // on the CPU emulation of the kernels (emulated-parity.test.ts).
 // Tolerances: ops with f32 operands agree to f32 rounding; bf16 weights are bf16-rounded on both backends, but
 // the CUDA backend also narrows activations to bf16 for the GEMM and keeps the KV cache in bf16 (relative error ~2^-8).
@@ -8,9 +8,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { seededRandom } from "../../lib/core/random.ts";
 import { type Backend, type DType, type SamplingParams, type Tensor, allowedTokenMask } from "../../lib/model/backend.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { generate } from "../../lib/model/generate.ts";
+import { generate, step } from "../../lib/model/generate.ts";
 import { loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
-import type { CudaBackend, DeviceQueue } from "../../lib/cuda/backend.ts";
+import type { CudaBackend, CudaBackendOptions, DeviceQueue } from "../../lib/cuda/backend.ts";
+import type { LayerLoras, Transformer } from "../../lib/model/transformer.ts";
 import { tinyCheckpoint } from "../model/helpers.ts";
 import { probeKvSlotCopy } from "../model/kv-copy-probe.ts";
 import { random, relativeError } from "./compare.ts";
@@ -25,7 +26,7 @@ export interface ParitySuiteOptions {
   draws: number;
 }
 
-export function defineParitySuite(title: string, skip: boolean, create: () => CudaBackend<DeviceQueue>,
+export function defineParitySuite(title: string, skip: boolean, create: (options?: CudaBackendOptions) => CudaBackend<DeviceQueue>,
                                   { vocab, maxContext, drawVocab, draws }: ParitySuiteOptions): void {
 describe.skipIf(skip)(title, () => {
   const cpu = new CpuBackend();
@@ -248,5 +249,62 @@ describe.skipIf(skip)(title, () => {
       onGpu.free();
     });
   }
+
+  it("decode passes replayed as CUDA graphs give the very tokens and logprobs of eager passes, LoRA and its in-place updates included", () => {
+    const eager = create({ graphs: false });
+    const dir = tinyCheckpoint({ arch: "qwen2", seed: 9 });
+    const models = [loadTransformer(dir, gpu, "bf16"), loadTransformer(dir, eager, "bf16")] as const;
+    const loras = [randomLoras(models[0], 1), randomLoras(models[1], 1)] as const;
+    const caches = models.map((m) => m.createKvCache(3, 128));
+    const vocab = models[0].config.vocabSize;
+    // Prompts of 50-60 tokens, then decoding across the 64-key window, where the attention plan changes.
+    const prompts = [50, 55, 60].map((length, r) => Array.from({ length }, (_, i) => (i * 31 + r * 7 + 3) % vocab));
+    const rng = seededRandom(12);
+    const outputs: [number[][], number[][]] = [[], []];
+    const positions = prompts.map((p) => p.length);
+    let last = prompts.map((p) => p);
+    const decode = (count: number, adapter: boolean) => {
+      for (let t = 0; t < count; t++) {
+        const uniforms = prompts.map(() => rng());
+        const sampled = models.map((model, i) => step(model, caches[i], prompts.map((_, slot) => ({
+          slot, startPosition: positions[slot] - last[slot].length, tokens: last[slot],
+          sample: { temperature: 0.9, topP: 1, topK: 20, uniform: uniforms[slot], topLogprobs: 2 },
+        })), adapter ? loras[i] : undefined));
+        sampled.forEach((tokens, i) => outputs[i].push(tokens.flatMap((token) => [token!.id, token!.logprob, ...token!.topLogprobs.flatMap((a) => [a.id, a.logprob])])));
+        last = sampled[0].map((token) => [token!.id]);
+        for (let slot = 0; slot < positions.length; slot++) positions[slot]++;
+      }
+    };
+    const before = gpu.decodeGraphStats()!;
+    decode(20, true); // prefill (eager), then decode steps
+    const afterFirst = gpu.decodeGraphStats()!;
+    expect(afterFirst.disabled).toBeNull();
+    expect(afterFirst.recorded - before.recorded).toBe(2); // one graph per key window: 64, then 128
+    expect(afterFirst.replayed - before.replayed).toBe(15); // 19 decode steps, per window one eager and one recorded
+    // Training updates the adapter's tensors in place: the recorded graphs read the new values.
+    loras.forEach((set, i) => set.forEach((layer, l) => {
+      const b = layer.qProj!.b as Tensor & { address: bigint };
+      [gpu, eager][i].context.upload(b.address, random(b.size, 500 + l, 0.3));
+    }));
+    decode(10, true);
+    expect(gpu.decodeGraphStats()!.recorded).toBe(afterFirst.recorded);
+    expect(gpu.decodeGraphStats()!.replayed - afterFirst.replayed).toBe(10);
+    decode(5, false); // no adapter: other launches, graphs of their own
+    expect(gpu.decodeGraphStats()!.recorded).toBe(afterFirst.recorded + 1);
+    expect(outputs[0]).toEqual(outputs[1]);
+    caches.forEach((cache) => cache.free());
+    models.forEach((model) => model.free());
+    eager.dispose();
+  });
 });
+}
+
+/** A random rank-4 LoRA on q_proj and down_proj of every layer, in f32. */
+function randomLoras(model: Transformer, seed: number): LayerLoras[] {
+  const { hiddenSize: d, numHeads, headDim, intermediateSize: inter, numLayers } = model.config;
+  const rank = 4, b = model.backend;
+  return Array.from({ length: numLayers }, (_, l) => ({
+    qProj: { a: b.upload(random(rank * d, seed + 10 * l, 0.3), [rank, d]), b: b.upload(random(numHeads * headDim * rank, seed + 10 * l + 1, 0.3), [numHeads * headDim, rank]), scale: 2 },
+    downProj: { a: b.upload(random(rank * inter, seed + 10 * l + 2, 0.3), [rank, inter]), b: b.upload(random(d * rank, seed + 10 * l + 3, 0.3), [d, rank]), scale: 2 },
+  }));
 }

@@ -5,4 +5,4 @@ import { cudaAvailable, gpuSkipReason } from "./gpu.ts";
 import { defineParitySuite } from "./parity-suite.ts";
 
 defineParitySuite(`CUDA backend parity with the CPU backend${gpuSkipReason ? ` (${gpuSkipReason})` : ""}`, !cudaAvailable,
-  () => createCudaBackend({ log: (m) => console.info(m) }), { vocab: 151_936, maxContext: 1000, drawVocab: 1000, draws: 4000 });
+  (options) => createCudaBackend({ log: (m) => console.info(m), ...options }), { vocab: 151_936, maxContext: 1000, drawVocab: 1000, draws: 4000 });

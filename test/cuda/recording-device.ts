@@ -2,7 +2,10 @@
 // copy, launch or GEMM touches must lie in a live pool block (catches use-after-free and undersized buffers in the
 // host orchestration), launch geometry must be legal, and nothing may stay allocated after dispose. Downloads
 // read back zeros. It lets the backend's host logic (shapes, index caching, tiling, key splits, sampling I/O,
-// freeing) run here without a GPU; what the kernels compute is checked by parity.test.ts on a GPU.
+// freeing, graph recording) run here without a GPU; what the kernels compute is checked by the parity suites.
+// Stream capture: launches and GEMMs queued while capturing go into the graph, not into `launches`/`gemms`; each
+// replay checks again that every pointer the graph uses is live (a graph must never outlive its buffers), and
+// host copies or waits while capturing throw. `failCapture` makes the next capture fail at its start or end.
 import type { DeviceQueue, GemmRunner } from "../../lib/cuda/backend.ts";
 import type { KernelFunction, LaunchConfig } from "../../lib/cuda/driver.ts";
 import type { KernelArg } from "../../lib/cuda/kernel-args.ts";
@@ -24,6 +27,15 @@ export class RecordingDevice implements DeviceQueue {
   readonly pool: MemoryPool;
   /** Bytes the "device" has handed out and not taken back. */
   outstandingBytes = 0;
+  graphLaunches = 0;
+  failCapture: "begin" | "end" | null = null;
+  /** The kernel launches recorded into each graph. */
+  readonly graphs = new Map<bigint, RecordedLaunch[]>();
+  /** Uploads and graph events in order (to check what a graph reads was written before it ran). */
+  readonly events: Array<{ event: "upload"; address: bigint } | { event: "endCapture" | "launchGraph"; graph: bigint }> = [];
+  #captured: { checks: Array<() => void>; launches: RecordedLaunch[] } | null = null;
+  readonly #graphChecks = new Map<bigint, Array<() => void>>();
+  #nextGraph = 1n;
   #next = 0x10_0000_0000n;
   readonly #sizes = new Map<bigint, number>();
 
@@ -48,16 +60,19 @@ export class RecordingDevice implements DeviceQueue {
   }
 
   upload(destination: bigint, source: ArrayBufferView, offset = 0): void {
+    this.#notCapturing("upload");
     this.expectLive(destination + BigInt(offset), source.byteLength, "upload");
+    this.events.push({ event: "upload", address: destination + BigInt(offset) });
   }
 
   download(source: bigint, target: ArrayBufferView, offset = 0): void {
+    this.#notCapturing("download");
     this.expectLive(source + BigInt(offset), target.byteLength, "download");
     new Uint8Array(target.buffer, target.byteOffset, target.byteLength).fill(0);
   }
 
   zero(destination: bigint, bytes: number): void {
-    this.expectLive(destination, bytes, "zero");
+    this.#stream(() => this.expectLive(destination, bytes, "zero"), () => {});
   }
 
   launch(kernel: KernelFunction, config: LaunchConfig, args: readonly KernelArg[]): void {
@@ -67,13 +82,59 @@ export class RecordingDevice implements DeviceQueue {
     // Every kernel here reduces over warps: whole warps only.
     if (!(bx * by * bz <= 1024 && (bx * by * bz) % 32 === 0)) throw new Error(`${kernel.name}: bad block ${config.block}`);
     if (shared > 227 * 1024) throw new Error(`${kernel.name}: ${shared} bytes of shared memory`);
-    args.forEach(([type, value], i) => {
+    const check = () => args.forEach(([type, value], i) => {
       if (type === "ptr" && value !== 0n) this.expectLive(BigInt(value), 1, `${kernel.name} argument ${i}`);
     });
-    this.launches.push({ name: kernel.name, grid: [gx, gy, gz], block: [bx, by, bz], sharedBytes: shared, args });
+    const launch = { name: kernel.name, grid: [gx, gy, gz], block: [bx, by, bz], sharedBytes: shared, args };
+    this.#stream(check, () => this.launches.push(launch));
+    this.#captured?.launches.push(launch);
   }
 
-  synchronize(): void {}
+  synchronize(): void {
+    this.#notCapturing("synchronize");
+  }
+
+  beginCapture(): void {
+    if (this.#captured) throw new Error("beginCapture while capturing");
+    if (this.failCapture === "begin") throw new Error("recording device: capture refused");
+    this.#captured = { checks: [], launches: [] };
+  }
+
+  endCapture(): bigint {
+    const captured = this.#captured;
+    if (!captured) throw new Error("endCapture without beginCapture");
+    this.#captured = null;
+    if (this.failCapture === "end") throw new Error("recording device: capture invalidated");
+    const graph = this.#nextGraph++;
+    this.#graphChecks.set(graph, captured.checks);
+    this.graphs.set(graph, captured.launches);
+    this.events.push({ event: "endCapture", graph });
+    return graph;
+  }
+
+  launchGraph(graph: bigint): void {
+    const checks = this.#graphChecks.get(graph);
+    if (!checks) throw new Error(`graph ${graph} does not exist`);
+    for (const check of checks) check();
+    this.graphLaunches++;
+    this.events.push({ event: "launchGraph", graph });
+  }
+
+  destroyGraph(graph: bigint): void {
+    if (!this.#graphChecks.delete(graph)) throw new Error(`graph ${graph} destroyed twice`);
+    this.graphs.delete(graph);
+  }
+
+  /** Checks stream work's pointers now; records it in `launches`/`gemms`, or in the graph being captured. */
+  #stream(check: () => void, record: () => void): void {
+    check();
+    if (this.#captured) this.#captured.checks.push(check);
+    else record();
+  }
+
+  #notCapturing(what: string): void {
+    if (this.#captured) throw new Error(`${what} while capturing a graph`);
+  }
 
   memoryInfo() {
     return { freeBytes: 0, totalBytes: 0 };
@@ -88,10 +149,11 @@ export class RecordingDevice implements DeviceQueue {
     return {
       linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0) => {
         const size = type === "bf16" ? 2 : 4;
-        this.expectLive(x, rows * inF * size, "GEMM x");
-        this.expectLive(w, outF * inF * size, "GEMM w");
-        this.expectLive(y, rows * outF * 4, "GEMM y");
-        this.gemms.push({ rows, inF, outF, type, alpha, beta });
+        this.#stream(() => {
+          this.expectLive(x, rows * inF * size, "GEMM x");
+          this.expectLive(w, outF * inF * size, "GEMM w");
+          this.expectLive(y, rows * outF * 4, "GEMM y");
+        }, () => this.gemms.push({ rows, inF, outF, type, alpha, beta }));
       },
       dispose: () => {},
     };

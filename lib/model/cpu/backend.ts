@@ -6,7 +6,7 @@
 import { ArtError } from "../../core/errors.ts";
 import {
   type Backend, type DType, type KvCache, type KvCacheSpec, type LoraWeights, type RowPlacement,
-  type SampleResult, type SamplingParams, type Tensor, checkKvSlotCopy, shapeSize,
+  type SampleResult, type SamplingParams, type Tensor, checkKvSlotCopy, checkTokenIds, shapeSize,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
 import { ATTENTION_BLOCK, attendBlock, logSoftmaxRow, matmulNT, ropeRows, rmsNormRows, transposeRows } from "./kernels.ts";
@@ -135,11 +135,8 @@ export class CpuBackend implements Backend {
     const t = cpu(table), o = cpu(out);
     const [vocab, d] = t.shape;
     expectSize("embedding out", o, ids.length * d);
-    for (let i = 0; i < ids.length; i++) {
-      const id = ids[i];
-      if (!(id >= 0 && id < vocab)) throw new ArtError("bad_token_id", `token id ${id} is outside the vocabulary (0..${vocab - 1})`);
-      o.data.set(t.data.subarray(id * d, (id + 1) * d), i * d);
-    }
+    checkTokenIds(ids, vocab);
+    ids.forEach((id, i) => o.data.set(t.data.subarray(id * d, (id + 1) * d), i * d));
   }
 
   rmsNorm(x: Tensor, weight: Tensor, eps: number, out: Tensor): void {

@@ -1,5 +1,6 @@
 // A stand-in for libcublas and libcublasLt (one file serves both paths) for testing lib/cuda/blas.ts where no GPU
-// exists: the handle's life, the stream it is bound to, host-pointer alpha/beta, status names, and cublasGemmEx's
+// exists: the handle's life, the stream and workspace it is bound to (cublasSetStream resets the workspace, as
+// cuBLAS documents), host-pointer alpha/beta, status names, and cublasGemmEx's
 // 19 arguments in order, which it computes with the same column-major reference as the emulator
 // (emulator/gemm-reference.h) on host memory. Its declarations are checked against the real headers by the ABI
 // test through Blas's binding table, not here (no cuBLAS headers on this machine). MOCK_CUBLAS_FAIL_GEMM=1 makes
@@ -11,10 +12,11 @@
 #include "../emulator/gemm-reference.h"
 
 namespace {
-struct Handle { void* stream = nullptr; };
+struct Handle { void* stream = nullptr; void* workspace = nullptr; size_t workspaceBytes = 0; };
 std::vector<std::string> violations;
 int gemms = 0, live = 0;
 void* lastStream = nullptr;
+size_t lastWorkspaceBytes = 0;
 std::string report;
 constexpr int kSuccess = 0, kNotInitialized = 1, kInvalidValue = 7, kExecutionFailed = 13, kNotSupported = 15;
 constexpr int kComputeF32 = 68, kGemmDefault = -1;
@@ -38,6 +40,15 @@ int cublasDestroy_v2(Handle* handle) {
 int cublasSetStream_v2(Handle* handle, void* stream) {
   if (handle == nullptr) return kNotInitialized;
   handle->stream = stream;
+  handle->workspace = nullptr;
+  handle->workspaceBytes = 0;
+  return kSuccess;
+}
+int cublasSetWorkspace_v2(Handle* handle, void* workspace, size_t bytes) {
+  if (handle == nullptr) return kNotInitialized;
+  if (workspace == nullptr || bytes == 0) return kInvalidValue;
+  handle->workspace = workspace;
+  handle->workspaceBytes = bytes;
   return kSuccess;
 }
 const char* cublasGetStatusName(int status) {
@@ -57,6 +68,7 @@ int cublasGemmEx(Handle* handle, int transa, int transb, int m, int n, int k, co
   if (compute != kComputeF32 || algo != kGemmDefault) return kNotSupported;
   if (const char* fail = std::getenv("MOCK_CUBLAS_FAIL_GEMM"); fail && fail[0] == '1') return kExecutionFailed;
   lastStream = handle->stream;
+  lastWorkspaceBytes = handle->workspaceBytes;
   gemms++;
   // Host pointer mode: alpha and beta are read during the call.
   const float alpha_value = *static_cast<const float*>(alpha), beta_value = *static_cast<const float*>(beta);
@@ -66,7 +78,8 @@ int cublasGemmEx(Handle* handle, int transa, int transb, int m, int n, int k, co
 
 const char* mock_cublas_report() {
   report = "{\"gemms\": " + std::to_string(gemms) + ", \"liveHandles\": " + std::to_string(live) + ", \"lastStream\": " +
-           std::to_string(reinterpret_cast<unsigned long long>(lastStream)) + ", \"violations\": [";
+           std::to_string(reinterpret_cast<unsigned long long>(lastStream)) + ", \"lastWorkspaceBytes\": " +
+           std::to_string(lastWorkspaceBytes) + ", \"violations\": [";
   for (size_t i = 0; i < violations.size(); i++) report += (i ? ", \"" : "\"") + violations[i] + "\"";
   return (report += "]}").c_str();
 }
