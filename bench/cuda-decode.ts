@@ -5,7 +5,10 @@
 // Usage: node bench/cuda-decode.ts [--peer hf.json] [--shapes qwen2.5-0.5b,qwen2.5-1.5b] [--batches 1,8,64]
 //        [--prompt 128] [--steps 128] [--prefill 512]
 // Decode: every sequence prefills `prompt` tokens (untimed), then `steps` decode steps are timed (forward + on-device
-// greedy sampling + the ids back to the host, i.e. what generation does). Prefill: one forward of `prefill` tokens
+// greedy sampling + the ids back to the host, i.e. what generation does), once with decode passes replayed as CUDA
+// graphs (the default) and once eagerly, on two backends of the same process. With graphs, the first decode step
+// is untimed (a new shape runs eagerly once) and the timed ones include the recording and, at the key-window
+// change, one more eager step and recording: what generation pays. Prefill: one forward of `prefill` tokens
 // per sequence at batch 1 and 8, logits for the last row only. Roofline per decode step: all weight bytes plus the
 // KV cache read, at the bandwidth of a device-to-device copy measured here.
 import { readFileSync } from "node:fs";
@@ -65,20 +68,25 @@ function prefillRun(model: Transformer, batch: number): number {
 }
 
 const backend = createCudaBackend({ log: (m) => console.error(m) });
+const eagerBackend = createCudaBackend({ log: (m) => console.error(m), graphs: false });
 const bandwidth = measureBandwidth(backend);
 const results: Record<string, unknown> = {};
 for (const name of values.shapes!.split(",")) {
   const config = shapeConfig(name);
   const { weights, bytes: weightBytes } = randomWeights(backend, config);
   const model = new Transformer(backend, config, weights);
+  const eagerModel = new Transformer(eagerBackend, config, randomWeights(eagerBackend, config).weights);
   const decode: Record<string, unknown> = {};
   for (const batch of batches) {
     const { tokensPerSecond, kvBytesPerStep } = decodeRun(model, batch);
+    const eager = decodeRun(eagerModel, batch).tokensPerSecond;
     const rooflineTokensPerSecond = (batch * bandwidth) / (weightBytes + kvBytesPerStep);
     const hf = peer?.results[name]?.decode[String(batch)];
     const hfLoop = peer?.results[name]?.decodeLoop?.[String(batch)];
     decode[batch] = {
       tokensPerSecond: +tokensPerSecond.toFixed(1),
+      eagerTokensPerSecond: +eager.toFixed(1),
+      graphSpeedup: +(tokensPerSecond / eager).toFixed(2),
       rooflineTokensPerSecond: +rooflineTokensPerSecond.toFixed(1),
       fractionOfRoofline: +(tokensPerSecond / rooflineTokensPerSecond).toFixed(3),
       ...(hf ? { hfTokensPerSecond: hf, ratioToHf: +(tokensPerSecond / hf).toFixed(2) } : {}),
@@ -91,14 +99,16 @@ for (const name of values.shapes!.split(",")) {
     const hf = peer?.results[name]?.prefill[String(batch)];
     prefill[batch] = { tokensPerSecond: Math.round(tokensPerSecond), ...(hf ? { hfTokensPerSecond: hf, ratioToHf: +(tokensPerSecond / hf).toFixed(2) } : {}) };
   }
-  results[name] = { weightBytes, decode, prefill, pool: backend.memoryStats().pool };
+  results[name] = { weightBytes, decode, prefill, pool: backend.memoryStats().pool, graphs: backend.decodeGraphStats() };
   model.free();
+  eagerModel.free();
 }
 console.log(JSON.stringify({
   device: backend.context.device.name,
   measuredBandwidthGBps: +(bandwidth / 1e9).toFixed(0),
-  settings: { promptLength, steps, prefillLength, sampling: "greedy on device" },
+  settings: { promptLength, steps, prefillLength, sampling: "greedy on device", decode: "CUDA graphs (tokensPerSecond) and eager (eagerTokensPerSecond)" },
   command: `node bench/cuda-decode.ts ${process.argv.slice(2).join(" ")}`.trim(),
   results,
 }, null, 2));
 backend.dispose();
+eagerBackend.dispose();
