@@ -91,19 +91,10 @@ export class DecodeGraphs {
   constructor(host: GraphHost, log: (message: string) => void) {
     this.#host = host;
     this.#log = log;
-    // Blocks come from the main pool and stay the arena's until trimmed; an out-of-memory main pool answers null,
-    // so the arena first returns its own cached blocks and tries again.
-    this.arena = new MemoryPool({
-      allocate: (bytes) => {
-        try {
-          return host.pool.allocate(bytes);
-        } catch (error) {
-          if (error instanceof ArtError && error.code === "cuda_out_of_memory") return null;
-          throw error;
-        }
-      },
-      release: (address) => host.pool.free(address),
-    });
+    // Blocks come from the main pool and stay the arena's until no graph is left. Its allocator never answers
+    // null, so the arena never trims itself on out-of-memory: its cached blocks are graphs' scratch. The main
+    // pool's out-of-memory error fails the recording instead, which switches graphs off and frees everything.
+    this.arena = new MemoryPool({ allocate: (bytes) => host.pool.allocate(bytes), release: (address) => host.pool.free(address) });
   }
 
   get enabled(): boolean {
@@ -161,8 +152,13 @@ export class DecodeGraphs {
     }
     this.#graphs.delete(key);
     this.#graphs.set(key, graph);
-    this.#host.upload(graph.inputs, packInputs(pass));
-    this.#host.launchGraph(graph.graph);
+    try {
+      this.#host.upload(graph.inputs, packInputs(pass));
+      this.#host.launchGraph(graph.graph);
+    } catch (error) {
+      this.arena.free(graph.output);
+      throw error;
+    }
     this.#stats.replayed++;
     return this.#host.outputTensor(graph.outputShape, graph.output);
   }
@@ -170,26 +166,34 @@ export class DecodeGraphs {
   #record(key: string, pass: DecodePass, run: () => Tensor, cacheId: number): Tensor {
     const pool = this.#host.pool;
     const n = pass.ids.length;
-    const inputs = pool.allocate(3 * n * 4);
+    let inputs: bigint | null = null;
     let recorded: ReturnType<GraphHost["record"]>;
     try {
+      inputs = pool.allocate(3 * n * 4);
       this.#host.upload(inputs, packInputs(pass));
       const addresses = new Map([[pass.ids, inputs], [pass.rows.slots, inputs + BigInt(4 * n)], [pass.rows.positions, inputs + BigInt(8 * n)]]);
       recorded = this.#host.record(run, addresses, this.arena);
     } catch (error) {
-      pool.free(inputs);
+      if (inputs !== null) pool.free(inputs);
       this.#disable(error);
       return run();
     }
-    // The pass's constant index arrays, then the pass itself: recording ran nothing.
-    for (const upload of recorded.deferred) this.#host.upload(upload.address, upload.data);
-    this.#host.launchGraph(recorded.graph);
     const { output } = recorded;
-    this.#graphs.set(key, {
+    const graph: Graph = {
       graph: recorded.graph, owner: this.#ownerId(pass.owner), cache: cacheId, inputs,
       constants: recorded.deferred.map((upload) => upload.address), output: output.address, outputShape: output.shape,
       outputBytes: output.size * 4,
-    });
+    };
+    try {
+      // The pass's constant index arrays, then the pass itself: recording ran nothing.
+      for (const upload of recorded.deferred) this.#host.upload(upload.address, upload.data);
+      this.#host.launchGraph(recorded.graph);
+    } catch (error) {
+      this.#destroy(graph);
+      this.#disable(error);
+      return run();
+    }
+    this.#graphs.set(key, graph);
     this.#stats.recorded++;
     if (this.#graphs.size > maxGraphs) {
       const oldest = this.#graphs.keys().next().value!;
@@ -199,6 +203,7 @@ export class DecodeGraphs {
     return output;
   }
 
+  /** Graphs off for good: every graph destroyed and the arena's memory (a failed recording's too) given back. */
   #disable(error: unknown): void {
     const reason = error instanceof Error ? error.message : String(error);
     this.#stats.disabled = reason;

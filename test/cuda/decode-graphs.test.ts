@@ -141,6 +141,23 @@ describe("decode passes as CUDA graphs (recording device)", () => {
     });
   }
 
+  it("out of memory while recording switches graphs off; the graphs already recorded never lose their memory", () => {
+    const { device, model, cache, messages, stats, done } = setup();
+    decode(model, cache, [0, 1, 2], 5);
+    decode(model, cache, [0, 1, 2], 5); // recorded: its scratch is the arena's
+    decode(model, cache, [0, 1], 5); // another shape, eagerly: its blocks are cached by the main pool
+    device.pool.trim();
+    device.limitBytes = device.outstandingBytes + 512; // the graph's input buffer, then nothing more from the device
+    const logits = decode(model, cache, [0, 1], 5, { keep: true });
+    expect(logits.shape).toEqual([2, model.config.vocabSize]); // the pass ran, eagerly
+    expect(stats()).toMatchObject({ recorded: 1, graphs: 0 });
+    expect(stats()!.disabled).toMatch(/^out of GPU memory allocating \d+ bytes/);
+    expect(messages[0]).toMatch(/^art-ts cuda: CUDA graphs are off for this backend, .*: recording one failed: out of GPU memory/);
+    model.backend.free(logits);
+    device.limitBytes = Infinity;
+    done();
+  });
+
   it("with graphs off every pass runs eagerly", () => {
     const { device, model, cache, stats, done } = setup({ graphs: false });
     const loaded = device.launches.length;

@@ -29,6 +29,8 @@ export class RecordingDevice implements DeviceQueue {
   outstandingBytes = 0;
   graphLaunches = 0;
   failCapture: "begin" | "end" | null = null;
+  /** Device bytes beyond which allocations fail (the pool then sees out-of-memory). */
+  limitBytes = Infinity;
   /** The kernel launches recorded into each graph. */
   readonly graphs = new Map<bigint, RecordedLaunch[]>();
   /** Uploads and graph events in order (to check what a graph reads was written before it ran). */
@@ -42,6 +44,7 @@ export class RecordingDevice implements DeviceQueue {
   constructor() {
     this.pool = new MemoryPool({
       allocate: (bytes) => {
+        if (this.outstandingBytes + bytes > this.limitBytes) return null;
         const address = this.#next;
         this.#next += BigInt(bytes) + 4096n;
         this.#sizes.set(address, bytes);
