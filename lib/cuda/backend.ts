@@ -178,6 +178,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   #indexCache: CachedIndex[] = [];
   /** The last activation narrowed to bf16 for a GEMM: q, k and v (and gate, up) read the same input. */
   #bf16Copy: { tensor: CudaTensor; version: number; address: bigint } | null = null;
+  /** Whether a bf16 matrix was uploaded: then producers of GEMM inputs write bf16 copies (#bf16Output). */
+  #bf16Matrices = false;
   /** The last attention tiling, reused by every layer of a pass (same arrays, so their device copies are reused too). */
   #lastTiles: { slots: Int32Array; positions: Int32Array; group: number; tiles: ReturnType<typeof planTiles> } | null = null;
   readonly #graphs: DecodeGraphs | null;
@@ -223,6 +225,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const f32 = this.#allocate(shape, "f32");
     this.context.upload(f32.address, data);
     if (dtype === "f32") return f32;
+    if (shape.length === 2) this.#bf16Matrices = true;
     const narrow = this.#allocate(shape, "bf16");
     this.#launch("f32_to_bf16", [gridFor(data.length)], [256], [["ptr", f32.address], ["ptr", narrow.address], ["i64", data.length]]);
     this.free(f32);
@@ -292,8 +295,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     o.version++;
     expectSize("rmsNorm out", o, xs.size);
     expectMultiple("rmsNorm input", xs, w.size);
+    // A norm of whole rows feeds GEMMs (q/k/v, the head); a per-head norm (Qwen3's q/k norm) does not.
+    const gemmInput = w.size === o.shape[o.shape.length - 1];
     this.#launch(w.dtype === "bf16" ? "rmsnorm_bf16" : "rmsnorm_f32", [xs.size / w.size], [rowThreads(w.size)],
-      [["ptr", xs.address], ["ptr", w.address], ["f32", eps], ["ptr", o.address], ["i32", w.size]]);
+      [["ptr", xs.address], ["ptr", w.address], ["f32", eps], ["ptr", o.address], ["ptr", gemmInput ? this.#bf16Output(o) : 0n], ["i32", w.size]]);
   }
 
   addRmsNorm(residual: Tensor, x: Tensor, weight: Tensor, eps: number, out: Tensor): void {
@@ -304,7 +309,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     expectSize("addRmsNorm out", o, r.size);
     expectMultiple("addRmsNorm residual", r, w.size);
     this.#launch(w.dtype === "bf16" ? "add_rmsnorm_bf16" : "add_rmsnorm_f32", [r.size / w.size], [rowThreads(w.size)],
-      [["ptr", r.address], ["ptr", xs.address], ["ptr", w.address], ["f32", eps], ["ptr", o.address], ["i32", w.size]]);
+      [["ptr", r.address], ["ptr", xs.address], ["ptr", w.address], ["f32", eps], ["ptr", o.address], ["ptr", this.#bf16Output(o)],
+        ["i32", w.size]]);
   }
 
   linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor, lora?: LoraWeights | null): void {
@@ -385,14 +391,15 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const dpl = attentionDimsPerLane(headDim);
     const partialO = splits > 1 ? this.#transient().allocate(splits * n * numHeads * headDim * 4) : 0n;
     const partialMl = splits > 1 ? this.#transient().allocate(splits * n * numHeads * 2 * 4) : 0n;
+    const outBf16 = this.#bf16Output(o); // o_proj's operand, written by whichever kernel writes the output
     this.#launch(`attention_dpl${dpl}`, [tileCount, numKvHeads, splits], [attentionWarps * 32], [
       ["ptr", qs.address], ["ptr", cache.keys(layer)], ["ptr", cache.values(layer)], ["ptr", slots], ["ptr", positions],
       ["ptr", this.#indices(tiles.tileStart)], ["ptr", this.#indices(tiles.tileRows)], ["i32", numHeads], ["i32", numKvHeads],
-      ["i32", headDim], ["i32", maxPositions], ["i32", splitLength], ["ptr", o.address], ["ptr", partialO], ["ptr", partialMl],
-      ["i32", n]], attentionSharedBytes(dpl));
+      ["i32", headDim], ["i32", maxPositions], ["i32", splitLength], ["ptr", o.address], ["ptr", splits > 1 ? 0n : outBf16],
+      ["ptr", partialO], ["ptr", partialMl], ["i32", n]], attentionSharedBytes(dpl));
     if (splits > 1) {
       this.#launch("attention_combine", [n * numHeads], [rowThreads(headDim)], [["ptr", partialO], ["ptr", partialMl],
-        ["ptr", o.address], ["i32", splits], ["i32", n], ["i32", numHeads], ["i32", headDim]]);
+        ["ptr", o.address], ["ptr", outBf16], ["i32", splits], ["i32", n], ["i32", numHeads], ["i32", headDim]]);
       this.#release(partialO);
       this.#release(partialMl);
     }
@@ -415,7 +422,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     o.version++;
     expectSize("swiglu up", u, g.size);
     expectSize("swiglu out", o, g.size);
-    this.#launch("swiglu", [gridFor(g.size)], [256], [["ptr", g.address], ["ptr", u.address], ["ptr", o.address], ["i64", g.size]]);
+    this.#launch("swiglu", [gridFor(g.size)], [256], [["ptr", g.address], ["ptr", u.address], ["ptr", o.address],
+      ["ptr", this.#bf16Output(o)], ["i64", g.size]]);
   }
 
   addInPlace(residual: Tensor, x: Tensor): void {
@@ -510,6 +518,20 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   #launch(name: KernelName, grid: [number, number?, number?], block: [number], args: readonly KernelArg[], sharedBytes = 0): void {
     checkKernelArgs(name, args);
     this.context.launch(this.#kernels[name], { grid, block, sharedBytes }, args);
+  }
+
+  /**
+   * Where the op about to write `out` (its version already bumped) also writes out's bf16 copy, which becomes the
+   * cached GEMM operand of that version of out; 0n (none) until a bf16 matrix has been uploaded, since only bf16
+   * GEMMs read such copies. Norms, attention and SwiGLU produce the inputs of every projection this way, so no
+   * conversion kernel runs between them and their GEMMs.
+   */
+  #bf16Output(out: CudaTensor): bigint {
+    if (!this.#bf16Matrices) return 0n;
+    this.#dropBf16Copy();
+    const address = this.#transient().allocate(out.size * 2);
+    this.#bf16Copy = { tensor: out, version: out.version, address };
+    return address;
   }
 
   /** The bf16 copy of activation `x`, made once per version of x and kept until x changes or another is needed. */

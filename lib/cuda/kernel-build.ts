@@ -20,17 +20,17 @@ import type { KernelArg, KernelArgType } from "./kernel-args.ts";
  * is checked against it, so a kernel signature and its launches cannot drift apart.
  */
 const ptr = "ptr", i32 = "i32", f32 = "f32", i64 = "i64";
-const attentionParameters = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, i32] as const;
+const attentionParameters = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32] as const;
 export const kernelModules = {
   convert: { f32_to_bf16: [ptr, ptr, i64], bf16_to_f32: [ptr, ptr, i64] },
   elementwise: {
     embedding_f32: [ptr, ptr, ptr, i32], embedding_bf16: [ptr, ptr, ptr, i32],
     add_bias_f32: [ptr, ptr, i64, i32], add_bias_bf16: [ptr, ptr, i64, i32],
-    add_inplace: [ptr, ptr, i64], swiglu: [ptr, ptr, ptr, i64], gather_rows: [ptr, ptr, ptr, i32],
+    add_inplace: [ptr, ptr, i64], swiglu: [ptr, ptr, ptr, ptr, i64], gather_rows: [ptr, ptr, ptr, i32],
   },
   rmsnorm: {
-    rmsnorm_f32: [ptr, ptr, f32, ptr, i32], rmsnorm_bf16: [ptr, ptr, f32, ptr, i32],
-    add_rmsnorm_f32: [ptr, ptr, ptr, f32, ptr, i32], add_rmsnorm_bf16: [ptr, ptr, ptr, f32, ptr, i32],
+    rmsnorm_f32: [ptr, ptr, f32, ptr, ptr, i32], rmsnorm_bf16: [ptr, ptr, f32, ptr, ptr, i32],
+    add_rmsnorm_f32: [ptr, ptr, ptr, f32, ptr, ptr, i32], add_rmsnorm_bf16: [ptr, ptr, ptr, f32, ptr, ptr, i32],
   },
   rope: { rope_f32: [ptr, ptr, ptr, i32, i32], rope_bf16: [ptr, ptr, ptr, i32, i32] },
   attention: {
@@ -38,7 +38,7 @@ export const kernelModules = {
     kv_copy_slot: [ptr, i32, i32, i32, i32, i32, i32, i32, i32],
     attention_dpl1: attentionParameters, attention_dpl2: attentionParameters, attention_dpl3: attentionParameters,
     attention_dpl4: attentionParameters, attention_dpl8: attentionParameters,
-    attention_combine: [ptr, ptr, ptr, i32, i32, i32, i32],
+    attention_combine: [ptr, ptr, ptr, ptr, i32, i32, i32, i32],
   },
   sampling: {
     log_softmax: [ptr, ptr, i32],

@@ -94,22 +94,32 @@ describe("CUDA backend host logic (recording device)", () => {
     expect(device.outstandingBytes).toBe(0);
   });
 
-  it("narrows each activation to bf16 once for all the GEMMs that read it (q/k/v, gate/up)", () => {
-    const { device, backend } = recordingBackend();
-    const model = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 5 }), backend, "bf16");
-    const cache = model.createKvCache(1, 8);
-    device.launches.length = 0;
-    const rows = { slots: new Int32Array(3), positions: Int32Array.from([0, 1, 2]) };
-    model.backend.free(model.forward(Int32Array.from([1, 2, 3]), rows, cache, Int32Array.from([2])));
-    const narrows = device.launches.filter((l) => l.name === "f32_to_bf16").length;
-    // Per layer: the attention input (q, k, v), the attention output (o), the MLP input (gate, up), the hidden (down);
-    // then the final norm's output for the LM head.
-    expect(narrows).toBe(4 * model.config.numLayers + 1);
-    expect(device.gemms.length).toBe(7 * model.config.numLayers + 1);
-    cache.free();
-    model.free();
-    backend.dispose();
-    expect(device.outstandingBytes).toBe(0);
+  it("bf16 GEMM inputs come from the kernels that produce them: no conversion kernel in a forward pass", () => {
+    for (const weights of ["bf16", "f32"] as const) {
+      const { device, backend } = recordingBackend();
+      const model = loadTransformer(tinyCheckpoint({ arch: "qwen3", seed: 5 }), backend, weights);
+      const cache = model.createKvCache(1, 8);
+      device.launches.length = 0;
+      const rows = { slots: new Int32Array(3), positions: Int32Array.from([0, 1, 2]) };
+      model.backend.free(model.forward(Int32Array.from([1, 2, 3]), rows, cache, Int32Array.from([2])));
+      // The attention input (q, k, v), the attention output (o), the MLP input (gate, up), the hidden (down), and the
+      // final norm's output (the head) each get their bf16 copy from the kernel that writes them; per-head q/k norms
+      // feed no GEMM and get none. With f32 weights nothing is narrowed.
+      expect(device.launches.filter((l) => l.name === "f32_to_bf16")).toHaveLength(0);
+      const copies = (name: string, index: number) => device.launches.filter((l) => l.name === name).map((l) => l.args[index][1] !== 0n);
+      const bf16 = weights === "bf16";
+      const perLayer = [bf16, false, false]; // input norm, q norm, k norm
+      expect(copies("rmsnorm_f32", 4)).toEqual([...perLayer, ...perLayer, bf16]);
+      expect(copies("add_rmsnorm_f32", 5)).toEqual([bf16, bf16]);
+      expect(copies("swiglu", 3)).toEqual([bf16, bf16]);
+      expect(copies("attention_dpl1", 13)).toEqual([bf16, bf16]);
+      expect(device.gemms.length).toBe(7 * model.config.numLayers + 1);
+      expect(device.gemms.every((g) => g.type === weights)).toBe(true);
+      cache.free();
+      model.free();
+      backend.dispose();
+      expect(device.outstandingBytes).toBe(0);
+    }
   });
 
   it("sampling sends an allowed-token mask with the row parameters (a null pointer without one); an empty row is refused", () => {

@@ -11,7 +11,8 @@
 // so scores are never materialised. Lanes split the 32 keys of a chunk for q·k (K rows padded by one float:
 // conflict-free), then split the head dims for o += p·v.
 // With one split the block writes the normalised output. With several (long contexts, few rows: decode), each
-// split writes (m, l, o) and attention_combine merges them: o = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s.
+// split writes (m, l, o) and attention_combine merges them: o = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s. Whichever
+// writes the output also writes it rounded to bf16 into out_bf16 when that is not null (o_proj's GEMM operand).
 // DPL = ceil(head_dim / 32) dims per lane; instantiated for head_dim up to 32, 64, 96, 128, 256.
 #include "common.cuh"
 
@@ -58,7 +59,8 @@ __device__ void attention(const float* __restrict__ q, const bf16* __restrict__ 
                           const int* __restrict__ slots, const int* __restrict__ positions,
                           const int* __restrict__ tile_start, const int* __restrict__ tile_rows, int heads, int kv_heads,
                           int head_dim, int max_positions, int split_len, float* __restrict__ out,
-                          float* __restrict__ partial_o, float* __restrict__ partial_ml, int total_rows) {
+                          bf16* __restrict__ out_bf16, float* __restrict__ partial_o, float* __restrict__ partial_ml,
+                          int total_rows) {
   extern __shared__ float shared[];
   constexpr int HD = DPL * 32;
   float* s_q = shared;                                   // [ATTN_QMAX][HD]
@@ -148,8 +150,12 @@ __device__ void attention(const float* __restrict__ q, const bf16* __restrict__ 
     if (gridDim.z == 1) {
       const float inv_l = 1.0f / l[i];
 #pragma unroll
-      for (int d = 0; d < DPL; d++)
-        if (lane + 32 * d < head_dim) out[at + lane + 32 * d] = o[i][d] * inv_l;
+      for (int d = 0; d < DPL; d++) {
+        if (lane + 32 * d >= head_dim) continue;
+        const float value = o[i][d] * inv_l;
+        out[at + lane + 32 * d] = value;
+        if (out_bf16) out_bf16[at + lane + 32 * d] = __float2bfloat16_rn(value);
+      }
     } else {
       const long long split_at = (long long)split * total_rows * heads;
 #pragma unroll
@@ -167,9 +173,9 @@ __device__ void attention(const float* __restrict__ q, const bf16* __restrict__ 
   extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_dpl##DPL(                                  \
       const float* q, const bf16* ck, const bf16* cv, const int* slots, const int* positions, const int* tile_start, \
       const int* tile_rows, int heads, int kv_heads, int head_dim, int max_positions, int split_len, float* out,     \
-      float* partial_o, float* partial_ml, int total_rows) {                                                        \
+      bf16* out_bf16, float* partial_o, float* partial_ml, int total_rows) {                                        \
     attention<DPL>(q, ck, cv, slots, positions, tile_start, tile_rows, heads, kv_heads, head_dim, max_positions,    \
-                   split_len, out, partial_o, partial_ml, total_rows);                                              \
+                   split_len, out, out_bf16, partial_o, partial_ml, total_rows);                                    \
   }
 ATTENTION_ENTRY(1)
 ATTENTION_ENTRY(2)
@@ -179,8 +185,8 @@ ATTENTION_ENTRY(8)
 
 // Merges the splits of one (row, head) per block of head_dim threads (rounded up to a warp).
 extern "C" __global__ void attention_combine(const float* __restrict__ partial_o, const float* __restrict__ partial_ml,
-                                             float* __restrict__ out, int splits, int total_rows, int heads,
-                                             int head_dim) {
+                                             float* __restrict__ out, bf16* __restrict__ out_bf16, int splits,
+                                             int total_rows, int heads, int head_dim) {
   const long long row_head = blockIdx.x;
   const long long stride = (long long)total_rows * heads;
   float max_m = -INFINITY;
@@ -194,5 +200,9 @@ extern "C" __global__ void attention_combine(const float* __restrict__ partial_o
     total_l += w * partial_ml[(s * stride + row_head) * 2 + 1];
     if (j < head_dim) acc += w * partial_o[(s * stride + row_head) * head_dim + j];
   }
-  if (j < head_dim) out[row_head * head_dim + j] = acc / total_l;
+  if (j < head_dim) {
+    const float value = acc / total_l;
+    out[row_head * head_dim + j] = value;
+    if (out_bf16) out_bf16[row_head * head_dim + j] = __float2bfloat16_rn(value);
+  }
 }

@@ -25,12 +25,14 @@ extern "C" __global__ void add_inplace(float* __restrict__ residual, const float
     residual[i] += x[i];
 }
 
-// out = silu(gate) * up, silu(g) = g / (1 + e^-g).
+// out = silu(gate) * up, silu(g) = g / (1 + e^-g); out_bf16 (when not null) the same rounded to bf16.
 extern "C" __global__ void swiglu(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out,
-                                  long long n) {
+                                  bf16* __restrict__ out_bf16, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const float g = gate[i];
-    out[i] = g / (1.0f + __expf(-g)) * up[i];
+    const float h = g / (1.0f + __expf(-g)) * up[i];
+    out[i] = h;
+    if (out_bf16) out_bf16[i] = __float2bfloat16_rn(h);  // the down projection's bf16 operand
   }
 }
 
