@@ -17,8 +17,8 @@
  *   Otherwise the pass runs eagerly, which is always correct.
  *
  * A key is recorded the second time it is seen (a one-off shape is not worth a recording); at most `maxGraphs`
- * graphs are kept, least recently used first out. If recording ever fails, graphs are switched off for the
- * backend with a logged reason and every pass runs eagerly.
+ * graphs are kept, least recently used first out. If recording, a first run or a replay ever fails, graphs are
+ * switched off for the backend with a logged reason, and that pass and every later one run eagerly.
  */
 import { ArtError } from "../core/errors.ts";
 import type { DecodePass, KvCacheSpec, Tensor } from "../model/backend.ts";
@@ -115,7 +115,7 @@ export class DecodeGraphs {
     // A logits block still handed out may be any graph's intermediate: no graph may run until it is back.
     if (this.arena.stats().inUseBytes > 0) return this.#eager(run);
     const graph = this.#graphs.get(key);
-    if (graph) return this.#replay(key, graph, pass);
+    if (graph) return this.#replay(key, graph, pass, run);
     if (!this.#seen.has(key)) {
       if (this.#seen.size >= maxRemembered) this.#seen.clear();
       this.#seen.add(key);
@@ -146,7 +146,7 @@ export class DecodeGraphs {
     return run();
   }
 
-  #replay(key: string, graph: Graph, pass: DecodePass): Tensor {
+  #replay(key: string, graph: Graph, pass: DecodePass, run: () => Tensor): Tensor {
     if (!this.arena.claim(graph.output, graph.outputBytes)) {
       throw new ArtError("cuda_graph", "a recorded decode pass's logits block is not in the graph arena (an art-ts bug)");
     }
@@ -157,7 +157,8 @@ export class DecodeGraphs {
       this.#host.launchGraph(graph.graph);
     } catch (error) {
       this.arena.free(graph.output);
-      throw error;
+      this.#disable(error, "replaying");
+      return run();
     }
     this.#stats.replayed++;
     return this.#host.outputTensor(graph.outputShape, graph.output);
@@ -175,7 +176,7 @@ export class DecodeGraphs {
       recorded = this.#host.record(run, addresses, this.arena);
     } catch (error) {
       if (inputs !== null) pool.free(inputs);
-      this.#disable(error);
+      this.#disable(error, "recording");
       return run();
     }
     const { output } = recorded;
@@ -190,7 +191,7 @@ export class DecodeGraphs {
       this.#host.launchGraph(recorded.graph);
     } catch (error) {
       this.#destroy(graph);
-      this.#disable(error);
+      this.#disable(error, "running");
       return run();
     }
     this.#graphs.set(key, graph);
@@ -204,10 +205,10 @@ export class DecodeGraphs {
   }
 
   /** Graphs off for good: every graph destroyed and the arena's memory (a failed recording's too) given back. */
-  #disable(error: unknown): void {
+  #disable(error: unknown, doing: "recording" | "running" | "replaying"): void {
     const reason = error instanceof Error ? error.message : String(error);
     this.#stats.disabled = reason;
-    this.#log(`art-ts cuda: CUDA graphs are off for this backend, decode passes run without them (slower): recording one failed: ${reason}`);
+    this.#log(`art-ts cuda: CUDA graphs are off for this backend, decode passes run without them (slower): ${doing} one failed: ${reason}`);
     this.dispose();
   }
 

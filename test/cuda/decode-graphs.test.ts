@@ -141,6 +141,24 @@ describe("decode passes as CUDA graphs (recording device)", () => {
     });
   }
 
+  for (const when of ["first run", "replay"] as const) {
+    it(`a graph launch that fails at its ${when} switches graphs off, and the pass runs eagerly`, () => {
+      const { device, model, cache, messages, stats, done } = setup();
+      const loaded = device.launches.length;
+      decode(model, cache, [0, 1], 5);
+      const launches = device.launches.length - loaded;
+      if (when === "replay") decode(model, cache, [0, 1], 6);
+      device.failGraphLaunch = true;
+      const logits = decode(model, cache, [0, 1], 7, { keep: true });
+      expect(logits.shape).toEqual([2, model.config.vocabSize]);
+      expect(device.launches.length - loaded).toBe(2 * launches);
+      model.backend.free(logits);
+      expect(messages).toEqual([`art-ts cuda: CUDA graphs are off for this backend, decode passes run without them (slower): ${when === "replay" ? "replaying" : "running"} one failed: recording device: graph launch failed`]);
+      expect(stats()).toMatchObject({ graphs: 0, disabled: "recording device: graph launch failed" });
+      done();
+    });
+  }
+
   it("out of memory while recording switches graphs off; the graphs already recorded never lose their memory", () => {
     const { device, model, cache, messages, stats, done } = setup();
     decode(model, cache, [0, 1, 2], 5);

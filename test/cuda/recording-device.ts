@@ -5,7 +5,8 @@
 // freeing, graph recording) run here without a GPU; what the kernels compute is checked by the parity suites.
 // Stream capture: launches and GEMMs queued while capturing go into the graph, not into `launches`/`gemms`; each
 // replay checks again that every pointer the graph uses is live (a graph must never outlive its buffers), and
-// host copies or waits while capturing throw. `failCapture` makes the next capture fail at its start or end.
+// host copies or waits while capturing throw. `failCapture` makes the next capture fail at its start or end,
+// `failGraphLaunch` every graph launch.
 import type { DeviceQueue, GemmRunner } from "../../lib/cuda/backend.ts";
 import type { KernelFunction, LaunchConfig } from "../../lib/cuda/driver.ts";
 import type { KernelArg } from "../../lib/cuda/kernel-args.ts";
@@ -29,6 +30,8 @@ export class RecordingDevice implements DeviceQueue {
   outstandingBytes = 0;
   graphLaunches = 0;
   failCapture: "begin" | "end" | null = null;
+  /** Makes graph launches fail (as a driver error would). */
+  failGraphLaunch = false;
   /** Device bytes beyond which allocations fail (the pool then sees out-of-memory). */
   limitBytes = Infinity;
   /** The kernel launches recorded into each graph. */
@@ -118,6 +121,7 @@ export class RecordingDevice implements DeviceQueue {
   launchGraph(graph: bigint): void {
     const checks = this.#graphChecks.get(graph);
     if (!checks) throw new Error(`graph ${graph} does not exist`);
+    if (this.failGraphLaunch) throw new Error("recording device: graph launch failed");
     for (const check of checks) check();
     this.graphLaunches++;
     this.events.push({ event: "launchGraph", graph });
