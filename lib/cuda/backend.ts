@@ -473,9 +473,11 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     try {
       this.context.upload(input, new Uint8Array(inputs));
       const at = (base: bigint, offset: number): KernelArg => ["ptr", base + BigInt(offset)];
+      // Without alternatives their outputs are empty: null, not pointers past the end of the block.
+      const none: KernelArg = ["ptr", 0n];
       this.#launch("sample", [rows], [rowThreads(vocab, 1024)], [["ptr", l.address], ["i32", vocab], at(input, 0), at(input, rows * 4),
-        at(input, rows * 8), at(input, rows * 12), mask ? at(input, rows * 16) : ["ptr", 0n], ["i32", top], at(output, 0),
-        at(output, rows * 4), at(output, rows * 8), at(output, rows * 8 + rows * top * 4)]);
+        at(input, rows * 8), at(input, rows * 12), mask ? at(input, rows * 16) : none, ["i32", top], at(output, 0),
+        at(output, rows * 4), top > 0 ? at(output, rows * 8) : none, top > 0 ? at(output, rows * 8 + rows * top * 4) : none]);
       const host = new ArrayBuffer(outputBytes);
       this.context.download(output, new Uint8Array(host));
       return {

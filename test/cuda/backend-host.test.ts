@@ -122,6 +122,18 @@ describe("CUDA backend host logic (recording device)", () => {
     }
   });
 
+  it("sampling without alternatives passes null for their outputs (64 rows fill the output block exactly)", () => {
+    const { device, backend } = recordingBackend();
+    const rows = 64, logits = backend.zeros([rows, 50]);
+    backend.sample(logits, { temperature: new Float32Array(rows), topP: new Float32Array(rows).fill(1), topK: new Int32Array(rows),
+      uniforms: new Float32Array(rows), numTopLogprobs: 0 });
+    const [args] = device.launches.filter((l) => l.name === "sample").map((l) => l.args);
+    expect([args[10], args[11]]).toEqual([["ptr", 0n], ["ptr", 0n]]);
+    backend.free(logits);
+    backend.dispose();
+    expect(device.outstandingBytes).toBe(0);
+  });
+
   it("sampling sends an allowed-token mask with the row parameters (a null pointer without one); an empty row is refused", () => {
     const { device, backend } = recordingBackend();
     const vocab = 70, logits = backend.zeros([3, vocab]);

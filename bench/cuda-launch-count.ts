@@ -1,0 +1,74 @@
+// Host-side work of one CUDA decode step, counted without a GPU: the CUDA backend on the recording device
+// (test/cuda/recording-device.ts), which records every kernel launch, cuBLAS call, upload and graph launch instead of
+// running them. The models keep the real shapes' structure (layers, heads, biases, tied head), with small widths:
+// the count depends on the structure, not on the widths. A decode step is counted eagerly and as a replayed CUDA
+// graph, without and with a LoRA adapter on all seven projections (a GRPO rollout after the first training step).
+// Deterministic; no timing. Prints JSON.
+//
+// usage: node bench/cuda-launch-count.ts [--batches 1,8,64]
+import { readFileSync } from "node:fs";
+import { parseArgs } from "node:util";
+import { CudaBackend } from "../lib/cuda/backend.ts";
+import { parseConfig } from "../lib/model/config.ts";
+import { step, type StepSequence } from "../lib/model/generate.ts";
+import { type LayerLoras, loadWeights, Transformer } from "../lib/model/transformer.ts";
+import type { TensorStore } from "../lib/model/safetensors.ts";
+import { RecordingDevice } from "../test/cuda/recording-device.ts";
+
+const { values } = parseArgs({ options: { batches: { type: "string", default: "1,8,64" } } });
+const batches = values.batches!.split(",").map(Number);
+const shapes = JSON.parse(readFileSync(new URL("./cuda-shapes.json", import.meta.url), "utf8")) as Record<string, Record<string, unknown>>;
+const promptLength = 128;
+
+/** Zeros of any shape: the recording device reads no values. */
+const zeros: TensorStore = { readF32: (_name: string, shape: number[]) => new Float32Array(shape.reduce((a, b) => a * b, 1)) } as unknown as TensorStore;
+
+function count(shape: Record<string, unknown>, batch: number, graphs: boolean, withLora: boolean) {
+  const heads = shape.num_attention_heads as number;
+  const config = parseConfig({ ...shape, hidden_size: heads * 16, intermediate_size: heads * 32, vocab_size: 1024 }, "narrowed shape");
+  const device = new RecordingDevice();
+  const backend = new CudaBackend(device, device.gemm(), RecordingDevice.kernels(), { graphs });
+  const model = new Transformer(backend, config, loadWeights(backend, config, zeros, "bf16"));
+  const { hiddenSize: d, intermediateSize: inter, numHeads, numKvHeads, headDim } = config;
+  const projections = { qProj: [numHeads * headDim, d], kProj: [numKvHeads * headDim, d], vProj: [numKvHeads * headDim, d],
+    oProj: [d, numHeads * headDim], gateProj: [inter, d], upProj: [inter, d], downProj: [d, inter] } as const;
+  const loras: LayerLoras[] | undefined = !withLora ? undefined : Array.from({ length: config.numLayers }, () => Object.fromEntries(
+    Object.entries(projections).map(([name, [out, inF]]) => [name, { a: backend.zeros([8, inF]), b: backend.zeros([out, 8]), scale: 2 }])));
+  const cache = model.createKvCache(batch, promptLength + 8);
+  const greedy = { temperature: 0, topP: 1, topK: 0, uniform: 0, topLogprobs: 0 };
+  let rows: StepSequence[] = Array.from({ length: batch }, (_, slot) => ({ slot, startPosition: 0, tokens: Array(promptLength).fill(1), sample: greedy }));
+  const advance = () => {
+    step(model, cache, rows, loras);
+    rows = rows.map((r) => ({ ...r, startPosition: r.startPosition + r.tokens.length, tokens: [1] }));
+  };
+  for (let s = 0; s < 3; s++) advance(); // prefill, then a first sighting and a recording with graphs
+  const before = { launches: device.launches.length, gemms: device.gemms.length, events: device.events.length, graphLaunches: device.graphLaunches };
+  advance();
+  const events = device.events.slice(before.events);
+  return {
+    kernelLaunches: device.launches.length - before.launches,
+    gemmCalls: device.gemms.length - before.gemms,
+    graphLaunches: device.graphLaunches - before.graphLaunches,
+    uploads: events.filter((e) => e.event === "upload").length,
+  };
+}
+
+const rows: object[] = [];
+for (const [name, shape] of Object.entries(shapes)) {
+  for (const batch of batches) {
+    for (const adapter of ["none", "lora"] as const) {
+      for (const graphs of [false, true]) {
+        rows.push({ shape: name, layers: shape.num_hidden_layers, batch, adapter, decode: graphs ? "graph" : "eager", ...count(shape, batch, graphs, adapter === "lora") });
+      }
+    }
+  }
+}
+// One line per case.
+console.log(`{
+  "benchmark": "cuda-launch-count",
+  "command": ${JSON.stringify(`node bench/cuda-launch-count.ts ${process.argv.slice(2).join(" ")}`.trim())},
+  "what": "host calls of one decode step (forward and on-device sampling) once its shape is recorded; lora: rank 8 on all 7 projections",
+  "results": [
+${rows.map((row) => `    ${JSON.stringify(row)}`).join(",\n")}
+  ]
+}`);
