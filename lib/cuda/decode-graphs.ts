@@ -74,7 +74,7 @@ export interface DecodeGraphStats {
   disabled: string | null;
 }
 
-export const maxGraphs = 64;
+const maxGraphs = 64;
 const maxRemembered = 1024;
 
 export class DecodeGraphs {
