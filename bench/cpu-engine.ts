@@ -13,9 +13,9 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { CpuBackend } from "../lib/model/cpu/backend.ts";
-import { step } from "../lib/model/generate.ts";
-import { loadTransformer } from "../lib/model/load.ts";
-import type { Transformer } from "../lib/model/transformer.ts";
+import { decode } from "../lib/model/generate.ts";
+import { loadTransformer } from "../lib/model/transformer.ts";
+import { type Transformer } from "../lib/model/transformer.ts";
 import { writeTinyCheckpoint } from "../scripts/make-tiny-checkpoint.ts";
 
 interface Workload { name: "tiny" | "20m"; batch: number; promptLength: number; decodeTokens: number; repeats: number }
@@ -26,7 +26,7 @@ function deterministicPrompt(length: number, vocab: number, salt: number): numbe
   return Array.from({ length }, (_, i) => (i * 7919 + salt * 104729 + 13) % vocab);
 }
 
-/** Best of `repeats` timings: prefill of batch × promptLength rows in one step, then decodeTokens greedy steps. */
+/** Best of `repeats` timings: prefill of batch × promptLength rows in one pass, then decodeTokens greedy passes. */
 function measureEngine(model: Transformer, w: Workload): Throughput {
   const greedy = { temperature: 0, topP: 1, topK: 0, uniform: 0, topLogprobs: 0 };
   let bestPrefill = Infinity, bestDecode = Infinity;
@@ -34,17 +34,17 @@ function measureEngine(model: Transformer, w: Workload): Throughput {
     const cache = model.createKvCache(w.batch, w.promptLength + w.decodeTokens);
     const prompts = Array.from({ length: w.batch }, (_, b) => deterministicPrompt(w.promptLength, model.config.vocabSize, b));
     let start = performance.now();
-    let sampled = step(model, cache, prompts.map((tokens, slot) => ({ slot, startPosition: 0, tokens, sample: greedy })));
+    let sampled = decode(model, cache, prompts.map((tokens, slot) => ({ slot, startPosition: 0, tokens, sample: greedy })));
     const prefill = performance.now() - start;
     start = performance.now();
     for (let t = 0; t < w.decodeTokens; t++) {
-      sampled = step(model, cache, sampled.map((s, slot) => ({ slot, startPosition: w.promptLength + t, tokens: [s!.id], sample: greedy })));
+      sampled = decode(model, cache, sampled.map((s, slot) => ({ slot, startPosition: w.promptLength + t, tokens: [s!.id], sample: greedy })));
     }
-    const decode = performance.now() - start;
+    const decoding = performance.now() - start;
     cache.free();
     if (r === 0) continue; // warm-up: JIT compilation
     bestPrefill = Math.min(bestPrefill, prefill);
-    bestDecode = Math.min(bestDecode, decode);
+    bestDecode = Math.min(bestDecode, decoding);
   }
   return {
     prefillTokensPerSecond: (w.batch * w.promptLength) / (bestPrefill / 1000),

@@ -10,7 +10,7 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import { seededRandom } from "../lib/core/random.ts";
-import { matmulNT } from "../lib/model/cpu/kernels.ts";
+import { matmulNT } from "../lib/model/cpu/matmul.ts";
 import { WasmMatmul } from "../lib/model/cpu/wasm-matmul.ts";
 import { compare } from "./timing.ts";
 

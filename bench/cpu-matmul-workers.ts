@@ -7,7 +7,7 @@
  */
 import * as os from "node:os";
 import { Worker } from "node:worker_threads";
-import { matmulNT } from "../lib/model/cpu/kernels.ts";
+import { matmulNT } from "../lib/model/cpu/matmul.ts";
 import { compare } from "./timing.ts";
 
 const shapes = [

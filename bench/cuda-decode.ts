@@ -6,15 +6,15 @@
 //        [--prompt 128] [--steps 128] [--prefill 512]
 // Decode: every sequence prefills `prompt` tokens (untimed), then `steps` decode steps are timed (forward + on-device
 // greedy sampling + the ids back to the host, i.e. what generation does), once with decode passes replayed as CUDA
-// graphs (the default) and once eagerly, on two backends of the same process. With graphs, the first decode step
+// graphs (the default) and once eagerly, on two backends of the same process. With graphs, the first decode pass
 // is untimed (a new shape runs eagerly once) and the timed ones include the recording and, at the key-window
-// change, one more eager step and recording: what generation pays. Prefill: one forward of `prefill` tokens
-// per sequence at batch 1 and 8, logits for the last row only. Roofline per decode step: all weight bytes plus the
+// change, one more eager pass and recording: what generation pays. Prefill: one forward of `prefill` tokens
+// per sequence at batch 1 and 8, logits for the last row only. Roofline per decode pass: all weight bytes plus the
 // KV cache read, at the bandwidth of a device-to-device copy measured here.
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { createCudaBackend } from "../lib/cuda/mod.ts";
-import { step, type StepSequence } from "../lib/model/generate.ts";
+import { decode, type DecodeSequence } from "../lib/model/generate.ts";
 import { Transformer } from "../lib/model/transformer.ts";
 import { measureBandwidth, randomWeights, shapeConfig } from "./cuda-random-model.ts";
 
@@ -37,14 +37,14 @@ function decodeRun(model: Transformer, batch: number): { tokensPerSecond: number
   const c = model.config;
   const cache = model.createKvCache(batch, promptLength + steps + 1);
   const prompt = Array.from({ length: promptLength }, (_, i) => (i * 7919) % c.vocabSize);
-  let rows: StepSequence[] = Array.from({ length: batch }, (_, slot) => ({ slot, startPosition: 0, tokens: prompt, sample: greedy }));
-  const advance = (sampled: ReturnType<typeof step>) => {
+  let rows: DecodeSequence[] = Array.from({ length: batch }, (_, slot) => ({ slot, startPosition: 0, tokens: prompt, sample: greedy }));
+  const advance = (sampled: ReturnType<typeof decode>) => {
     rows = rows.map((r, i) => ({ slot: r.slot, startPosition: r.startPosition + r.tokens.length, tokens: [sampled[i]!.id], sample: greedy }));
   };
-  advance(step(model, cache, rows));
-  advance(step(model, cache, rows)); // warm-up decode step
+  advance(decode(model, cache, rows));
+  advance(decode(model, cache, rows)); // warm-up decode pass
   const started = performance.now();
-  for (let s = 0; s < steps - 1; s++) advance(step(model, cache, rows));
+  for (let s = 0; s < steps - 1; s++) advance(decode(model, cache, rows));
   const seconds = (performance.now() - started) / 1000;
   cache.free();
   // Mean context over the timed steps; per token of context, K and V of every layer, bf16.
@@ -58,10 +58,10 @@ function prefillRun(model: Transformer, batch: number): number {
   const cache = model.createKvCache(batch, prefillLength);
   const prompt = Array.from({ length: prefillLength }, (_, i) => (i * 104729) % c.vocabSize);
   const rows = Array.from({ length: batch }, (_, slot) => ({ slot, startPosition: 0, tokens: prompt, sample: greedy }));
-  step(model, cache, rows); // warm-up
+  decode(model, cache, rows); // warm-up
   const repeats = 3;
   const started = performance.now();
-  for (let r = 0; r < repeats; r++) step(model, cache, rows);
+  for (let r = 0; r < repeats; r++) decode(model, cache, rows);
   const seconds = (performance.now() - started) / 1000;
   cache.free();
   return (repeats * batch * prefillLength) / seconds;

@@ -1,7 +1,7 @@
-// Host-side work of one CUDA decode step, counted without a GPU: the CUDA backend on the recording device
+// Host-side work of one CUDA decode pass, counted without a GPU: the CUDA backend on the recording device
 // (test/cuda/recording-device.ts), which records every kernel launch, cuBLAS call, upload and graph launch instead of
 // running them. The models keep the real shapes' structure (layers, heads, biases, tied head), with small widths:
-// the count depends on the structure, not on the widths. A decode step is counted eagerly and as a replayed CUDA
+// the count depends on the structure, not on the widths. A decode pass is counted eagerly and as a replayed CUDA
 // graph, without and with a LoRA adapter on all seven projections (a GRPO rollout after the first training step).
 // Deterministic; no timing. Prints JSON.
 //
@@ -10,8 +10,9 @@ import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { CudaBackend } from "../lib/cuda/backend.ts";
 import { parseConfig } from "../lib/model/config.ts";
-import { step, type StepSequence } from "../lib/model/generate.ts";
-import { type LayerLoras, loadWeights, Transformer } from "../lib/model/transformer.ts";
+import { decode, type DecodeSequence } from "../lib/model/generate.ts";
+import { type LayerLoras, PROJECTIONS, projectionShape } from "../lib/model/lora.ts";
+import { loadWeights, Transformer } from "../lib/model/transformer.ts";
 import type { TensorStore } from "../lib/model/safetensors.ts";
 import { RecordingDevice } from "../test/cuda/recording-device.ts";
 
@@ -29,16 +30,16 @@ function count(shape: Record<string, unknown>, batch: number, graphs: boolean, w
   const device = new RecordingDevice();
   const backend = new CudaBackend(device, device.gemm(), RecordingDevice.kernels(), { graphs });
   const model = new Transformer(backend, config, loadWeights(backend, config, zeros, "bf16"));
-  const { hiddenSize: d, intermediateSize: inter, numHeads, numKvHeads, headDim } = config;
-  const projections = { qProj: [numHeads * headDim, d], kProj: [numKvHeads * headDim, d], vProj: [numKvHeads * headDim, d],
-    oProj: [d, numHeads * headDim], gateProj: [inter, d], upProj: [inter, d], downProj: [d, inter] } as const;
   const loras: LayerLoras[] | undefined = !withLora ? undefined : Array.from({ length: config.numLayers }, () => Object.fromEntries(
-    Object.entries(projections).map(([name, [out, inF]]) => [name, { a: backend.zeros([8, inF]), b: backend.zeros([out, 8]), scale: 2 }])));
+    PROJECTIONS.map((name) => {
+      const { outFeatures, inFeatures } = projectionShape(config, name);
+      return [name, { a: backend.zeros([8, inFeatures]), b: backend.zeros([outFeatures, 8]), scale: 2 }];
+    })));
   const cache = model.createKvCache(batch, promptLength + 8);
   const greedy = { temperature: 0, topP: 1, topK: 0, uniform: 0, topLogprobs: 0 };
-  let rows: StepSequence[] = Array.from({ length: batch }, (_, slot) => ({ slot, startPosition: 0, tokens: Array(promptLength).fill(1), sample: greedy }));
+  let rows: DecodeSequence[] = Array.from({ length: batch }, (_, slot) => ({ slot, startPosition: 0, tokens: Array(promptLength).fill(1), sample: greedy }));
   const advance = () => {
-    step(model, cache, rows, loras);
+    decode(model, cache, rows, loras);
     rows = rows.map((r) => ({ ...r, startPosition: r.startPosition + r.tokens.length, tokens: [1] }));
   };
   for (let s = 0; s < 3; s++) advance(); // prefill, then a first sighting and a recording with graphs
@@ -67,7 +68,7 @@ for (const [name, shape] of Object.entries(shapes)) {
 console.log(`{
   "benchmark": "cuda-launch-count",
   "command": ${JSON.stringify(`node bench/cuda-launch-count.ts ${process.argv.slice(2).join(" ")}`.trim())},
-  "what": "host calls of one decode step (forward and on-device sampling) once its shape is recorded; lora: rank 8 on all 7 projections",
+  "what": "host calls of one decode pass (forward and on-device sampling) once its shape is recorded; lora: rank 8 on all 7 projections",
   "results": [
 ${rows.map((row) => `    ${JSON.stringify(row)}`).join(",\n")}
   ]

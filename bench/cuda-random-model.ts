@@ -4,7 +4,7 @@ import { readFileSync } from "node:fs";
 import type { CudaBackend } from "../lib/cuda/backend.ts";
 import type { Tensor } from "../lib/model/backend.ts";
 import { type ModelConfig, parseConfig } from "../lib/model/config.ts";
-import type { ModelWeights } from "../lib/model/transformer.ts";
+import { type ModelWeights } from "../lib/model/transformer.ts";
 
 const shapes = JSON.parse(readFileSync(new URL("./cuda-shapes.json", import.meta.url), "utf8")) as Record<string, unknown>;
 
@@ -27,10 +27,13 @@ export function randomWeights(backend: CudaBackend, c: ModelConfig): { weights: 
     return backend.upload(data, shape, shape.length === 1 ? "f32" : "bf16");
   };
   const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
+  const linear = (outFeatures: number, inFeatures: number, biased: boolean) => ({ weight: tensor([outFeatures, inFeatures]), bias: biased ? tensor([outFeatures]) : null });
   const layers = Array.from({ length: c.numLayers }, () => ({
-    inputNorm: tensor([d]), qProj: tensor([h * hd, d]), qBias: tensor([h * hd]), kProj: tensor([kv * hd, d]), kBias: tensor([kv * hd]),
-    vProj: tensor([kv * hd, d]), vBias: tensor([kv * hd]), oProj: tensor([d, h * hd]), oBias: null, qNorm: null, kNorm: null,
-    postAttentionNorm: tensor([d]), gateProj: tensor([inter, d]), upProj: tensor([inter, d]), downProj: tensor([d, inter]),
+    inputNorm: tensor([d]), qNorm: null, kNorm: null, postAttentionNorm: tensor([d]),
+    projections: {
+      q_proj: linear(h * hd, d, true), k_proj: linear(kv * hd, d, true), v_proj: linear(kv * hd, d, true), o_proj: linear(d, h * hd, false),
+      gate_proj: linear(inter, d, false), up_proj: linear(inter, d, false), down_proj: linear(d, inter, false),
+    },
   }));
   const embedding = tensor([c.vocabSize, d]);
   return { weights: { embedding, layers, finalNorm: tensor([d]), lmHead: embedding }, bytes };

@@ -9,10 +9,11 @@
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { seededRandom } from "../lib/core/random.ts";
-import { PROJECTIONS } from "../lib/grpo/config.ts";
-import { TrainingModel } from "../lib/grpo/model.ts";
-import { Trainer, type TrainingSequence } from "../lib/grpo/train.ts";
-import { createCudaBackend, createCudaTrainingOps } from "../lib/cuda/mod.ts";
+import { PROJECTIONS } from "../lib/model/lora.ts";
+import { DifferentiableTransformer } from "../lib/model/training.ts";
+import { Trainer } from "../lib/grpo/train.ts";
+import { type TrainingSequence } from "../lib/grpo/tokenize.ts";
+import { createCudaBackend } from "../lib/cuda/mod.ts";
 import { Transformer } from "../lib/model/transformer.ts";
 import { randomWeights, shapeConfig } from "./cuda-random-model.ts";
 
@@ -26,19 +27,17 @@ const peer = values.peer ? JSON.parse(readFileSync(values.peer, "utf8")) as { re
 const lora = { rank: 8, alpha: 16, targetModules: [...PROJECTIONS], useRslora: false };
 
 const backend = createCudaBackend({ log: (m) => console.error(m) });
-const ops = createCudaTrainingOps(backend);
 const results: Record<string, unknown> = {};
 backend.context.pool.resetPeak();
 for (const name of values.shapes!.split(",")) {
   const config = shapeConfig(name);
   const base = new Transformer(backend, config, randomWeights(backend, config).weights);
-  const weights = base.weights;
   const random = seededRandom(7);
   const sequences: TrainingSequence[] = Array.from({ length: seqs }, (_, s) => {
     const tokens = Array.from({ length: len }, () => Math.floor(random() * config.vocabSize));
     return { tokens, trainable: Uint8Array.from(tokens, (_, t) => (t >= len / 2 ? 1 : 0)), logprobs: new Float32Array(len).fill(NaN), advantage: s % 2 === 0 ? 1 : -1, trajectory: s };
   });
-  const model = new TrainingModel(config, weights, { lora, ops });
+  const model = new DifferentiableTransformer(base, { lora });
   const trainer = new Trainer(model, { lora, learningRate: 1e-5, microBatchSize: Number(values.micro), recomputeActivations: values.recompute });
   try {
     trainer.trainStep(sequences); // warm-up
@@ -59,8 +58,8 @@ for (const name of values.shapes!.split(",")) {
     results[name] = { error: (error as Error).message };
   }
   // Everything this shape allocated goes back, so the next shape's peak is its own.
-  for (const p of model.parameterTensors()) for (const tensor of [p.value, p.grad]) ops.free(tensor);
-  for (const tensor of [...trainer.optimizer.m.values(), ...trainer.optimizer.v.values()]) ops.free(tensor);
+  for (const p of model.parameterTensors()) for (const tensor of [p.value, p.grad]) backend.free(tensor);
+  for (const tensor of [...trainer.optimizer.m.values(), ...trainer.optimizer.v.values()]) backend.free(tensor);
   base.free();
   backend.context.pool.resetPeak();
 }

@@ -14,7 +14,7 @@ import OpenAI from "openai";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { loadCausalLM } from "../lib/model/load.ts";
+import { loadCausalLM } from "../lib/load/causal-lm.ts";
 import { IN_PROCESS_BASE_URL, ModelServer } from "../lib/serve/model-server.ts";
 import { writeTinyCheckpoint } from "../scripts/make-tiny-checkpoint.ts";
 import { writeSmallQwenTokenizer } from "../scripts/serve-small-tokenizer.ts";
@@ -46,13 +46,13 @@ function rollout(i: number) {
 }
 
 async function measure(concurrency: number) {
-  const steps = batcher.stats.steps;
+  const passes = batcher.stats.passes;
   const reused = batcher.stats.reusedTokens;
   const start = performance.now();
   const results = await Promise.all(Array.from({ length: concurrency }, (_, i) => rollout(i)));
   const seconds = (performance.now() - start) / 1000;
   const tokens = results.reduce((n, r) => n + r.usage!.completion_tokens, 0);
-  return { concurrency, completionTokens: tokens, seconds: round(seconds), tokensPerSecond: round(tokens / seconds), forwardPasses: batcher.stats.steps - steps, reusedPromptTokens: batcher.stats.reusedTokens - reused };
+  return { concurrency, completionTokens: tokens, seconds: round(seconds), tokensPerSecond: round(tokens / seconds), forwardPasses: batcher.stats.passes - passes, reusedPromptTokens: batcher.stats.reusedTokens - reused };
 }
 
 /** 8 rollouts decode; a "training step" pauses the server for `holdMs`, then resumes. */
@@ -66,8 +66,8 @@ async function pauseOverhead(holdMs: number) {
   await new Promise((r) => setTimeout(r, holdMs));
   const t1 = performance.now();
   server.resume();
-  const before = batcher.stats.steps;
-  await until(() => batcher.stats.steps > before || batcher.load.running + batcher.load.queued === 0);
+  const before = batcher.stats.passes;
+  await until(() => batcher.stats.passes > before || batcher.load.running + batcher.load.queued === 0);
   const resumeToFirstPassDoneMs = performance.now() - t1;
   await running;
   return { pauseLatencyMs: round(pauseLatencyMs), resumeToFirstPassDoneMs: round(resumeToFirstPassDoneMs) };
@@ -90,11 +90,11 @@ async function group(share: boolean) {
   })));
   const seconds = (performance.now() - start) / 1000;
   const tokens = results.reduce((n, r) => n + r.usage!.completion_tokens, 0);
-  const { steps, rows, promptRows, copiedTokens } = groupServer.batcherFor("bench").stats;
+  const { passes, rows, promptRows, copiedTokens } = groupServer.batcherFor("bench").stats;
   await groupServer.close();
   return {
     sharedPrefill: share, promptTokens: results[0].usage!.prompt_tokens, completionTokens: tokens, seconds: round(seconds),
-    tokensPerSecond: round(tokens / seconds), forwardPasses: steps, rows, promptRows, copiedPromptTokens: copiedTokens,
+    tokensPerSecond: round(tokens / seconds), forwardPasses: passes, rows, promptRows, copiedPromptTokens: copiedTokens,
   };
 }
 

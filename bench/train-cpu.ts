@@ -9,12 +9,13 @@ import { execFileSync } from "node:child_process";
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { PROJECTIONS } from "../lib/grpo/config.ts";
-import { TrainingModel } from "../lib/grpo/model.ts";
+import { PROJECTIONS } from "../lib/model/lora.ts";
+import { DifferentiableTransformer } from "../lib/model/training.ts";
 import { seededRandom } from "../lib/core/random.ts";
-import { Trainer, type TrainingSequence } from "../lib/grpo/train.ts";
+import { Trainer } from "../lib/grpo/train.ts";
+import { type TrainingSequence } from "../lib/grpo/tokenize.ts";
 import { CpuBackend } from "../lib/model/cpu/backend.ts";
-import { loadTransformer } from "../lib/model/load.ts";
+import { loadTransformer } from "../lib/model/transformer.ts";
 import { writeTinyCheckpoint } from "../scripts/make-tiny-checkpoint.ts";
 
 function arg(name: string, fallback: string): string {
@@ -43,7 +44,7 @@ const sequences: TrainingSequence[] = Array.from({ length: seqs }, (_, s) => {
   };
 });
 
-const model = new TrainingModel(transformer.config, transformer.weights, { lora: { rank, alpha, targetModules: [...PROJECTIONS], useRslora: false } });
+const model = new DifferentiableTransformer(transformer, { lora: { rank, alpha, targetModules: [...PROJECTIONS], useRslora: false } });
 const trainer = new Trainer(model, { microBatchSize: seqs });
 trainer.trainStep(sequences); // warm-up (JIT)
 

@@ -1,10 +1,54 @@
-/** art-ts: agent reinforcement training (GRPO + RULER) for TypeScript. The one public entry. */
-export * from "./core/mod.ts";
-export * from "./model/mod.ts";
-export * from "./grpo/mod.ts";
-export { createCudaBackend, cudaAvailability, type CudaAvailability } from "./cuda/mod.ts";
-export * from "./serve/mod.ts";
-export * from "./ruler/mod.ts";
-export * from "./notebook/mod.ts";
-export * from "./envs/mod.ts";
-export * from "./trainable/mod.ts";
+/**
+ * art-ts: agent reinforcement training (GRPO + RULER) for TypeScript. This is the entry notebooks and agents import
+ * (`art-ts`): trajectories and gathering, TrainableModel, RULER, the task environments, notebook display and plots,
+ * errors and configuration types. The engine's low-level API (loading checkpoints onto a device, the tokenizer,
+ * backends and their ops, the training step runner, safetensors, PEFT adapters, the model server) is `art-ts/engine`
+ * (lib/engine.ts).
+ */
+
+// Trajectories, gathering and the helpers around them.
+export { isChoice, Trajectory, TrajectoryGroup } from "./core/trajectory.ts";
+export type { Choice, History, Message, MessageOrChoice, MetricValue, Tool } from "./core/trajectory.ts";
+export { gatherTrajectories, gatherTrajectoryGroups } from "./core/gather.ts";
+export type { GatherOptions } from "./core/gather.ts";
+export { iterateDataset, limitConcurrency, retry } from "./core/concurrency.ts";
+export type { DatasetStep, IterateDatasetOptions, RetryOptions } from "./core/concurrency.ts";
+export { ArtError } from "./core/errors.ts";
+export { seededRandom, type Rng } from "./core/random.ts";
+
+// The trainable model: rollouts and training in one process, and its configuration.
+export { TrainableModel } from "./trainable/model.ts";
+export type { TrainableModelOptions, TrainResult } from "./trainable/model.ts";
+export { readHistory, type HistoryRow } from "./trainable/store.ts";
+export type { Device } from "./load/causal-lm.ts";
+export type { ImportanceSampling, PolicyLoss, Schedule, TrainConfig, TrainConfigInit } from "./grpo/config.ts";
+export type { StepResult } from "./grpo/train.ts";
+export { DEFAULT_LORA, type LoraConfig } from "./model/lora.ts";
+
+// RULER: relative scores from an LLM judge.
+export { ruler, rulerScoreGroup } from "./ruler/ruler.ts";
+export type { RulerGroupOptions, RulerOptions, RulerResult, RulerScore } from "./ruler/ruler.ts";
+export { JUDGE_PROVIDERS, type Judge, type JudgeEndpoint, type JudgeSpec } from "./ruler/judge.ts";
+export { DEFAULT_RUBRIC, type SubScoreSpec } from "./ruler/prompt.ts";
+export { calibrateRuler, calibrationReport, type CalibrationReport } from "./ruler/calibrate.ts";
+
+// Task environments: 2048, tic-tac-toe, the ART·E inbox.
+export type { GamePolicy, PolicyReply } from "./envs/policy.ts";
+export { Game2048, greedyPolicy2048, rollout2048, SYSTEM_PROMPT_2048, type Direction, type Rollout2048Options } from "./envs/game2048.ts";
+export {
+  heuristicPolicyTicTacToe, parseTicTacToeMove, perfectOpponent, randomOpponent, rolloutTicTacToe, squareName, TicTacToeBoard,
+  TICTACTOE_REWARDS, type Mark, type Opponent, type Square, type TicTacToeOptions,
+} from "./envs/tictactoe.ts";
+export { generateInbox, type Email, type InboxQuestion, type SyntheticInbox } from "./envs/arte/inbox.ts";
+export { EmailDatabase } from "./envs/arte/database.ts";
+export { ARTE_TOOLS, InboxTools } from "./envs/arte/tools.ts";
+export { loadEnronQuestions } from "./envs/arte/questions.ts";
+export { answerMatches, rolloutArte, type ArteRolloutOptions } from "./envs/arte/rollout.ts";
+
+// Notebook display: live progress, plots, transcripts, parameters.
+export { display } from "./notebook/display.ts";
+export { detectKernel } from "./notebook/kernel.ts";
+export { progress, type ProgressOptions } from "./notebook/progress.ts";
+export { compareRewards, resetPlotlyLibrary, rewardCurve, rewardDistribution, stepRecord, type RewardCurveOptions, type StepRecord } from "./notebook/plot.ts";
+export { groupTranscript, transcript } from "./notebook/transcript.ts";
+export { envNumber, envString } from "./notebook/params.ts";

@@ -17,14 +17,14 @@ import { AGENT_MARK, moveAnswer, movePrompt } from "../lib/demo/tictactoe.ts";
 import { TicTacToeBoard, parseTicTacToeMove, randomOpponent, type Square } from "../lib/envs/tictactoe.ts";
 import { pick, seededRandom, type Rng } from "../lib/core/random.ts";
 import { Trainer } from "../lib/grpo/train.ts";
-import { TrainingModel } from "../lib/grpo/model.ts";
+import { DifferentiableTransformer } from "../lib/model/training.ts";
 import { tokenizeForSft } from "../lib/grpo/tokenize.ts";
 import { CpuBackend } from "../lib/model/cpu/backend.ts";
 import { generate } from "../lib/model/generate.ts";
-import { loadTransformer } from "../lib/model/load.ts";
+import { loadTransformer } from "../lib/model/transformer.ts";
 import { writeSafetensors, type TensorToWrite } from "../lib/model/safetensors.ts";
 import { loadTokenizer, type Tokenizer } from "../lib/model/tokenizer.ts";
-import type { Transformer } from "../lib/model/transformer.ts";
+import { type Transformer } from "../lib/model/transformer.ts";
 import type { Message } from "../lib/core/trajectory.ts";
 import { writeTinyCheckpoint } from "./make-tiny-checkpoint.ts";
 
@@ -104,11 +104,11 @@ export async function makeDemoModel(dir: string, options: DemoModelOptions): Pro
     writeTinyCheckpoint(work, { arch: "qwen2", seed: options.seed, tokenizer: true, configOverrides: options.shape });
     const tokenizer = await loadTokenizer(work);
     const transformer = loadTransformer(work, new CpuBackend());
-    const model = new TrainingModel(transformer.config, transformer.weights, { lora: null });
+    const model = new DifferentiableTransformer(transformer, { lora: null });
     // The writer draws embeddings with std 1; the tied head then gives logits of std ~sqrt(hidden). Starting
     // near uniform (std 0.1) lets SFT converge in a few hundred steps.
-    const embedding = model.trainableParameters().find((p) => p.name === "model.embed_tokens.weight")!;
-    for (let i = 0; i < embedding.value.length; i++) embedding.value[i] *= 0.1;
+    const embedding = model.parameterTensors().find((p) => p.name === "model.embed_tokens.weight")!;
+    model.backend.write(embedding.value, model.backend.download(embedding.value).map((x) => x * 0.1));
     // sftSteps 0 writes the initial model (the tests compare its config and tokenizer files with the committed ones).
     if (options.sftSteps > 0) {
       const trainer = new Trainer(model, {
@@ -131,7 +131,7 @@ export async function makeDemoModel(dir: string, options: DemoModelOptions): Pro
       fs.copyFileSync(path.join(work, file), path.join(dir, file));
     }
     const tensors: Record<string, TensorToWrite> = {};
-    for (const p of model.trainableParameters()) tensors[p.name] = { dtype: "F32", shape: p.shape, data: p.value };
+    for (const p of model.parameterTensors()) tensors[p.name] = { dtype: "F32", shape: p.shape, data: model.backend.download(p.value) };
     writeSafetensors(path.join(dir, "model.safetensors"), tensors, { format: "pt" });
     transformer.free();
     return { legalMoveRate: rate };

@@ -5,7 +5,7 @@
  * e.g.   node scripts/make-tiny-checkpoint.ts /tmp/tiny-qwen3 --arch qwen3 && node scripts/engine-generate.ts /tmp/tiny-qwen3 "Hello"
  * (a tiny random checkpoint produces random text; the point is the whole path: load, chat template, prefill, decode).
  */
-import { loadCausalLM } from "../lib/model/load.ts";
+import { loadCausalLM } from "../lib/load/causal-lm.ts";
 
 async function main(argv: string[]): Promise<void> {
   const [model, message, ...rest] = argv;

@@ -1,10 +1,11 @@
 /**
- * Host-side planning of one attention launch (pure functions, tested without a GPU): which batch rows share a
- * block (a tile), which kernel instantiation fits the head size, and how to split long key ranges across blocks.
- * The constants mirror attention.cu.
+ * Host-side planning of attention launches (pure functions, tested without a GPU). Over the KV cache (attention.cu):
+ * which batch rows share a block (a tile), which kernel instantiation fits the head size, and how to split long key
+ * ranges across blocks. Over packed sequences (packed_attention.cu): each row's keys, and each key's query rows.
+ * The constants mirror the kernels.
  */
 import { ArtError } from "../core/errors.ts";
-import type { KvCacheSpec, RowPlacement } from "../model/backend.ts";
+import type { KvCacheSpec, PackedSegment, RowPlacement } from "../model/backend.ts";
 
 export const attentionWarps = 4;
 export const attentionChunk = 32;
@@ -81,4 +82,40 @@ export function planSplits(tiles: number, kvHeads: number, maxKeys: number, mult
   const splits = Math.max(1, Math.min(wanted, Math.floor(maxKeys / 64)));
   const splitLength = Math.ceil(Math.ceil(maxKeys / splits) / attentionChunk) * attentionChunk;
   return { splits: Math.ceil(maxKeys / splitLength), splitLength };
+}
+
+/** The packed attention kernels run one (row, head) pair per warp, this many warps per block. */
+export const packedAttentionWarps = 4;
+
+/** Their lanes hold up to 8 dimensions each (DIMS_PER_LANE in packed_attention.cu). */
+export function checkPackedHeadDim(headDim: number): void {
+  if (headDim > 32 * 8) throw new ArtError("cuda_unsupported", `cuda packed attention: head size ${headDim} is over 256`);
+}
+
+/** Per row: its segment's first row, its prefix's first row, its prefix's length (see packed_attention_forward). */
+export function packedRowKeys(segments: readonly PackedSegment[], rows: number): Int32Array {
+  const keys = new Int32Array(rows * 3);
+  for (const segment of segments) {
+    for (let row = segment.start; row < segment.start + segment.length; row++) {
+      keys.set([segment.start, segment.prefix?.start ?? 0, segment.prefix?.length ?? 0], row * 3);
+    }
+  }
+  return keys;
+}
+
+/**
+ * For every key row, the query rows that attend to it, as [first, end) ranges in CSR form (offsets[key] ..
+ * offsets[key + 1] index the pairs in `ranges`): the rows of its own segment from the key on (causal), and every
+ * row of each segment that reads it as part of a shared prefix.
+ */
+export function keyQueryRanges(segments: readonly PackedSegment[], rows: number): { offsets: Int32Array; ranges: Int32Array } {
+  const perKey: number[][] = Array.from({ length: rows }, () => []);
+  for (const { start, length, prefix } of segments) {
+    const end = start + length;
+    for (let key = start; key < end; key++) perKey[key].push(key, end);
+    if (prefix) for (let key = prefix.start; key < prefix.start + prefix.length; key++) perKey[key].push(start, end);
+  }
+  const offsets = new Int32Array(rows + 1);
+  perKey.forEach((pairs, key) => (offsets[key + 1] = offsets[key] + pairs.length / 2));
+  return { offsets, ranges: Int32Array.from(perKey.flat()) };
 }

@@ -1,21 +1,27 @@
 /**
- * The CUDA backend: every Backend op on device memory, queued on one stream. Activations are f32; weights may be
- * bf16 (half the bytes decode must read). Linears run on cuBLAS: a bf16 weight takes the activations narrowed to
- * bf16 (one conversion kernel), f32 accumulation either way; the unmerged LoRA is two more small GEMMs, the second
- * accumulating `scale · (x Aᵀ) Bᵀ` into the output. The KV cache is bf16. Small per-call index arrays (token ids,
- * positions, slots, attention tiles) go up through the pinned staging ring; the last few are cached by content,
- * because every layer of a forward pass passes the same positions and slots. Decode passes are recorded into CUDA
- * graphs and replayed (decode-graphs.ts); while one is recorded, the backend takes its transient memory from the
- * graph arena and reads the step's ids, slots and positions from the graph's input buffer.
+ * The CUDA backend: every Backend op on device memory, queued on one stream; the kernels are kernels/*.cu, each
+ * op's CPU reference the same op of lib/model/cpu. Activations are f32; weights may be bf16 (half the bytes decode
+ * must read). Products run on cuBLAS: a bf16 weight takes the activations narrowed to bf16 (written beside them by
+ * the kernel that produced them, or by one conversion kernel), f32 accumulation either way; the unmerged LoRA is two
+ * more small GEMMs, the second accumulating `scale · (x Aᵀ) Bᵀ` into the output. The KV cache is bf16. Small
+ * per-call index arrays (token ids, positions, slots, attention tiles) go up through the pinned staging ring; the last
+ * few are cached by content, because every layer of a forward pass passes the same positions and slots. Decode
+ * passes are recorded into CUDA graphs and replayed (decode-graphs.ts); while one is recorded, the backend takes its
+ * transient memory from the graph arena and reads the pass's ids, slots and positions from the graph's input buffer.
+ *
+ * Training runs here for LoRA adapters: the frozen base weights are the engine's own tensors (f32 or bf16); LoRA A/B,
+ * their gradients, the AdamW moments and every activation are f32. Weight, bias, norm and embedding gradients
+ * (full-parameter training) have no kernels here and are refused with what to do instead.
  */
 import { ArtError } from "../core/errors.ts";
 import {
-  type Backend, type DecodePass, type DType, type KvCache, type KvCacheSpec, type LoraWeights, type RowPlacement,
-  type SampleResult, type SamplingParams, type Tensor, checkKvSlotCopy, checkSamplingParams, checkTokenIds, shapeSize,
+  type AdamWScalars, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, type LoraWeights,
+  type PackedSegment, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
+  checkSamplingParams, checkTokenIds, shapeSize,
 } from "../model/backend.ts";
 import {
-  attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkRowsInCache,
-  planSplits, planTiles,
+  attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkPackedHeadDim,
+  checkRowsInCache, keyQueryRanges, packedAttentionWarps, packedRowKeys, planSplits, planTiles,
 } from "./attention-plan.ts";
 import { type DecodeGraphStats, DecodeGraphs, type DeferredUpload } from "./decode-graphs.ts";
 import type { GemmType } from "./blas.ts";
@@ -71,9 +77,11 @@ export interface DeviceQueue {
   dispose(): void;
 }
 
-/** What the backend needs of cuBLAS (see Blas.linear). */
+/** What the backend needs of cuBLAS (see Blas.linear and Blas.gemm). */
 export interface GemmRunner {
   linear(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number, operandType: GemmType, alpha?: number, beta?: number): void;
+  gemm(a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, transA: boolean, transB: boolean, operandType: GemmType,
+    alpha?: number, beta?: number): void;
   dispose(): void;
 }
 
@@ -134,6 +142,23 @@ function expectF32(name: string, tensor: Tensor): void {
   if (tensor.dtype !== "f32") throw new ArtError("wrong_dtype", `cuda backend: ${name} must be f32 (activations), got ${tensor.dtype}`);
 }
 
+/** An f32 tensor of this backend (activations, gradients, LoRA and optimiser tensors). */
+function f32(name: string, tensor: Tensor): CudaTensor {
+  const t = cuda(tensor);
+  expectF32(name, t);
+  return t;
+}
+
+/** Refuses a gradient this backend has no kernel for (full-parameter training runs on the CPU). */
+function frozenOnly(what: string, gradient: Tensor | null): void {
+  if (gradient !== null) {
+    throw new ArtError("cuda_unsupported", `cuda backend: ${what} gradients are not implemented on CUDA (full-parameter training); train a LoRA adapter, or train on device "cpu"`);
+  }
+}
+
+/** Blocks of the sum-of-squares reduction per tensor. */
+const sumSquaresBlocks = 64;
+
 /** Threads for a block-per-row kernel over `width` elements: a multiple of 32, at most 1024. */
 function rowThreads(width: number, cap = 256): number {
   return Math.min(cap, Math.max(32, Math.ceil(width / 32) * 32));
@@ -172,6 +197,9 @@ interface Recording {
 
 export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Backend {
   readonly name = "cuda" as const;
+  readonly fullParameterTraining = false;
+  /** 1024 rows × 16384 vocabulary entries: a 64 MB f32 block, 80 blocks for 8 × 1024 tokens of a 152k vocabulary. */
+  readonly logitChunks: ChunkSizes = { rowChunk: 1024, vocabChunk: 16384 };
   readonly context: Device;
   readonly blas: GemmRunner;
   readonly #kernels: Record<KernelName, KernelFunction>;
@@ -238,6 +266,29 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     return tensor;
   }
 
+  copy(x: Tensor): Tensor {
+    const out = this.zeros(x.shape);
+    this.add(out, f32("copied tensor", x), out);
+    return out;
+  }
+
+  write(tensor: Tensor, data: Float32Array): void {
+    const t = f32("written tensor", tensor);
+    if (data.length !== t.size) throw new ArtError("wrong_shape", `cuda backend: ${data.length} values cannot fill [${t.shape}]`);
+    t.version++;
+    this.context.upload(t.address, data);
+  }
+
+  zero(tensor: Tensor): void {
+    const t = cuda(tensor);
+    t.version++;
+    this.context.zero(t.address, t.bytes);
+  }
+
+  owns(tensor: Tensor): boolean {
+    return tensor instanceof CudaTensor;
+  }
+
   download(tensor: Tensor): Float32Array {
     const t = cuda(tensor);
     const out = new Float32Array(t.size);
@@ -290,7 +341,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       [["ptr", t.address], ["ptr", this.#indices(ids)], ["ptr", o.address], ["i32", d]]);
   }
 
-  rmsNorm(x: Tensor, weight: Tensor, eps: number, out: Tensor): void {
+  rmsNorm(x: Tensor, weight: Tensor, eps: number, out: Tensor, rstd: Tensor | null = null): void {
     const xs = cuda(x), w = cuda(weight), o = cuda(out);
     o.version++;
     expectSize("rmsNorm out", o, xs.size);
@@ -298,22 +349,24 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     // A norm of whole rows feeds GEMMs (q/k/v, the head); a per-head norm (Qwen3's q/k norm) does not.
     const gemmInput = w.size === o.shape[o.shape.length - 1];
     this.#launch(w.dtype === "bf16" ? "rmsnorm_bf16" : "rmsnorm_f32", [xs.size / w.size], [rowThreads(w.size)],
-      [["ptr", xs.address], ["ptr", w.address], ["f32", eps], ["ptr", o.address], ["ptr", gemmInput ? this.#bf16Output(o) : 0n], ["i32", w.size]]);
+      [["ptr", xs.address], ["ptr", w.address], ["f32", eps], ["ptr", o.address], ["ptr", gemmInput ? this.#bf16Output(o) : 0n],
+        ["ptr", this.#rstd(rstd, xs.size / w.size)], ["i32", w.size]]);
   }
 
-  addRmsNorm(residual: Tensor, x: Tensor, weight: Tensor, eps: number, out: Tensor): void {
-    const r = cuda(residual), xs = cuda(x), w = cuda(weight), o = cuda(out);
-    r.version++;
+  addRmsNorm(a: Tensor, b: Tensor, sum: Tensor, weight: Tensor, eps: number, out: Tensor, rstd: Tensor | null = null): void {
+    const as = cuda(a), bs = cuda(b), s = cuda(sum), w = cuda(weight), o = cuda(out);
+    s.version++;
     o.version++;
-    expectSize("residual add input", xs, r.size);
-    expectSize("addRmsNorm out", o, r.size);
-    expectMultiple("addRmsNorm residual", r, w.size);
-    this.#launch(w.dtype === "bf16" ? "add_rmsnorm_bf16" : "add_rmsnorm_f32", [r.size / w.size], [rowThreads(w.size)],
-      [["ptr", r.address], ["ptr", xs.address], ["ptr", w.address], ["f32", eps], ["ptr", o.address], ["ptr", this.#bf16Output(o)],
-        ["i32", w.size]]);
+    expectSize("residual add input", bs, as.size);
+    expectSize("addRmsNorm sum", s, as.size);
+    expectSize("addRmsNorm out", o, as.size);
+    expectMultiple("addRmsNorm input", as, w.size);
+    this.#launch(w.dtype === "bf16" ? "add_rmsnorm_bf16" : "add_rmsnorm_f32", [as.size / w.size], [rowThreads(w.size)],
+      [["ptr", as.address], ["ptr", bs.address], ["ptr", s.address], ["ptr", w.address], ["f32", eps], ["ptr", o.address],
+        ["ptr", this.#bf16Output(o)], ["ptr", this.#rstd(rstd, as.size / w.size)], ["i32", w.size]]);
   }
 
-  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor, lora?: LoraWeights | null): void {
+  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor, lora?: LoraWeights | null, loraDown?: Tensor): void {
     const xs = cuda(x), w = cuda(weight), o = cuda(out);
     o.version++;
     expectF32("linear input", xs);
@@ -335,24 +388,56 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       const rank = a.shape[0];
       expectSize("LoRA A", a, rank * inFeatures);
       expectSize("LoRA B", b, outFeatures * rank);
-      const down = this.#transient().allocate(n * rank * 4);
+      let down: bigint;
+      if (loraDown) {
+        const kept = f32("LoRA x·Aᵀ", loraDown);
+        expectSize("LoRA x·Aᵀ", kept, n * rank);
+        kept.version++;
+        down = kept.address;
+      } else {
+        down = this.#transient().allocate(n * rank * 4);
+      }
       this.blas.linear(operand(a.dtype), a.address, down, n, inFeatures, rank, a.dtype);
       const downOperand = b.dtype === "bf16" ? this.#narrow(down, n * rank) : down;
       this.blas.linear(downOperand, b.address, o.address, n, rank, outFeatures, b.dtype, lora.scale, 1);
       if (downOperand !== down) this.#release(downOperand);
-      this.#release(down);
+      if (!loraDown) this.#release(down);
     }
   }
 
   rope(x: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
-    const xs = cuda(x), f = cuda(invFreq);
-    xs.version++;
-    expectSize("rope inverse frequencies", f, headDim / 2);
-    expectMultiple("rope input", xs, positions.length * headDim);
-    const heads = xs.size / (positions.length * headDim);
-    this.#launch(f.dtype === "bf16" ? "rope_bf16" : "rope_f32", [positions.length], [rowThreads((heads * headDim) / 2, 128)],
-      [["ptr", xs.address], ["ptr", this.#indices(positions)], ["ptr", f.address], ["i32", heads], ["i32", headDim]]);
+    this.#rotate(x, positions, invFreq, headDim, 1);
   }
+
+  swiglu(gate: Tensor, up: Tensor, out: Tensor): void {
+    const g = cuda(gate), u = cuda(up), o = cuda(out);
+    o.version++;
+    expectSize("swiglu up", u, g.size);
+    expectSize("swiglu out", o, g.size);
+    this.#launch("swiglu", [gridFor(g.size)], [256], [["ptr", g.address], ["ptr", u.address], ["ptr", o.address],
+      ["ptr", this.#bf16Output(o)], ["i64", g.size]]);
+  }
+
+  add(a: Tensor, b: Tensor, out: Tensor): void {
+    const as = cuda(a), bs = cuda(b), o = cuda(out);
+    o.version++;
+    expectSize("add input", bs, as.size);
+    expectSize("add out", o, as.size);
+    this.#launch("add", [gridFor(o.size)], [256], [["ptr", as.address], ["ptr", bs.address], ["ptr", o.address], ["i64", o.size]]);
+  }
+
+  gatherRows(x: Tensor, rowIndex: Int32Array, out: Tensor): void {
+    const xs = cuda(x), o = cuda(out);
+    o.version++;
+    const width = xs.size / xs.shape[0];
+    expectSize("gatherRows out", o, rowIndex.length * width);
+    checkRowIndex(rowIndex, xs.shape[0]);
+    if (rowIndex.length === 0) return;
+    this.#launch("gather_rows", [rowIndex.length], [rowThreads(width)],
+      [["ptr", xs.address], ["ptr", this.#indices(rowIndex)], ["ptr", o.address], ["i32", width]]);
+  }
+
+  // ---- inference: KV cache, attention over it, sampling ----------------------------------------------------------
 
   createKvCache(spec: KvCacheSpec): KvCache {
     const elements = spec.numLayers * 2 * spec.numSlots * spec.numKvHeads * spec.maxPositions * spec.headDim;
@@ -417,34 +502,6 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       ["i32", to], ["i32", numPositions]]);
   }
 
-  swiglu(gate: Tensor, up: Tensor, out: Tensor): void {
-    const g = cuda(gate), u = cuda(up), o = cuda(out);
-    o.version++;
-    expectSize("swiglu up", u, g.size);
-    expectSize("swiglu out", o, g.size);
-    this.#launch("swiglu", [gridFor(g.size)], [256], [["ptr", g.address], ["ptr", u.address], ["ptr", o.address],
-      ["ptr", this.#bf16Output(o)], ["i64", g.size]]);
-  }
-
-  addInPlace(residual: Tensor, x: Tensor): void {
-    const r = cuda(residual), xs = cuda(x);
-    r.version++;
-    expectSize("residual add input", xs, r.size);
-    this.#launch("add_inplace", [gridFor(r.size)], [256], [["ptr", r.address], ["ptr", xs.address], ["i64", r.size]]);
-  }
-
-  gatherRows(x: Tensor, rowIndex: Int32Array, out: Tensor): void {
-    const xs = cuda(x), o = cuda(out);
-    o.version++;
-    const width = xs.size / xs.shape[0];
-    expectSize("gatherRows out", o, rowIndex.length * width);
-    for (const row of rowIndex) {
-      if (!(row >= 0 && row < xs.shape[0])) throw new ArtError("bad_row_index", `gatherRows: row ${row} outside 0..${xs.shape[0] - 1}`);
-    }
-    this.#launch("gather_rows", [rowIndex.length], [rowThreads(width)],
-      [["ptr", xs.address], ["ptr", this.#indices(rowIndex)], ["ptr", o.address], ["i32", width]]);
-  }
-
   logSoftmax(logits: Tensor, out: Tensor): void {
     const l = cuda(logits), o = cuda(out);
     o.version++;
@@ -492,6 +549,205 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
   }
 
+  // ---- training: packed attention, backward ops, target logprobs, optimiser -----------------------------------
+
+  /** Saves the log-sum-exp of every (row, head): [rows, heads]. */
+  packedAttention(q: Tensor, k: Tensor, v: Tensor, segments: readonly PackedSegment[], headDim: number, out: Tensor): Tensor {
+    const o = f32("attention out", out), qs = f32("attention q", q), ks = f32("attention k", k), vs = f32("attention v", v);
+    const { rows, heads, kvHeads } = packedShape(qs, ks, headDim);
+    expectSize("attention v", vs, ks.size);
+    expectSize("attention out", o, qs.size);
+    checkPackedHeadDim(headDim);
+    o.version++;
+    const lse = cuda(this.zeros([rows, heads]));
+    const pairs = rows * heads;
+    this.#withIndices(packedRowKeys(segments, rows), (index) => this.#launch("packed_attention_forward",
+      [Math.ceil(pairs / packedAttentionWarps)], [packedAttentionWarps * 32], [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address],
+        ["ptr", index], ["ptr", o.address], ["ptr", lse.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim], ["i32", pairs]]));
+    return lse;
+  }
+
+  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
+    dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor): void {
+    const qs = f32("attention q", q), ks = f32("attention k", k), vs = f32("attention v", v), lse = f32("attention log-sum-exp", saved);
+    const g = f32("attention output gradient", dOut), dqs = f32("attention dq", dq), dks = f32("attention dk", dk), dvs = f32("attention dv", dv);
+    const { rows, heads, kvHeads } = packedShape(qs, ks, headDim);
+    checkPackedHeadDim(headDim);
+    dqs.version++;
+    dks.version++;
+    dvs.version++;
+    // Δ = Σ p·dP per (row, head), written by the dq pass for the dk/dv pass.
+    const delta = cuda(this.zeros([rows, heads]));
+    const pairs = rows * heads;
+    try {
+      this.#withIndices(packedRowKeys(segments, rows), (index) => this.#launch("packed_attention_backward_dq",
+        [Math.ceil(pairs / packedAttentionWarps)], [packedAttentionWarps * 32], [["ptr", dqs.address], ["ptr", delta.address], ["ptr", g.address],
+          ["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", lse.address], ["ptr", index], ["i32", heads], ["i32", kvHeads],
+          ["i32", headDim], ["i32", pairs]]));
+      const { offsets, ranges } = keyQueryRanges(segments, rows);
+      this.#withIndices(offsets, (offsetIndex) => this.#withIndices(ranges, (rangeIndex) =>
+        this.#launch("packed_attention_backward_dkdv", [rows, kvHeads], [packedAttentionWarps * 32], [["ptr", dks.address], ["ptr", dvs.address],
+          ["ptr", g.address], ["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", lse.address], ["ptr", delta.address],
+          ["ptr", offsetIndex], ["ptr", rangeIndex], ["i32", heads], ["i32", kvHeads], ["i32", headDim]], 2 * packedAttentionWarps * headDim * 4)));
+    } finally {
+      this.free(delta);
+    }
+  }
+
+  embeddingBackward(_ids: Int32Array, _dOut: Tensor, dTable: Tensor): void {
+    frozenOnly("embedding", dTable);
+  }
+
+  rmsNormBackward(x: Tensor, weight: Tensor, rstd: Tensor, dOut: Tensor, dx: Tensor, dWeight: Tensor | null): void {
+    frozenOnly("norm weight", dWeight);
+    const xs = f32("rmsnorm input", x), w = cuda(weight), s = f32("rmsnorm rstd", rstd), g = f32("rmsnorm output gradient", dOut);
+    const d = f32("rmsnorm input gradient", dx);
+    expectSize("rmsnorm rstd", s, xs.size / w.size);
+    d.version++;
+    this.#launch(w.dtype === "bf16" ? "rmsnorm_backward_bf16" : "rmsnorm_backward_f32", [xs.size / w.size], [rowThreads(w.size)],
+      [["ptr", xs.address], ["ptr", w.address], ["ptr", s.address], ["ptr", g.address], ["ptr", d.address], ["i32", w.size]]);
+  }
+
+  /** dx += dOut · W (W [out, in], bf16 or f32); the weight and bias are frozen here. */
+  linearBackward(_x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null): void {
+    frozenOnly("base weight", dWeight);
+    frozenOnly("bias", dBias);
+    if (dx === null) return;
+    const w = cuda(weight), g = f32("linear output gradient", dOut), d = f32("linear input gradient", dx);
+    const [outFeatures, inFeatures] = w.shape;
+    d.version++;
+    this.#product(g, w, d, g.size / outFeatures, inFeatures, outFeatures, false, false, 1, 1);
+  }
+
+  /** dB += scale · dOutᵀ · down; g = scale · dOut · B; dA += gᵀ · x; dx += g · A. */
+  loraBackward(x: Tensor, lora: LoraWeights, loraDown: Tensor, dOut: Tensor, dx: Tensor | null, dA: Tensor, dB: Tensor): void {
+    const xs = f32("linear input", x), as = f32("LoRA A", lora.a), bs = f32("LoRA B", lora.b), down = f32("LoRA x·Aᵀ", loraDown);
+    const g = f32("linear output gradient", dOut), gradA = f32("LoRA A gradient", dA), gradB = f32("LoRA B gradient", dB);
+    const [rank, inFeatures] = as.shape, outFeatures = bs.shape[0], rows = xs.size / inFeatures;
+    gradA.version++;
+    gradB.version++;
+    this.blas.gemm(g.address, down.address, gradB.address, outFeatures, rank, rows, true, false, "f32", lora.scale, 1);
+    const dDown = this.context.pool.allocate(rows * rank * 4);
+    try {
+      this.blas.gemm(g.address, bs.address, dDown, rows, rank, outFeatures, false, false, "f32", lora.scale, 0);
+      this.blas.gemm(dDown, xs.address, gradA.address, rank, inFeatures, rows, true, false, "f32", 1, 1);
+      if (dx !== null) {
+        const d = f32("linear input gradient", dx);
+        d.version++;
+        this.blas.gemm(dDown, as.address, d.address, rows, inFeatures, rank, false, false, "f32", 1, 1);
+      }
+    } finally {
+      this.context.pool.free(dDown);
+    }
+  }
+
+  ropeBackward(dx: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
+    this.#rotate(dx, positions, invFreq, headDim, -1);
+  }
+
+  swigluBackward(gate: Tensor, up: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void {
+    const gs = f32("swiglu gate", gate), dg = f32("swiglu gate gradient", dGate), du = f32("swiglu up gradient", dUp);
+    dg.version++;
+    du.version++;
+    this.#launch("swiglu_backward", [gridFor(gs.size)], [256], [["ptr", gs.address], ["ptr", f32("swiglu up", up).address],
+      ["ptr", f32("swiglu output gradient", dOut).address], ["ptr", dg.address], ["ptr", du.address], ["i64", gs.size]]);
+  }
+
+  gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void {
+    const g = f32("gathered rows' gradient", dOut), d = f32("gathered input gradient", dx);
+    const width = d.size / d.shape[0];
+    expectSize("gathered rows' gradient", g, rowIndex.length * width);
+    checkRowIndex(rowIndex, d.shape[0]);
+    d.version++;
+    if (rowIndex.length === 0) return;
+    this.#withIndices(rowIndex, (index) => this.#launch("gather_rows_backward", [rowIndex.length], [rowThreads(width)],
+      [["ptr", index], ["ptr", g.address], ["ptr", d.address], ["i32", width]]));
+  }
+
+  /**
+   * Row chunk by vocabulary chunk: a cuBLAS logits block, folded into each row's online log-sum-exp state on the
+   * device; the host finishes the few numbers per row in float64 as the CPU does.
+   */
+  targetLogprobs(hidden: Tensor, head: Tensor, targets: Int32Array, chunks: ChunkSizes): TokenLogprobs {
+    const rows = targets.length;
+    const logprobs = new Float32Array(rows), entropies = new Float32Array(rows), logsumexp = new Float32Array(rows);
+    if (rows === 0) return { logprobs, entropies, logsumexp };
+    const h = f32("final hidden states", hidden), w = cuda(head);
+    const initial = new Float32Array(rows * 4);
+    for (let r = 0; r < rows; r++) initial.set([-Infinity, 0, 0, NaN], r * 4);
+    const state = cuda(this.upload(initial, [rows, 4]));
+    try {
+      this.#forEachLogitBlock(h, w, targets, chunks, (block, _headRows, targetIndex, r0, rc, v0, vc) => {
+        this.#launch("logprob_block_stats", [rc], [rowThreads(vc, 1024)], [["ptr", block], ["i32", vc], ["i32", v0],
+          ["ptr", targetIndex + BigInt(r0 * 4)], ["ptr", state.address + BigInt(r0 * 16)]]);
+      });
+      const [max, sum, sumZ, target] = [0, 1, 2, 3];
+      const s = this.download(state);
+      for (let r = 0; r < rows; r++) {
+        const lse = s[r * 4 + max] + Math.log(s[r * 4 + sum]);
+        logsumexp[r] = lse;
+        entropies[r] = lse - s[r * 4 + sumZ] / s[r * 4 + sum];
+        logprobs[r] = targets[r] >= 0 ? s[r * 4 + target] - lse : NaN;
+      }
+    } finally {
+      this.free(state);
+    }
+    return { logprobs, entropies, logsumexp };
+  }
+
+  /** dz = g · (onehot − softmax) per block, then dHidden += dz · head (the LM head is frozen here). */
+  targetLogprobsBackward(hidden: Tensor, head: Tensor, targets: Int32Array, logsumexp: Float32Array, dLogprobs: Float32Array,
+    dHidden: Tensor, dHead: Tensor | null, chunks: ChunkSizes): void {
+    frozenOnly("LM head", dHead);
+    const rows = targets.length;
+    if (rows === 0) return;
+    const d = f32("final hidden gradient", dHidden), h = f32("final hidden states", hidden), w = cuda(head);
+    const dim = h.size / rows;
+    d.version++;
+    const perRow = cuda(this.upload(Float32Array.from([...logsumexp, ...dLogprobs]), [2, rows]));
+    const lse = perRow.address, grad = lse + BigInt(rows * 4);
+    try {
+      this.#forEachLogitBlock(h, w, targets, chunks, (block, headRows, targetIndex, r0, rc, v0, vc) => {
+        this.#launch("logprob_block_grad", [rc], [rowThreads(vc)], [["ptr", block], ["i32", vc], ["i32", v0],
+          ["ptr", targetIndex + BigInt(r0 * 4)], ["ptr", lse + BigInt(r0 * 4)], ["ptr", grad + BigInt(r0 * 4)]]);
+        // dHidden[r0 .. r0+rc] += dz [rc, vc] · head[v0 .. v0+vc] [vc, dim]
+        const dRows = new CudaTensor([rc, dim], "f32", d.address + BigInt(r0 * dim * 4));
+        this.#product(new CudaTensor([rc, vc], "f32", block), headRows, dRows, rc, dim, vc, false, false, 1, 1);
+      });
+    } finally {
+      this.free(perRow);
+    }
+  }
+
+  sumOfSquares(tensors: readonly Tensor[]): number {
+    if (tensors.length === 0) return 0;
+    const pool = this.context.pool;
+    const partials = pool.allocate(tensors.length * sumSquaresBlocks * 4);
+    try {
+      tensors.forEach((tensor, i) => {
+        const t = f32("gradient", tensor);
+        this.#launch("sum_squares", [sumSquaresBlocks], [256],
+          [["ptr", t.address], ["i64", t.size], ["ptr", partials + BigInt(i * sumSquaresBlocks * 4)]]);
+      });
+      const host = new Float32Array(tensors.length * sumSquaresBlocks);
+      this.context.download(partials, host);
+      let sum = 0;
+      for (const partial of host) sum += partial;
+      return sum;
+    } finally {
+      pool.free(partials);
+    }
+  }
+
+  adamw(value: Tensor, grad: Tensor, m: Tensor, v: Tensor, scalars: AdamWScalars): void {
+    const p = f32("parameter", value);
+    const { clip, learningRate, beta1, beta2, eps, weightDecay, correction1, correction2 } = scalars;
+    p.version++;
+    this.#launch("adamw_update", [gridFor(p.size)], [256], [["ptr", p.address], ["ptr", f32("gradient", grad).address],
+      ["ptr", f32("first moment", m).address], ["ptr", f32("second moment", v).address], ["i64", p.size], ["f32", clip],
+      ["f32", learningRate], ["f32", beta1], ["f32", beta2], ["f32", eps], ["f32", weightDecay], ["f32", correction1], ["f32", correction2]]);
+  }
+
   /** Waits for every queued op. */
   synchronize(): void {
     this.context.synchronize();
@@ -508,11 +764,6 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     } finally {
       this.context.dispose();
     }
-  }
-
-  /** Launches any kernel of the table on this backend's stream (the training ops' kernels run beside the engine's). */
-  launch(name: KernelName, grid: [number, number?, number?], block: [number], args: readonly KernelArg[], sharedBytes = 0): void {
-    this.#launch(name, grid, block, args, sharedBytes);
   }
 
   // ---- helpers --------------------------------------------------------------------------------------------------
@@ -556,6 +807,82 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const address = this.#transient().allocate(count * 2);
     this.#launch("f32_to_bf16", [gridFor(count)], [256], [["ptr", source], ["ptr", address], ["i64", count]]);
     return address;
+  }
+
+  /** In-place RoPE by sign · the angles (sign −1 is the backward). */
+  #rotate(x: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number, sign: 1 | -1): void {
+    const xs = f32("rope input", x), f = cuda(invFreq);
+    xs.version++;
+    expectSize("rope inverse frequencies", f, headDim / 2);
+    expectMultiple("rope input", xs, positions.length * headDim);
+    const heads = xs.size / (positions.length * headDim);
+    this.#launch(f.dtype === "bf16" ? "rope_bf16" : "rope_f32", [positions.length], [rowThreads((heads * headDim) / 2, 128)],
+      [["ptr", xs.address], ["ptr", this.#indices(positions)], ["ptr", f.address], ["i32", heads], ["i32", headDim], ["f32", sign]]);
+  }
+
+  /** The address of a norm's rstd output (written by the launch about to be queued), or 0n for none. */
+  #rstd(rstd: Tensor | null, groups: number): bigint {
+    if (!rstd) return 0n;
+    const t = f32("rmsnorm rstd", rstd);
+    expectSize("rmsnorm rstd", t, groups);
+    t.version++;
+    return t.address;
+  }
+
+  /** c = op(a) · op(b) with b a weight-like operand: a bf16 b takes a narrowed to bf16. */
+  #product(a: CudaTensor, b: CudaTensor, c: CudaTensor, m: number, n: number, k: number, transA: boolean, transB: boolean,
+    alpha: number, beta: number): void {
+    if (b.dtype === "f32") {
+      this.blas.gemm(a.address, b.address, c.address, m, n, k, transA, transB, "f32", alpha, beta);
+      return;
+    }
+    const narrow = this.#narrow(a.address, a.size);
+    try {
+      this.blas.gemm(narrow, b.address, c.address, m, n, k, transA, transB, "bf16", alpha, beta);
+    } finally {
+      this.#release(narrow);
+    }
+  }
+
+  /**
+   * The chunk loop both logprob passes share: for each row chunk × vocabulary chunk, the logits block [rc, vc] =
+   * hidden[r0 .. r0+rc] · head[v0 .. v0+vc]ᵀ in one reused device buffer, handed to `visit` with those head rows and
+   * the targets on the device.
+   */
+  #forEachLogitBlock(h: CudaTensor, w: CudaTensor, targets: Int32Array, chunks: ChunkSizes,
+    visit: (block: bigint, headRows: CudaTensor, targetIndex: bigint, r0: number, rc: number, v0: number, vc: number) => void): void {
+    const rows = targets.length;
+    const [vocab, dim] = w.shape;
+    const pool = this.context.pool;
+    const block = pool.allocate(Math.min(chunks.rowChunk, rows) * Math.min(chunks.vocabChunk, vocab) * 4);
+    try {
+      this.#withIndices(targets, (targetIndex) => {
+        for (let r0 = 0; r0 < rows; r0 += chunks.rowChunk) {
+          const rc = Math.min(chunks.rowChunk, rows - r0);
+          for (let v0 = 0; v0 < vocab; v0 += chunks.vocabChunk) {
+            const vc = Math.min(chunks.vocabChunk, vocab - v0);
+            const hiddenRows = new CudaTensor([rc, dim], "f32", h.address + BigInt(r0 * dim * 4));
+            const headRows = new CudaTensor([vc, dim], w.dtype, w.address + BigInt(v0 * dim * (w.dtype === "bf16" ? 2 : 4)));
+            this.#product(hiddenRows, headRows, new CudaTensor([rc, vc], "f32", block), rc, vc, dim, false, true, 1, 0);
+            visit(block, headRows, targetIndex, r0, rc, v0, vc);
+          }
+        }
+      });
+    } finally {
+      pool.free(block);
+    }
+  }
+
+  /** Uploads a small int32 array for the launches `use` queues; freed after them (later stream work reuses it). */
+  #withIndices(values: Int32Array, use: (address: bigint) => void): void {
+    const pool = this.context.pool;
+    const address = pool.allocate(Math.max(4, values.byteLength));
+    try {
+      this.context.upload(address, values);
+      use(address);
+    } finally {
+      pool.free(address);
+    }
   }
 
   /** GraphHost.record: `run` captured into a graph, with the backend in recording mode meanwhile. */
@@ -604,7 +931,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
 
   /**
    * Device copy of a small int32 array; reused while the same array comes back with the same content. While a pass
-   * is recorded: a step input's fixed address, or a copy of the graph's own that is written once the capture ends.
+   * is recorded: a pass input's fixed address, or a copy of the graph's own that is written once the capture ends.
    */
   #indices(host: Int32Array): bigint {
     const recording = this.#recording;
@@ -626,6 +953,22 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     // The evicted copy may still be read by queued kernels; the pool reuses it only for later stream work.
     if (this.#indexCache.length > indexCacheEntries) this.context.pool.free(this.#indexCache.pop()!.address);
     return address;
+  }
+}
+
+/** Rows, query heads and KV heads of packed attention's q:[rows, heads·hd] and k:[rows, kvHeads·hd]. */
+function packedShape(q: CudaTensor, k: CudaTensor, headDim: number): { rows: number; heads: number; kvHeads: number } {
+  const rows = q.shape[0];
+  const heads = q.size / (rows * headDim), kvHeads = k.size / (rows * headDim);
+  if (!(Number.isInteger(heads) && Number.isInteger(kvHeads) && heads % kvHeads === 0)) {
+    throw new ArtError("wrong_shape", `cuda backend: attention q [${q.shape}] and k [${k.shape}] are not whole heads of ${headDim} in groups`);
+  }
+  return { rows, heads, kvHeads };
+}
+
+function checkRowIndex(rowIndex: Int32Array, rows: number): void {
+  for (const row of rowIndex) {
+    if (!(row >= 0 && row < rows)) throw new ArtError("bad_row_index", `row index ${row} outside 0..${rows - 1}`);
   }
 }
 

@@ -1,11 +1,11 @@
 /**
- * Decode passes as CUDA graphs. One decode step of a 24-layer model is ~370 kernel launches and ~170 cuBLAS calls;
+ * Decode passes as CUDA graphs. One decode pass of a 24-layer model is ~370 kernel launches and ~170 cuBLAS calls;
  * queued one by one from JavaScript they take ~4.5 ms of host time while the GPU needs a fraction of that (measured
- * on an H100: docs/cuda.md). A graph records the step's work once and replays it with one launch.
+ * on an H100: docs/cuda.md). A graph records the pass's work once and replays it with one launch.
  *
  * What a replay needs to be the same computation as the pass recorded:
- * - Inputs at fixed addresses. The step's ids, slots and positions are the only values that change from step to
- *   step; they live in a buffer of the graph's own, rewritten (one upload) before each replay. Every other index
+ * - Inputs at fixed addresses. The pass's ids, slots and positions are the only values that change from pass to
+ *   pass; they live in a buffer of the graph's own, rewritten (one upload) before each replay. Every other index
  *   array the pass uploads (attention tiles) is fixed for the graph's key and uploaded once, after the recording.
  * - The same launches. The key holds everything the host's launch decisions depend on: the owner (weights), the KV
  *   cache, the row count, the attention's key window (attentionKeyWindow: splits are planned per window) and the

@@ -26,13 +26,15 @@ export const kernelModules = {
   elementwise: {
     embedding_f32: [ptr, ptr, ptr, i32], embedding_bf16: [ptr, ptr, ptr, i32],
     add_bias_f32: [ptr, ptr, i64, i32], add_bias_bf16: [ptr, ptr, i64, i32],
-    add_inplace: [ptr, ptr, i64], swiglu: [ptr, ptr, ptr, ptr, i64], gather_rows: [ptr, ptr, ptr, i32],
+    add: [ptr, ptr, ptr, i64], swiglu: [ptr, ptr, ptr, ptr, i64], gather_rows: [ptr, ptr, ptr, i32],
+    swiglu_backward: [ptr, ptr, ptr, ptr, ptr, i64], gather_rows_backward: [ptr, ptr, ptr, i32],
   },
   rmsnorm: {
-    rmsnorm_f32: [ptr, ptr, f32, ptr, ptr, i32], rmsnorm_bf16: [ptr, ptr, f32, ptr, ptr, i32],
-    add_rmsnorm_f32: [ptr, ptr, ptr, f32, ptr, ptr, i32], add_rmsnorm_bf16: [ptr, ptr, ptr, f32, ptr, ptr, i32],
+    rmsnorm_f32: [ptr, ptr, f32, ptr, ptr, ptr, i32], rmsnorm_bf16: [ptr, ptr, f32, ptr, ptr, ptr, i32],
+    add_rmsnorm_f32: [ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, i32], add_rmsnorm_bf16: [ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, i32],
+    rmsnorm_backward_f32: [ptr, ptr, ptr, ptr, ptr, i32], rmsnorm_backward_bf16: [ptr, ptr, ptr, ptr, ptr, i32],
   },
-  rope: { rope_f32: [ptr, ptr, ptr, i32, i32], rope_bf16: [ptr, ptr, ptr, i32, i32] },
+  rope: { rope_f32: [ptr, ptr, ptr, i32, i32, f32], rope_bf16: [ptr, ptr, ptr, i32, i32, f32] },
   attention: {
     kv_write: [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
     kv_copy_slot: [ptr, i32, i32, i32, i32, i32, i32, i32, i32],
@@ -40,21 +42,20 @@ export const kernelModules = {
     attention_dpl4: attentionParameters, attention_dpl8: attentionParameters,
     attention_combine: [ptr, ptr, ptr, ptr, i32, i32, i32, i32],
   },
+  packed_attention: {
+    packed_attention_forward: [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32],
+    packed_attention_backward_dq: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32],
+    packed_attention_backward_dkdv: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
+  },
   sampling: {
     log_softmax: [ptr, ptr, i32],
     sample: [ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr],
   },
-  training: {
-    scatter_rows: [ptr, ptr, ptr, i32],
-    rmsnorm_keep_f32: [ptr, ptr, f32, ptr, ptr, i32], rmsnorm_keep_bf16: [ptr, ptr, f32, ptr, ptr, i32],
-    rmsnorm_backward_f32: [ptr, ptr, ptr, ptr, ptr, i32], rmsnorm_backward_bf16: [ptr, ptr, ptr, ptr, ptr, i32],
-    rope_rotate: [ptr, ptr, ptr, i32, i32, f32],
-    attention_train_forward: [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32],
-    attention_train_backward_dq: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32],
-    attention_train_backward_dkdv: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
-    swiglu_backward: [ptr, ptr, ptr, ptr, ptr, i64],
+  logprobs: {
     logprob_block_stats: [ptr, i32, i32, ptr, ptr],
     logprob_block_grad: [ptr, i32, i32, ptr, ptr, ptr],
+  },
+  adamw: {
     sum_squares: [ptr, i64, ptr],
     adamw_update: [ptr, ptr, ptr, ptr, i64, f32, f32, f32, f32, f32, f32, f32, f32],
   },

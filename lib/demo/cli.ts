@@ -7,7 +7,7 @@ import process from "node:process";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { ArtError } from "../core/errors.ts";
-import type { Device } from "../model/load.ts";
+import type { Device } from "../load/causal-lm.ts";
 import { DEMO_DEFAULTS, runDemo, type DemoOptions } from "./run.ts";
 
 export const DEMO_USAGE = `art-ts demo: GRPO teaches the embedded tiny model to beat a random tic-tac-toe opponent (CPU, minutes)

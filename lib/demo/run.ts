@@ -11,7 +11,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { gatherTrajectoryGroups, gatherTrajectories } from "../core/gather.ts";
 import type { Choice, Trajectory, TrajectoryGroup } from "../core/trajectory.ts";
-import type { Device } from "../model/load.ts";
+import type { Device } from "../load/causal-lm.ts";
 import { rewardCurve, stepRecord, type StepRecord } from "../notebook/plot.ts";
 import { TrainableModel } from "../trainable/model.ts";
 import { describeGame, playTicTacToe, type MovePolicy } from "./tictactoe.ts";

@@ -1,3 +1,4 @@
+/** Public names of the environments: 2048 and tic-tac-toe, and the policy type every environment rolls out with (ART·E: arte/mod.ts). */
 export type { GamePolicy, PolicyReply } from "./policy.ts";
 export {
   DIRECTIONS, Game2048, greedyPolicy2048, INVALID_MOVE_REWARD_2048, parseMove2048, rollout2048, slideBoard, slideLine,
@@ -7,8 +8,3 @@ export {
   bestSquares, heuristicPolicyTicTacToe, legalMoveFrom, otherMark, scoreTicTacToe, parseTicTacToeMove, perfectOpponent, perfectPlayOutcome, randomOpponent, rolloutTicTacToe,
   squareName, SYSTEM_PROMPT_TICTACTOE, TicTacToeBoard, TICTACTOE_REWARDS, type Mark, type Opponent, type Square, type TicTacToeOptions,
 } from "./tictactoe.ts";
-export { generateInbox, type Email, type InboxOptions, type InboxQuestion, type SyntheticInbox } from "./arte/inbox.ts";
-export { EmailDatabase, MAX_SEARCH_RESULTS, type SearchHit, type SearchQuery } from "./arte/database.ts";
-export { ARTE_TOOLS, InboxTools, type FinalAnswer } from "./arte/tools.ts";
-export { loadEnronQuestions, type LoadQuestionsOptions } from "./arte/questions.ts";
-export { answerMatches, arteSystemPrompt, rolloutArte, type ArteRolloutOptions } from "./arte/rollout.ts";

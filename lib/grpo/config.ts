@@ -4,17 +4,7 @@
  * max grad norm 0.1, constant schedule, PPO clip eps 0.2 (CISPO: 1.0 / 4.0), no KL.
  */
 import { ArtError } from "../core/errors.ts";
-
-export const PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] as const;
-export type Projection = (typeof PROJECTIONS)[number];
-
-export interface LoraConfig {
-  rank: number;
-  alpha: number;
-  targetModules: Projection[];
-  /** rsLoRA: scale alpha/sqrt(rank) instead of alpha/rank. */
-  useRslora: boolean;
-}
+import { DEFAULT_LORA, PROJECTIONS, type LoraConfig } from "../model/lora.ts";
 
 /** "ppo": token-level clipped surrogate; "cispo": clipped, detached ratio times A·logp (ART's later default). */
 export type PolicyLoss = "ppo" | "cispo";
@@ -61,8 +51,6 @@ export type TrainConfigInit = Partial<Omit<TrainConfig, "lora" | "schedule">> & 
   lora?: Partial<LoraConfig> | null;
   schedule?: Partial<Schedule>;
 };
-
-export const DEFAULT_LORA: LoraConfig = { rank: 8, alpha: 16, targetModules: [...PROJECTIONS], useRslora: false };
 
 export function resolveTrainConfig(init: TrainConfigInit = {}): TrainConfig {
   const policyLoss = init.policyLoss ?? "ppo";
@@ -130,10 +118,6 @@ function validate(c: TrainConfig): void {
       if (!PROJECTIONS.includes(m)) bad("lora.targetModules", `a subset of ${PROJECTIONS.join(", ")}`, m);
     }
   }
-}
-
-export function loraScale(lora: LoraConfig): number {
-  return lora.useRslora ? lora.alpha / Math.sqrt(lora.rank) : lora.alpha / lora.rank;
 }
 
 /** Learning rate at optimiser step `step` (0-based): linear warm-up, then constant or cosine decay. */

@@ -19,7 +19,18 @@ import { choiceToMessage, isChoice, type Choice, type Message, type MessageOrCho
 import type { Tokenizer } from "../model/tokenizer.ts";
 import type { TrainConfig } from "./config.ts";
 import { groupAdvantages } from "./loss.ts";
-import type { TrainingSequence } from "./train.ts";
+
+/** One token sequence to train on. */
+export interface TrainingSequence {
+  tokens: number[];
+  /** 1 where the token was sampled by the policy (or is an assistant token, for SFT) and is trained */
+  trainable: Uint8Array;
+  /** the sampler's logprob of each token; NaN where unknown */
+  logprobs: Float32Array;
+  advantage: number;
+  /** index of the trajectory it came from: a trajectory's sequences share its token weight */
+  trajectory: number;
+}
 
 /** What tokenisation needs of a tokenizer (the engine's Tokenizer has it). */
 export type ChatTokenizer = Pick<Tokenizer, "applyChatTemplate" | "encode" | "decode" | "eosTokenIds">;

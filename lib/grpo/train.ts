@@ -9,30 +9,16 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { ArtError } from "../core/errors.ts";
-import type { ModelConfig } from "../model/config.ts";
+import type { TrajectoryGroup } from "../core/trajectory.ts";
+import type { PackedSegment } from "../model/backend.ts";
+import { readAdapter } from "../model/peft.ts";
 import { openSafetensors, writeSafetensors, type TensorToWrite } from "../model/safetensors.ts";
-import type { ModelWeights } from "../model/transformer.ts";
-import { adamwStepOn, createAdamWState, type AdamWState } from "./adamw.ts";
+import { DifferentiableTransformer, type SequenceBatch } from "../model/training.ts";
+import type { Transformer } from "../model/transformer.ts";
+import { adamwStep, createAdamWState, type AdamWState } from "./adamw.ts";
 import { learningRateAt, resolveTrainConfig, type TrainConfig, type TrainConfigInit } from "./config.ts";
 import { crossEntropyLoss, policyLoss, trajectoryTokenWeights } from "./loss.ts";
-import { cpuTrainingOps } from "./cpu-training-ops.ts";
-import { TrainingModel, type Segment, type SequenceBatch } from "./model.ts";
-import { readAdapter, saveAdapter } from "./peft.ts";
-import { tokenizeGroups, type ChatTokenizer } from "./tokenize.ts";
-import type { TrainingOps } from "./training-ops.ts";
-import type { TrajectoryGroup } from "../core/trajectory.ts";
-
-/** One token sequence to train on (see tokenize.ts for how trajectories become these). */
-export interface TrainingSequence {
-  tokens: number[];
-  /** 1 where the token was sampled by the policy (or is an assistant token, for SFT) and is trained */
-  trainable: Uint8Array;
-  /** the sampler's logprob of each token; NaN where unknown */
-  logprobs: Float32Array;
-  advantage: number;
-  /** index of the trajectory it came from: a trajectory's sequences share its token weight */
-  trajectory: number;
-}
+import { tokenizeGroups, type ChatTokenizer, type TrainingSequence } from "./tokenize.ts";
 
 export interface StepMetrics {
   loss: number;
@@ -69,21 +55,21 @@ export function checkpointDir(project: string, name: string, step: number, root 
 }
 
 export class Trainer {
-  readonly model: TrainingModel;
+  readonly network: DifferentiableTransformer;
   readonly config: TrainConfig;
   optimizer: AdamWState;
   /** optimiser steps taken, plus steps that had nothing to train (ART advances those too) */
   step: number;
 
-  constructor(model: TrainingModel, config: TrainConfig | TrainConfigInit = {}, state?: { step: number; optimizer: AdamWState }) {
-    this.model = model;
+  constructor(network: DifferentiableTransformer, config: TrainConfig | TrainConfigInit = {}, state?: { step: number; optimizer: AdamWState }) {
+    this.network = network;
     this.config = resolveTrainConfig(config);
     this.step = state?.step ?? 0;
     this.optimizer = state?.optimizer ?? createAdamWState();
-    if (this.config.klCoef > 0 && model.lora === null) {
+    if (this.config.klCoef > 0 && network.lora === null) {
       throw new ArtError("bad_train_config", "TrainConfig.klCoef > 0 needs LoRA training: the KL reference is the base model with the adapter disabled");
     }
-    model.recomputeActivations = this.config.recomputeActivations;
+    network.recomputeActivations = this.config.recomputeActivations;
   }
 
   /**
@@ -91,9 +77,9 @@ export class Trainer {
    * parameter name (PEFT names for LoRA: base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight).
    */
   computeGradients(sequences: TrainingSequence[], objective: Objective = "grpo"): StepMetrics & { gradients: Map<string, Float32Array> } {
-    this.model.zeroGradients();
+    this.network.zeroGradients();
     const metrics = this.accumulate(sequences, objective);
-    const gradients = new Map(this.model.parameterTensors().map((p) => [p.name, this.model.ops.download(p.grad)]));
+    const gradients = new Map(this.network.parameterTensors().map((p) => [p.name, this.network.backend.download(p.grad)]));
     return { ...metrics, gradients };
   }
 
@@ -118,7 +104,7 @@ export class Trainer {
 
   private optimizerStep(sequences: TrainingSequence[], objective: Objective): StepResult {
     const learningRate = learningRateAt(this.config, this.optimizer.step);
-    this.model.zeroGradients();
+    this.network.zeroGradients();
     const metrics = this.accumulate(sequences, objective);
     if (metrics.trainedTokens === 0) {
       this.step += 1;
@@ -128,14 +114,14 @@ export class Trainer {
       return { ...metrics, step: this.step, trained: false, message, gradNorm: 0, learningRate };
     }
     if (!Number.isFinite(metrics.loss)) {
-      this.model.zeroGradients();
+      this.network.zeroGradients();
       throw new ArtError(
         "non_finite_loss",
         `training step refused: the loss is ${metrics.loss}; no weights were changed. Check rewards and logprobs for NaN/Infinity, or lower the learning rate.`,
       );
     }
     const { beta1, beta2, adamEps: eps, weightDecay, maxGradNorm } = this.config;
-    const gradNorm = adamwStepOn(this.model.ops, this.model.parameterTensors(), this.optimizer, { learningRate, beta1, beta2, eps, weightDecay, maxGradNorm });
+    const gradNorm = adamwStep(this.network.backend, this.network.parameterTensors(), this.optimizer, { learningRate, beta1, beta2, eps, weightDecay, maxGradNorm });
     this.step += 1;
     return { ...metrics, step: this.step, trained: true, gradNorm, learningRate };
   }
@@ -169,9 +155,9 @@ export class Trainer {
     for (let start = 0; start < sequences.length; start += this.config.microBatchSize) {
       const micro = sequences.slice(start, start + this.config.microBatchSize);
       const batch = toBatch(micro, this.config.sharePrompts);
-      const pass = this.model.forward(batch);
+      const pass = this.network.forward(batch);
       const ref = this.config.klCoef > 0 && objective === "grpo"
-        ? this.model.forward(batch, { useAdapter: false, keepActivations: false }).logprobs
+        ? this.network.forward(batch, { useAdapter: false, keepActivations: false }).logprobs
         : null;
       const dLogprobs = new Float32Array(pass.logprobs.length);
       let offset = 0;
@@ -197,7 +183,7 @@ export class Trainer {
         offset += count;
       }
       for (const e of pass.entropies) metrics.entropy += e / totalTokens;
-      this.model.backward(pass, dLogprobs);
+      this.network.backward(pass, dLogprobs);
     }
     metrics.clipFraction = clipped / totalTokens;
     return metrics;
@@ -208,24 +194,24 @@ export class Trainer {
     const tmp = `${dir}.tmp-${process.pid}`;
     fs.rmSync(tmp, { recursive: true, force: true });
     fs.mkdirSync(tmp, { recursive: true });
-    const { ops } = this.model;
-    const params = this.model.parameterTensors();
-    if (this.model.lora !== null) {
-      saveAdapter(tmp, this.model, baseModel);
+    const { backend } = this.network;
+    const params = this.network.parameterTensors();
+    if (this.network.lora !== null) {
+      this.network.saveAdapter(tmp, baseModel);
     } else {
-      writeSafetensors(path.join(tmp, FULL_WEIGHTS_FILE), Object.fromEntries(params.map((p) => [p.name, { dtype: "F32", shape: p.shape, data: ops.download(p.value) } as TensorToWrite])));
+      writeSafetensors(path.join(tmp, FULL_WEIGHTS_FILE), Object.fromEntries(params.map((p) => [p.name, { dtype: "F32", shape: p.shape, data: backend.download(p.value) } as TensorToWrite])));
     }
     const moments: Record<string, TensorToWrite> = {};
     for (const p of params) {
       const m = this.optimizer.m.get(p.name);
       const v = this.optimizer.v.get(p.name);
       if (m && v) {
-        moments[`${p.name}.exp_avg`] = { dtype: "F32", shape: p.shape, data: ops.download(m) };
-        moments[`${p.name}.exp_avg_sq`] = { dtype: "F32", shape: p.shape, data: ops.download(v) };
+        moments[`${p.name}.exp_avg`] = { dtype: "F32", shape: p.shape, data: backend.download(m) };
+        moments[`${p.name}.exp_avg_sq`] = { dtype: "F32", shape: p.shape, data: backend.download(v) };
       }
     }
     writeSafetensors(path.join(tmp, OPTIMIZER_FILE), moments);
-    const state = { step: this.step, optimizerStep: this.optimizer.step, mode: this.model.lora === null ? "full" : "lora", config: this.config };
+    const state = { step: this.step, optimizerStep: this.optimizer.step, mode: this.network.lora === null ? "full" : "lora", config: this.config };
     fs.writeFileSync(path.join(tmp, STATE_FILE), JSON.stringify(state, null, 2) + "\n");
     fs.rmSync(dir, { recursive: true, force: true });
     fs.mkdirSync(path.dirname(dir), { recursive: true });
@@ -233,23 +219,24 @@ export class Trainer {
   }
 
   /**
-   * Continues a run from a checkpoint directory: the adapter (or the full weights, written into `weights`),
-   * the optimiser moments, the step counters and the TrainConfig saved with it (overridable). `ops`: the training ops
-   * of the backend holding `weights` (default: the CPU's).
+   * Continues a run from a checkpoint directory: the adapter (or the full weights, written into the transformer's),
+   * the optimiser moments, the step counters and the TrainConfig saved with it (overridable), on the transformer's
+   * backend.
    */
-  static resume(dir: string, config: ModelConfig, weights: ModelWeights, overrides: TrainConfigInit = {}, ops: TrainingOps = cpuTrainingOps): Trainer {
+  static resume(dir: string, transformer: Transformer, overrides: TrainConfigInit = {}): Trainer {
     const stateFile = path.join(dir, STATE_FILE);
     if (!fs.existsSync(stateFile)) throw new ArtError("not_found", `${stateFile}: missing; is ${dir} a checkpoint written by Trainer.saveCheckpoint?`);
     const state = JSON.parse(fs.readFileSync(stateFile, "utf8")) as { step: number; optimizerStep: number; mode: "lora" | "full"; config: TrainConfig };
     const trainConfig = resolveTrainConfig({ ...state.config, ...overrides } as TrainConfigInit);
-    let model: TrainingModel;
+    const backend = transformer.backend;
+    let network: DifferentiableTransformer;
     if (state.mode === "lora") {
-      model = new TrainingModel(config, weights, { lora: trainConfig.lora, adapter: readAdapter(dir, config), ops });
+      network = new DifferentiableTransformer(transformer, { lora: trainConfig.lora, adapter: readAdapter(dir, transformer.config) });
     } else {
-      model = new TrainingModel(config, weights, { lora: null, ops });
+      network = new DifferentiableTransformer(transformer, { lora: null });
       const store = openSafetensors(path.join(dir, FULL_WEIGHTS_FILE));
       try {
-        for (const p of model.parameterTensors()) ops.write(p.value, store.readF32(p.name, p.shape));
+        for (const p of network.parameterTensors()) backend.write(p.value, store.readF32(p.name, p.shape));
       } finally {
         store.close();
       }
@@ -258,15 +245,15 @@ export class Trainer {
     optimizer.step = state.optimizerStep;
     const store = openSafetensors(path.join(dir, OPTIMIZER_FILE));
     try {
-      for (const p of model.parameterTensors()) {
+      for (const p of network.parameterTensors()) {
         if (!store.info(`${p.name}.exp_avg`)) continue;
-        optimizer.m.set(p.name, ops.upload(store.readF32(`${p.name}.exp_avg`, p.shape), p.shape));
-        optimizer.v.set(p.name, ops.upload(store.readF32(`${p.name}.exp_avg_sq`, p.shape), p.shape));
+        optimizer.m.set(p.name, backend.upload(store.readF32(`${p.name}.exp_avg`, p.shape), p.shape));
+        optimizer.v.set(p.name, backend.upload(store.readF32(`${p.name}.exp_avg_sq`, p.shape), p.shape));
       }
     } finally {
       store.close();
     }
-    return new Trainer(model, trainConfig, { step: state.step, optimizer });
+    return new Trainer(network, trainConfig, { step: state.step, optimizer });
   }
 }
 
@@ -296,7 +283,7 @@ export function toBatch(sequences: TrainingSequence[], sharePrompts = false): Se
   const tokens: number[] = [];
   const positions: number[] = [];
   const targets: number[] = [];
-  const segments: Segment[] = [];
+  const segments: PackedSegment[] = [];
   const prefixes = new Map<string, { start: number; length: number }>();
   const pushRows = (s: TrainingSequence, from: number, to: number, position0: number, scored: boolean) => {
     for (let t = from; t < to; t++) {

@@ -1,6 +1,8 @@
 /**
- * The tensor-op interface the transformer is written against. The CPU backend (lib/model/cpu) is the readable
- * reference; the CUDA backend (lib/cuda) implements the same ops on device memory.
+ * The op vocabulary the transformer's inference and training passes are written against (transformer.ts,
+ * training.ts). The CPU backend (lib/model/cpu) is the readable reference; the CUDA backend (lib/cuda) implements
+ * the same ops on device memory. docs/engine.md lists every op with its CPU body, its CUDA kernel and the test that
+ * compares them.
  *
  * Conventions every implementation follows:
  * - A Tensor owns backend memory (a Float32Array on CPU, a device pointer on CUDA) until `free`. Its `dtype` is the
@@ -24,7 +26,7 @@ export interface Tensor {
   readonly size: number;
 }
 
-/** Unmerged LoRA on a linear: `y += scale · (x Aᵀ) Bᵀ` with `a: [rank, in]`, `b: [out, rank]`. */
+/** An unmerged LoRA on a projection: `y += scale · (x Aᵀ) Bᵀ` with `a: [rank, in]`, `b: [out, rank]` (lora.ts). */
 export interface LoraWeights {
   a: Tensor;
   b: Tensor;
@@ -161,8 +163,48 @@ export interface SampleResult {
   topLogprobs: Float32Array;
 }
 
+/**
+ * One sequence of a packed training batch: rows [start, start + length), attending causally among themselves and,
+ * when `prefix` names another segment's rows (a prompt stored once for several completions), to all of those first.
+ */
+export interface PackedSegment { start: number; length: number; prefix?: { start: number; length: number } }
+
+/** The logits block targetLogprobs works on: `rowChunk` rows by `vocabChunk` vocabulary entries at a time. */
+export interface ChunkSizes { rowChunk: number; vocabChunk: number }
+
+export interface TokenLogprobs {
+  /** log p(target) per row; NaN where the row has no target (target < 0). */
+  logprobs: Float32Array;
+  entropies: Float32Array;
+  /** Per-row log-sum-exp of the logits, what the backward needs. */
+  logsumexp: Float32Array;
+}
+
+/** The scalars of one AdamW update (the same for every parameter of a step). */
+export interface AdamWScalars {
+  /** Gradient multiplier from global-norm clipping (≤ 1). */
+  clip: number;
+  learningRate: number; beta1: number; beta2: number; eps: number; weightDecay: number;
+  /** 1 − β₁ᵗ and 1 − β₂ᵗ: the bias corrections at this step. */
+  correction1: number; correction2: number;
+}
+
+/**
+ * The op vocabulary: every op of the transformer's inference and training passes, one body per device (the CPU's in
+ * lib/model/cpu, CUDA's in lib/cuda). Arguments run inputs first, then outputs; shapes come from the tensors.
+ * A backward op takes what its forward read (and saved), the gradient of its output, then the gradients it
+ * produces, which ACCUMULATE (+=) into tensors the caller zeroed: the residual stream hands one activation to two
+ * consumers, and a parameter serves many micro-batches. A null gradient is one nobody needs (a frozen weight).
+ */
 export interface Backend {
   readonly name: "cpu" | "cuda";
+  /** Whether weight, bias, norm and embedding gradients exist here (full-parameter training), not only LoRA's. */
+  readonly fullParameterTraining: boolean;
+  /**
+   * The logits block of targetLogprobs when the caller names none: small on the CPU (it stays in cache), large on a
+   * GPU (each block is a product and a few launches, so many small blocks would be launch-bound).
+   */
+  readonly logitChunks: ChunkSizes;
 
   // Memory and host transfers.
   /**
@@ -172,24 +214,49 @@ export interface Backend {
   upload(data: Float32Array, shape: readonly number[], dtype?: DType): Tensor;
   /** A new f32 tensor of zeros (activations, scratch). */
   zeros(shape: readonly number[]): Tensor;
+  /** A new f32 tensor holding x's values. */
+  copy(x: Tensor): Tensor;
   /** Copies a tensor back to the host as f32 (waits for queued ops). */
   download(tensor: Tensor): Float32Array;
+  /** Overwrites an f32 tensor with `data` (the same number of values). */
+  write(tensor: Tensor, data: Float32Array): void;
+  /** Sets every value of a tensor to 0. */
+  zero(tensor: Tensor): void;
   free(tensor: Tensor): void;
+  /** Whether `tensor` is this kind of backend's (a model's weights must be, to run or train here). */
+  owns(tensor: Tensor): boolean;
 
-  // Ops. Shapes: n = rows; x:[n, d] unless stated.
+  // Forward ops (inference and training). Shapes: n = rows; x:[n, d] unless stated.
   /** out[i] = table[ids[i]]; table:[vocab, d], out:[n, d]. */
   embedding(table: Tensor, ids: Int32Array, out: Tensor): void;
-  /** RMSNorm over consecutive groups of weight.size elements (the last dim; per-head norm when x is [n, heads·hd]). */
-  rmsNorm(x: Tensor, weight: Tensor, eps: number, out: Tensor): void;
-  /** residual += x (in place), then out = rmsNorm(residual). The pre-norm transformer's seam between sublayers. */
-  addRmsNorm(residual: Tensor, x: Tensor, weight: Tensor, eps: number, out: Tensor): void;
-  /** out = x Wᵀ (+ bias) (+ LoRA); x:[n, in], weight:[outF, in], bias:[outF], out:[n, outF]. */
-  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor, lora?: LoraWeights | null): void;
   /**
-   * Rotary embedding in place, rotate-half layout (pairs (j, j + hd/2) within each head), angle positions[i] · invFreq[j];
-   * x:[n, heads·headDim], invFreq:[headDim/2].
+   * RMSNorm over consecutive groups of weight.size elements (the last dim; per-head norm when x is [n, heads·hd]):
+   * out = x / sqrt(mean(x²) + eps) · weight; `out` may be `x`. `rstd`, when given, keeps 1/rms per group for the backward.
+   */
+  rmsNorm(x: Tensor, weight: Tensor, eps: number, out: Tensor, rstd?: Tensor | null): void;
+  /**
+   * sum = a + b, then out = rmsNorm(sum) (`rstd` as in rmsNorm): the pre-norm transformer's seam between sublayers.
+   * `sum` may be `a` (decoding updates the residual stream in place; training keeps the layer's input).
+   */
+  addRmsNorm(a: Tensor, b: Tensor, sum: Tensor, weight: Tensor, eps: number, out: Tensor, rstd?: Tensor | null): void;
+  /**
+   * out = x Wᵀ (+ bias) (+ scale · (x Aᵀ) Bᵀ, the unmerged LoRA); x:[n, in], weight:[outF, in], bias:[outF],
+   * out:[n, outF]. `loraDown` [n, rank], when given, keeps x Aᵀ for loraBackward.
+   */
+  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor, lora?: LoraWeights | null, loraDown?: Tensor): void;
+  /**
+   * Rotary embedding in place, rotate-half layout (pairs (j, j + hd/2) within each head), angle positions[i] · invFreq[j]
+   * rounded to f32; x:[n, heads·headDim], invFreq:[headDim/2].
    */
   rope(x: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void;
+  /** out = silu(gate) · up, elementwise. */
+  swiglu(gate: Tensor, up: Tensor, out: Tensor): void;
+  /** out = a + b, elementwise; `out` may be `a` or `b`. */
+  add(a: Tensor, b: Tensor, out: Tensor): void;
+  /** out[i] = x[rowIndex[i]]; picks rows (those that need logits). */
+  gatherRows(x: Tensor, rowIndex: Int32Array, out: Tensor): void;
+
+  // Inference: the KV cache, attention over it, sampling.
   createKvCache(spec: KvCacheSpec): KvCache;
   /**
    * Writes k, v of every row into `cache` at (slot, position) of `layer`, then causal grouped-query attention:
@@ -203,22 +270,52 @@ export interface Backend {
    * prefill it once and copy it (continuous batching). Ordered after the attention writes queued before it.
    */
   copyKvSlot(cache: KvCache, from: number, to: number, numPositions: number): void;
-  /** out = silu(gate) · up, elementwise. */
-  swiglu(gate: Tensor, up: Tensor, out: Tensor): void;
-  /** residual += x, in place. */
-  addInPlace(residual: Tensor, x: Tensor): void;
-  /** out[i] = x[rowIndex[i]]; picks the rows that need logits (e.g. the last prompt token of each sequence). */
-  gatherRows(x: Tensor, rowIndex: Int32Array, out: Tensor): void;
   /** out = log-softmax over the last dim. */
   logSoftmax(logits: Tensor, out: Tensor): void;
   /** Samples one id per row of logits:[n, vocab] (see SamplingParams); waits for queued ops. */
   sample(logits: Tensor, params: SamplingParams): SampleResult;
 
+  // Training: attention over packed sequences, the backward ops, target logprobs, the optimiser's two reductions.
+  /**
+   * Causal grouped-query attention within each segment of a packed batch (a segment's rows also see every row of its
+   * prefix): out = softmax(q·k / sqrt(headDim)) v. Shapes as in `attention`. Returns what the backward needs besides
+   * q, k and v (its layout is the backend's own); the caller frees it.
+   */
+  packedAttention(q: Tensor, k: Tensor, v: Tensor, segments: readonly PackedSegment[], headDim: number, out: Tensor): Tensor;
+  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
+    dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor): void;
+  /** dTable[ids[i]] += dOut[i]. */
+  embeddingBackward(ids: Int32Array, dOut: Tensor, dTable: Tensor): void;
+  /** With x̂ = x·rstd and g = dOut·w: dx += rstd · (g − x̂ · mean(g · x̂)); dWeight += Σ dOut · x̂. */
+  rmsNormBackward(x: Tensor, weight: Tensor, rstd: Tensor, dOut: Tensor, dx: Tensor, dWeight: Tensor | null): void;
+  /** dx += dOut W; dWeight += dOutᵀ x; dBias += Σ_rows dOut. */
+  linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null): void;
+  /** The LoRA part of linear's backward: dB += scale · dOutᵀ (x Aᵀ); dA += (scale · dOut B)ᵀ x; dx += (scale · dOut B) A. */
+  loraBackward(x: Tensor, lora: LoraWeights, loraDown: Tensor, dOut: Tensor, dx: Tensor | null, dA: Tensor, dB: Tensor): void;
+  /** RoPE's backward: the rotation by minus each angle, in place on the gradient (a rotation's transpose is its inverse). */
+  ropeBackward(dx: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void;
+  /** d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))): dGate += dOut · up · that; dUp += dOut · silu(gate). */
+  swigluBackward(gate: Tensor, up: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void;
+  /** dx[rowIndex[i]] += dOut[i]. */
+  gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void;
+  /**
+   * log p(targets[i]) and the entropy of each row's distribution, logits = hidden · headᵀ taken `chunks` at a time
+   * with an online log-sum-exp, so [rows × vocab] never exists; hidden:[n, d], head:[vocab, d].
+   */
+  targetLogprobs(hidden: Tensor, head: Tensor, targets: Int32Array, chunks: ChunkSizes): TokenLogprobs;
+  /** With z the logits and g = dLogprobs: dz = g · (onehot(target) − softmax(z)); dHidden += dz · head; dHead += dzᵀ · hidden. */
+  targetLogprobsBackward(hidden: Tensor, head: Tensor, targets: Int32Array, logsumexp: Float32Array, dLogprobs: Float32Array,
+    dHidden: Tensor, dHead: Tensor | null, chunks: ChunkSizes): void;
+  /** Σ x² over every element of every tensor, accumulated in float64 (the global gradient norm is its root). */
+  sumOfSquares(tensors: readonly Tensor[]): number;
+  /** One AdamW update of `value` in place (torch.optim.AdamW), moments m and v updated too. */
+  adamw(value: Tensor, grad: Tensor, m: Tensor, v: Tensor, scalars: AdamWScalars): void;
+
   // Optional: replaying recorded passes (the CUDA backend's graphs).
   /**
    * Runs `run` (a whole forward pass over `pass`'s rows, returning its logits), or replays what an earlier pass of
    * the same shape queued: the same owner, key and row count (a device backend adds what its own launches depend
-   * on, such as the attention's key window). A decode step then costs one launch instead of hundreds. The contract
+   * on, such as the attention's key window). A decode pass then costs one launch instead of hundreds. The contract
    * on `run`: it reads the ids, slots and positions only through these very arrays, and queues the same ops for
    * every pass of that shape. The caller frees the returned logits before its next pass.
    */

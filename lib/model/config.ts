@@ -3,6 +3,8 @@
  * qwen3 and llama. Both rope forms are read: the classic `rope_theta` + `rope_scaling` keys and the newer
  * `rope_parameters` object (transformers 5). Anything the engine would silently compute wrong is an error instead.
  */
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { ArtError } from "../core/errors.ts";
 
 export type ModelType = "qwen2" | "qwen3" | "llama";
@@ -157,4 +159,17 @@ export function parseConfig(json: unknown, file: string): ModelConfig {
     bosTokenId: tokenIds(c.bos_token_id, "bos_token_id", file)[0] ?? null,
     eosTokenIds: tokenIds(c.eos_token_id, "eos_token_id", file),
   };
+}
+
+/** config.json of the checkpoint directory `dir`. */
+export function readConfig(dir: string): ModelConfig {
+  const file = path.join(dir, "config.json");
+  if (!fs.existsSync(file)) throw new ArtError("not_found", `${file}: missing (a Hugging Face checkpoint directory has a config.json)`);
+  let json: unknown;
+  try {
+    json = JSON.parse(fs.readFileSync(file, "utf8"));
+  } catch (error) {
+    throw new ArtError("bad_config", `${file}: not valid JSON (${(error as Error).message})`);
+  }
+  return parseConfig(json, file);
 }

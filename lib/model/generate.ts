@@ -1,8 +1,8 @@
 /**
- * Generation over the transformer: the step API (one forward over mixed prefill/decode rows, then sampling on the
- * backend) and batched `generate` built on it. A continuous batcher drives `step` directly with its own slot
- * bookkeeping; `generate` is the simple batcher: every request gets a KV slot, all prompts prefill in the first
- * step, then one decode row per unfinished request per step.
+ * Generation over the transformer: `decode` (one forward pass over mixed prefill/decode rows, then sampling on the
+ * backend) and batched `generate` built on it: every request gets a KV slot, all prompts prefill in the first pass,
+ * then one decode row per unfinished request per pass. (The server's continuous batcher, lib/serve/batcher.ts,
+ * runs Transformer.forward and the backend's sampling itself, with its own slot bookkeeping.)
  *
  * Reproducibility: each request draws its sampling uniforms from its own seeded generator, one per sampled token,
  * so its tokens depend on its seed and prompt only, never on its batch-mates.
@@ -11,7 +11,8 @@ import { setImmediate } from "node:timers";
 import { ArtError } from "../core/errors.ts";
 import { seededRandom } from "../core/random.ts";
 import { type KvCache, type SamplingParams, allowedTokenMask } from "./backend.ts";
-import type { LayerLoras, Transformer } from "./transformer.ts";
+import type { LayerLoras } from "./lora.ts";
+import type { Transformer } from "./transformer.ts";
 
 export interface SamplingOptions {
   /** 0 = greedy. Default 1. */
@@ -29,18 +30,18 @@ export interface TopLogprob {
   logprob: number;
 }
 
-/** One sequence's share of a step. */
-export interface StepSequence {
+/** One sequence's share of a decode pass. */
+export interface DecodeSequence {
   slot: number;
   /** Position of tokens[0]: how many tokens of this slot are already in the cache. */
   startPosition: number;
   /** Tokens to feed: a prompt (or a chunk of one) when prefilling, the last sampled token when decoding. */
   tokens: number[];
   /** Sample a token after the last fed one; null just fills the cache (e.g. a prefill chunk). */
-  sample: StepSampling | null;
+  sample: DecodeSampling | null;
 }
 
-export interface StepSampling {
+export interface DecodeSampling {
   temperature: number;
   topP: number;
   topK: number;
@@ -64,13 +65,13 @@ export interface SampledToken {
  * One forward pass over all sequences' tokens as rows of one batch, then sampling for the sequences that ask.
  * Returns one entry per sequence (null where `sample` was null).
  */
-export function step(model: Transformer, cache: KvCache, sequences: StepSequence[], loras?: LayerLoras[]): (SampledToken | null)[] {
+export function decode(model: Transformer, cache: KvCache, sequences: DecodeSequence[], loras?: LayerLoras[]): (SampledToken | null)[] {
   const rowCount = sequences.reduce((n, s) => n + s.tokens.length, 0);
   const ids = new Int32Array(rowCount), slots = new Int32Array(rowCount), positions = new Int32Array(rowCount);
   const sampledRows: number[] = [];
   let row = 0;
   for (const seq of sequences) {
-    if (seq.tokens.length === 0) throw new ArtError("bad_step", `step: the sequence in slot ${seq.slot} has no tokens to feed`);
+    if (seq.tokens.length === 0) throw new ArtError("bad_decode", `decode: the sequence in slot ${seq.slot} has no tokens to feed`);
     for (let t = 0; t < seq.tokens.length; t++, row++) {
       ids[row] = seq.tokens[t];
       slots[row] = seq.slot;
@@ -187,7 +188,7 @@ class Sequence {
     this.holdBack = Math.max(0, ...(request.stop ?? []).map((s) => s.length - 1));
   }
 
-  samplingRow(): StepSampling {
+  samplingRow(): DecodeSampling {
     const r = this.request;
     return { temperature: r.temperature ?? 1, topP: r.topP ?? 1, topK: r.topK ?? 0, uniform: this.nextUniform(), topLogprobs: r.topLogprobs ?? 0 };
   }
@@ -207,7 +208,7 @@ class Sequence {
     this.request.onToken?.({ ...token, text });
   }
 
-  /** Before the next step: an aborted request finishes with what it has (its stream already received every token). */
+  /** Before the next pass: an aborted request finishes with what it has (its stream already received every token). */
   stopIfAborted(): boolean {
     if (!this.done && this.request.signal?.aborted) this.finish("abort", false);
     return this.done;
@@ -233,7 +234,7 @@ class Sequence {
   }
 }
 
-/** Batched generation: all prompts prefill in one step, then the unfinished sequences decode together. */
+/** Batched generation: all prompts prefill in one pass, then the unfinished sequences decode together. */
 export async function generate(model: Transformer, requests: GenerateRequest[], options: GenerateOptions = {}): Promise<GenerateResult[]> {
   const sequences = requests.map((r, i) => {
     if (r.promptIds.length === 0) throw new ArtError("empty_prompt", `generate: request ${i} has an empty prompt`);
@@ -247,17 +248,17 @@ export async function generate(model: Transformer, requests: GenerateRequest[], 
   }
   const cache = model.createKvCache(sequences.length, maxPositions);
   try {
-    let batch: StepSequence[] = sequences.map((s, slot) => ({
+    let batch: DecodeSequence[] = sequences.map((s, slot) => ({
       slot, startPosition: 0, tokens: s.request.promptIds, sample: s.samplingRow(),
     }));
     while (batch.length > 0) {
-      const sampled = step(model, cache, batch, options.loras);
+      const sampled = decode(model, cache, batch, options.loras);
       batch.forEach((row, i) => sequences[row.slot].accept(sampled[i]!));
       batch = batch.filter((row) => !sequences[row.slot].stopIfAborted()).map((row) => {
         const s = sequences[row.slot];
         return { slot: row.slot, startPosition: row.startPosition + row.tokens.length, tokens: [s.result.tokenIds.at(-1)!], sample: s.samplingRow() };
       });
-      // Let stream consumers and other tasks run between steps.
+      // Let stream consumers and other tasks run between passes.
       await new Promise((resolve) => setImmediate(resolve));
     }
     return sequences.map((s) => s.result);

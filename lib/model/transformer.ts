@@ -1,30 +1,33 @@
 /**
- * The decoder-only transformer of qwen2, qwen3 and llama, written once against the Backend interface.
+ * The decoder-only transformer of qwen2, qwen3 and llama, written once against the Backend op vocabulary.
  *
  * Per layer (pre-norm):  a = RMSNorm(x);  q, k, v = a Wqᵀ(+b), a Wkᵀ(+b), a Wvᵀ(+b);  [qwen3: per-head RMSNorm of q, k];
- * RoPE(q, k);  o = GQA-attention(q, k, v over the KV cache) Woᵀ;  x += o;  m = RMSNorm(x);
- * x += (silu(m Wgᵀ) · m Wuᵀ) Wdᵀ.   Then logits = RMSNorm(x) Wheadᵀ (Whead = the embedding when tied).
+ * RoPE(q, k);  o = GQA-attention(q, k, v) Woᵀ;  mid = x + o;  m = RMSNorm(mid);
+ * out = mid + (silu(m Wgᵀ) · m Wuᵀ) Wdᵀ.   Then logits = RMSNorm(x) Wheadᵀ (Whead = the embedding when tied).
  *
- * `layerForward` computes one layer from its input residual alone and leaves every intermediate in named buffers
- * (LayerActivations), so a training pass can keep them per layer, or recompute a layer from a saved input, and write
- * the matching backward (llm.c style). The residual is updated in place; the one intermediate residual a backward
- * needs (the input of the MLP's RMSNorm) is the layer input + attnOut. Keys and values live in the KV cache at the
- * rows' (slot, position); re-running a layer rewrites the same values.
+ * `layerForward` is the one layer forward of both passes, llm.c style: every intermediate lands in a named buffer
+ * (LayerActivations). Decoding attends over the KV cache and reuses one set of buffers for every layer, updating
+ * the residual stream in place; the training pass (training.ts) attends within packed sequences and keeps each
+ * layer's buffers, with what its hand-written backward needs (the norms' rstd, LoRA's x·Aᵀ, the attention's saved
+ * statistics).
  */
 import { ArtError } from "../core/errors.ts";
-import { type Backend, type DType, type KvCache, type LoraWeights, type RowPlacement, type Tensor, checkTokenIds } from "./backend.ts";
-import type { ModelConfig, RopeScaling } from "./config.ts";
-import type { TensorStore } from "./safetensors.ts";
+import { type Backend, type DType, type KvCache, type RowPlacement, type Tensor, checkTokenIds } from "./backend.ts";
+import { type ModelConfig, type RopeScaling, readConfig } from "./config.ts";
+import { type LayerLoras, PROJECTIONS, type Projection, projectionPath, projectionShape } from "./lora.ts";
+import { openSafetensors, type TensorStore } from "./safetensors.ts";
+
+/** A projection's weight [out, in] and its bias (q/k/v always on qwen2; per config on llama and qwen3). */
+export interface Linear {
+  weight: Tensor;
+  bias: Tensor | null;
+}
 
 export interface LayerWeights {
   inputNorm: Tensor;
-  qProj: Tensor; qBias: Tensor | null;
-  kProj: Tensor; kBias: Tensor | null;
-  vProj: Tensor; vBias: Tensor | null;
-  oProj: Tensor; oBias: Tensor | null;
   qNorm: Tensor | null; kNorm: Tensor | null;
   postAttentionNorm: Tensor;
-  gateProj: Tensor; upProj: Tensor; downProj: Tensor;
+  projections: Record<Projection, Linear>;
 }
 
 export interface ModelWeights {
@@ -35,17 +38,26 @@ export interface ModelWeights {
   lmHead: Tensor;
 }
 
-export type ProjectionName = "qProj" | "kProj" | "vProj" | "oProj" | "gateProj" | "upProj" | "downProj";
-/** Unmerged LoRA per layer and projection (the training area fills it). */
-export type LayerLoras = Partial<Record<ProjectionName, LoraWeights>>;
-
-const projectionNames: readonly ProjectionName[] = ["qProj", "kProj", "vProj", "oProj", "gateProj", "upProj", "downProj"];
 const objectIds = new WeakMap<object, number>();
 let nextObjectId = 1;
 function objectId(object: object): number {
   let id = objectIds.get(object);
   if (id === undefined) objectIds.set(object, (id = nextObjectId++));
   return id;
+}
+
+/** Throws ArtError unless `loras` has one entry per layer, each keyed by projection names only. */
+function checkLoraSet(loras: LayerLoras[], numLayers: number): void {
+  if (loras.length !== numLayers) {
+    throw new ArtError("bad_lora", `the LoRA set has ${loras.length} layers; this model has ${numLayers} (one entry per layer, {} for none)`);
+  }
+  loras.forEach((layer, l) => {
+    for (const name of Object.keys(layer)) {
+      if (!(PROJECTIONS as readonly string[]).includes(name)) {
+        throw new ArtError("bad_lora", `the LoRA of layer ${l} names "${name}"; a LoRA targets one of ${PROJECTIONS.join(", ")}`);
+      }
+    }
+  });
 }
 
 /**
@@ -56,7 +68,7 @@ function loraKey(loras: LayerLoras[] | undefined): string {
   if (!loras) return "";
   const parts: (number | string)[] = [];
   loras.forEach((layer, l) => {
-    for (const name of projectionNames) {
+    for (const name of PROJECTIONS) {
       const lora = layer[name];
       if (lora) parts.push(l, name, objectId(lora.a), objectId(lora.b), lora.scale);
     }
@@ -64,20 +76,36 @@ function loraKey(loras: LayerLoras[] | undefined): string {
   return parts.join(" ");
 }
 
-/** Named intermediates of one layer's forward over n rows. */
+/**
+ * Named intermediates of one layer's forward over n rows. Decoding leaves the optional ones out and lets qRaw be q and
+ * kRaw be k (the norm and RoPE then run in place); the training pass keeps them all for its backward.
+ */
 export interface LayerActivations {
-  attnInput: Tensor;   // [n, D]   RMSNorm(x)
-  q: Tensor;           // [n, H·hd] after bias, q-norm, RoPE
-  k: Tensor;           // [n, KV·hd]
-  v: Tensor;           // [n, KV·hd]
-  attn: Tensor;        // [n, H·hd] attention output before o_proj
-  attnOut: Tensor;     // [n, D]   o_proj output
-  mlpInput: Tensor;    // [n, D]   RMSNorm(x + attnOut)
-  gate: Tensor;        // [n, I]
-  up: Tensor;          // [n, I]
-  hidden: Tensor;      // [n, I]   silu(gate) · up
-  mlpOut: Tensor;      // [n, D]
+  attnInput: Tensor;        // [n, D]   RMSNorm(x)
+  rstd1: Tensor | null;     // [n]      its 1/rms
+  qRaw: Tensor;             // [n, H·hd] q projection (+bias), before the q-norm
+  kRaw: Tensor;             // [n, KV·hd]
+  qRstd: Tensor | null;     // [n·H]    qwen3's q-norm 1/rms
+  kRstd: Tensor | null;     // [n·KV]
+  q: Tensor;                // [n, H·hd] after q-norm and RoPE
+  k: Tensor;                // [n, KV·hd]
+  v: Tensor;                // [n, KV·hd]
+  attn: Tensor;             // [n, H·hd] attention output before o_proj
+  attnSaved: Tensor | null; // what the packed attention's backward needs (backend-specific layout)
+  attnOut: Tensor;          // [n, D]   o_proj output
+  mid: Tensor;              // [n, D]   x + attnOut: the residual stream between the sublayers
+  mlpInput: Tensor;         // [n, D]   RMSNorm(mid)
+  rstd2: Tensor | null;     // [n]
+  gate: Tensor;             // [n, I]
+  up: Tensor;               // [n, I]
+  hidden: Tensor;           // [n, I]   silu(gate) · up
+  mlpOut: Tensor;           // [n, D]   down_proj output
+  /** x·Aᵀ of each projection with a LoRA, for its backward (training only). */
+  loraDown: Partial<Record<Projection, Tensor>>;
 }
+
+/** How a layer's attention reads its keys and values: the KV cache (decoding) or the packed batch (training). */
+export type Attend = (layer: number, q: Tensor, k: Tensor, v: Tensor, out: Tensor) => Tensor | null;
 
 /** Inverse RoPE frequencies theta^(-2j/hd), with Llama-3 scaling of the long wavelengths when configured. */
 export function ropeInverseFrequencies(headDim: number, theta: number, scaling: RopeScaling | null): Float32Array {
@@ -103,7 +131,7 @@ export function ropeInverseFrequencies(headDim: number, theta: number, scaling: 
 
 /** Reads the checkpoint's tensors into backend memory, checking every shape against the config. */
 export function loadWeights(backend: Backend, config: ModelConfig, store: TensorStore, dtype: DType = "f32"): ModelWeights {
-  const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter, vocabSize: vocab } = config;
+  const { hiddenSize: d, headDim: hd, vocabSize: vocab } = config;
   const uploaded: Tensor[] = [];
   const get = (name: string, shape: number[]): Tensor => {
     const tensor = backend.upload(store.readF32(name, shape), shape, shape.length === 1 ? "f32" : dtype);
@@ -111,25 +139,26 @@ export function loadWeights(backend: Backend, config: ModelConfig, store: Tensor
     return tensor;
   };
   try {
-    const oBias = config.attentionBias && config.modelType !== "qwen2";
+    // q/k/v biases where attentionBias is set (config.ts sets it for every qwen2); o_proj's too, except on qwen2.
+    const biased = (projection: Projection) => projection === "q_proj" || projection === "k_proj" || projection === "v_proj"
+      ? config.attentionBias : projection === "o_proj" && config.attentionBias && config.modelType !== "qwen2";
     const layers = Array.from({ length: config.numLayers }, (_, l): LayerWeights => {
       const p = `model.layers.${l}.`;
+      const projections = {} as Record<Projection, Linear>;
+      for (const projection of PROJECTIONS) {
+        const { outFeatures, inFeatures } = projectionShape(config, projection);
+        const path = projectionPath(l, projection);
+        projections[projection] = {
+          weight: get(`${path}.weight`, [outFeatures, inFeatures]),
+          bias: biased(projection) ? get(`${path}.bias`, [outFeatures]) : null,
+        };
+      }
       return {
         inputNorm: get(`${p}input_layernorm.weight`, [d]),
-        qProj: get(`${p}self_attn.q_proj.weight`, [h * hd, d]),
-        qBias: config.attentionBias ? get(`${p}self_attn.q_proj.bias`, [h * hd]) : null,
-        kProj: get(`${p}self_attn.k_proj.weight`, [kv * hd, d]),
-        kBias: config.attentionBias ? get(`${p}self_attn.k_proj.bias`, [kv * hd]) : null,
-        vProj: get(`${p}self_attn.v_proj.weight`, [kv * hd, d]),
-        vBias: config.attentionBias ? get(`${p}self_attn.v_proj.bias`, [kv * hd]) : null,
-        oProj: get(`${p}self_attn.o_proj.weight`, [d, h * hd]),
-        oBias: oBias ? get(`${p}self_attn.o_proj.bias`, [d]) : null,
         qNorm: config.qkNorm ? get(`${p}self_attn.q_norm.weight`, [hd]) : null,
         kNorm: config.qkNorm ? get(`${p}self_attn.k_norm.weight`, [hd]) : null,
         postAttentionNorm: get(`${p}post_attention_layernorm.weight`, [d]),
-        gateProj: get(`${p}mlp.gate_proj.weight`, [inter, d]),
-        upProj: get(`${p}mlp.up_proj.weight`, [inter, d]),
-        downProj: get(`${p}mlp.down_proj.weight`, [d, inter]),
+        projections,
       };
     });
     const embedding = get("model.embed_tokens.weight", [vocab, d]);
@@ -160,40 +189,36 @@ export class Transformer {
     return this.backend.createKvCache({ numLayers, numKvHeads, headDim, numSlots, maxPositions });
   }
 
-  allocateLayerActivations(rows: number): LayerActivations {
-    const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = this.config;
-    const z = (width: number) => this.backend.zeros([rows, width]);
-    return {
-      attnInput: z(d), q: z(h * hd), k: z(kv * hd), v: z(kv * hd), attn: z(h * hd), attnOut: z(d),
-      mlpInput: z(d), gate: z(inter), up: z(inter), hidden: z(inter), mlpOut: z(d),
+  /**
+   * One layer over the rows of `input` (the residual stream entering layer `layer`), writing the stream leaving it to
+   * `output`: the same tensor when decoding (updated in place), another when training (the input is kept for the
+   * backward). Every intermediate goes to `acts`; `attend` runs the attention and returns what its backward needs.
+   */
+  layerForward(layer: number, input: Tensor, output: Tensor, acts: LayerActivations, positions: Int32Array, attend: Attend,
+    loras?: LayerLoras): void {
+    const b = this.backend, w = this.weights.layers[layer], c = this.config, eps = c.rmsNormEps;
+    const linear = (projection: Projection, x: Tensor, out: Tensor) => {
+      const { weight, bias } = w.projections[projection];
+      b.linear(x, weight, bias, out, loras?.[projection], acts.loraDown[projection]);
     };
-  }
-
-  freeActivations(acts: LayerActivations): void {
-    for (const tensor of Object.values(acts)) this.backend.free(tensor);
-  }
-
-  /** One layer: reads x (the residual stream entering layer `layer`), updates it in place to the layer's output. */
-  layerForward(layer: number, x: Tensor, acts: LayerActivations, cache: KvCache, rows: RowPlacement, loras?: LayerLoras): void {
-    const b = this.backend, w = this.weights.layers[layer], c = this.config;
-    b.rmsNorm(x, w.inputNorm, c.rmsNormEps, acts.attnInput);
-    b.linear(acts.attnInput, w.qProj, w.qBias, acts.q, loras?.qProj);
-    b.linear(acts.attnInput, w.kProj, w.kBias, acts.k, loras?.kProj);
-    b.linear(acts.attnInput, w.vProj, w.vBias, acts.v, loras?.vProj);
+    b.rmsNorm(input, w.inputNorm, eps, acts.attnInput, acts.rstd1);
+    linear("q_proj", acts.attnInput, acts.qRaw);
+    linear("k_proj", acts.attnInput, acts.kRaw);
+    linear("v_proj", acts.attnInput, acts.v);
     if (w.qNorm && w.kNorm) {
-      b.rmsNorm(acts.q, w.qNorm, c.rmsNormEps, acts.q);
-      b.rmsNorm(acts.k, w.kNorm, c.rmsNormEps, acts.k);
+      b.rmsNorm(acts.qRaw, w.qNorm, eps, acts.q, acts.qRstd);
+      b.rmsNorm(acts.kRaw, w.kNorm, eps, acts.k, acts.kRstd);
     }
-    b.rope(acts.q, rows.positions, this.invFreq, c.headDim);
-    b.rope(acts.k, rows.positions, this.invFreq, c.headDim);
-    b.attention(acts.q, acts.k, acts.v, cache, layer, rows, acts.attn);
-    b.linear(acts.attn, w.oProj, w.oBias, acts.attnOut, loras?.oProj);
-    b.addRmsNorm(x, acts.attnOut, w.postAttentionNorm, c.rmsNormEps, acts.mlpInput);
-    b.linear(acts.mlpInput, w.gateProj, null, acts.gate, loras?.gateProj);
-    b.linear(acts.mlpInput, w.upProj, null, acts.up, loras?.upProj);
+    b.rope(acts.q, positions, this.invFreq, c.headDim);
+    b.rope(acts.k, positions, this.invFreq, c.headDim);
+    acts.attnSaved = attend(layer, acts.q, acts.k, acts.v, acts.attn);
+    linear("o_proj", acts.attn, acts.attnOut);
+    b.addRmsNorm(input, acts.attnOut, acts.mid, w.postAttentionNorm, eps, acts.mlpInput, acts.rstd2);
+    linear("gate_proj", acts.mlpInput, acts.gate);
+    linear("up_proj", acts.mlpInput, acts.up);
     b.swiglu(acts.gate, acts.up, acts.hidden);
-    b.linear(acts.hidden, w.downProj, null, acts.mlpOut, loras?.downProj);
-    b.addInPlace(x, acts.mlpOut);
+    linear("down_proj", acts.hidden, acts.mlpOut);
+    b.add(acts.mid, acts.mlpOut, output);
   }
 
   /**
@@ -208,6 +233,7 @@ export class Transformer {
       throw new ArtError("bad_rows", `forward: ${n} ids but ${rows.slots.length} slots and ${rows.positions.length} positions`);
     }
     checkTokenIds(ids, this.config.vocabSize);
+    if (loras) checkLoraSet(loras, this.config.numLayers);
     const everyRow = logitRows === null || (logitRows.length === n && logitRows.every((row, i) => row === i));
     const pass = () => this.#forwardPass(ids, rows, cache, everyRow ? null : logitRows, loras);
     if (everyRow && this.backend.runDecodePass && new Set(rows.slots).size === n) {
@@ -218,14 +244,25 @@ export class Transformer {
 
   #forwardPass(ids: Int32Array, rows: RowPlacement, cache: KvCache, logitRows: Int32Array | null, loras?: LayerLoras[]): Tensor {
     const b = this.backend, c = this.config;
-    const x = b.zeros([ids.length, c.hiddenSize]);
-    const acts = this.allocateLayerActivations(ids.length);
+    const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
+    const x = b.zeros([ids.length, d]);
+    const z = (width: number) => b.zeros([ids.length, width]);
+    // One set of buffers for every layer; q and k are normed and rotated in place, and the residual stream is x.
+    const q = z(h * hd), k = z(kv * hd);
+    const acts: LayerActivations = {
+      attnInput: z(d), rstd1: null, qRaw: q, kRaw: k, qRstd: null, kRstd: null, q, k, v: z(kv * hd), attn: z(h * hd), attnSaved: null,
+      attnOut: z(d), mid: x, mlpInput: z(d), rstd2: null, gate: z(inter), up: z(inter), hidden: z(inter), mlpOut: z(d), loraDown: {},
+    };
+    const attend: Attend = (layer, q, k, v, out) => {
+      b.attention(q, k, v, cache, layer, rows, out);
+      return null;
+    };
     try {
       b.embedding(this.weights.embedding, ids, x);
-      for (let l = 0; l < c.numLayers; l++) this.layerForward(l, x, acts, cache, rows, loras?.[l]);
+      for (let l = 0; l < c.numLayers; l++) this.layerForward(l, x, x, acts, rows.positions, attend, loras?.[l]);
       let final = x;
       if (logitRows) {
-        final = b.zeros([logitRows.length, c.hiddenSize]);
+        final = b.zeros([logitRows.length, d]);
         b.gatherRows(x, logitRows, final);
       }
       b.rmsNorm(final, this.weights.finalNorm, c.rmsNormEps, final);
@@ -234,7 +271,7 @@ export class Transformer {
       if (final !== x) b.free(final);
       return logits;
     } finally {
-      this.freeActivations(acts);
+      for (const tensor of new Set([acts.attnInput, q, k, acts.v, acts.attn, acts.attnOut, acts.mlpInput, acts.gate, acts.up, acts.hidden, acts.mlpOut])) b.free(tensor);
       b.free(x);
     }
   }
@@ -243,7 +280,39 @@ export class Transformer {
     this.backend.releaseDecodePasses?.(this);
     const w = this.weights;
     const tensors = new Set<Tensor>([w.embedding, w.finalNorm, w.lmHead, this.invFreq]);
-    for (const layer of w.layers) for (const t of Object.values(layer)) if (t) tensors.add(t);
+    for (const layer of w.layers) {
+      for (const norm of [layer.inputNorm, layer.qNorm, layer.kNorm, layer.postAttentionNorm]) if (norm) tensors.add(norm);
+      for (const { weight, bias } of Object.values(layer.projections)) {
+        tensors.add(weight);
+        if (bias) tensors.add(bias);
+      }
+    }
     for (const tensor of tensors) this.backend.free(tensor);
+  }
+}
+
+/** Config + weights of the checkpoint in `dir` on `backend` (weights stored as `dtype`). */
+export function loadTransformer(dir: string, backend: Backend, dtype: DType = "f32"): Transformer {
+  const config = readConfig(dir);
+  const store = openSafetensors(dir);
+  try {
+    return new Transformer(backend, config, loadWeights(backend, config, store, dtype));
+  } finally {
+    store.close();
+  }
+}
+
+/** Logits of every position of one sequence, [ids.length × vocab] row-major (a full forward in a fresh cache). */
+export function sequenceLogits(model: Transformer, ids: readonly number[], loras?: LayerLoras[]): Float32Array {
+  if (ids.length === 0) throw new ArtError("empty_input", "logits: ids is empty; give at least one token id");
+  const cache = model.createKvCache(1, ids.length);
+  try {
+    const positions = Int32Array.from(ids, (_, i) => i);
+    const logits = model.forward(Int32Array.from(ids), { slots: new Int32Array(ids.length), positions }, cache, null, loras);
+    const host = model.backend.download(logits);
+    model.backend.free(logits);
+    return host;
+  } finally {
+    cache.free();
   }
 }

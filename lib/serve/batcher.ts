@@ -1,7 +1,7 @@
 /**
- * Continuous batching over the transformer's forward pass: every step runs one forward over the rows of all
+ * Continuous batching over the transformer's forward pass: every pass runs one forward over the rows of all
  * running sequences — whole (or chunked) prompts of sequences that just joined, one token of each decoding
- * sequence — then samples one token per sequence that needs one. Sequences join between steps as KV slots
+ * sequence — then samples one token per sequence that needs one. Sequences join between passes as KV slots
  * free up and leave as soon as they finish or their client goes away.
  *
  * Reproducibility: each sequence draws its sampling uniforms from its own generator, seeded by the request,
@@ -12,7 +12,7 @@
  * (OpenAI clients retry those with back-off), so memory stays bounded under any load.
  *
  * Weights: sequences name their LoRA (null = the base model). The transformer takes one LoRA set per forward,
- * so a step batches the sequences of one weights choice, rotating between choices that have work.
+ * so a pass batches the sequences of one weights choice, rotating between choices that have work.
  *
  * Shared prompts: a sequence whose prompt starts like another's (the n choices of a request, a GRPO group's
  * identical requests, a multi-turn rollout's next turn) takes the keys and values of that prefix from the slot that
@@ -23,7 +23,8 @@ import { setImmediate } from "node:timers";
 import { type Backend, type KvCache, type SamplingParams, allowedTokenMask } from "../model/backend.ts";
 import { seededRandom } from "../core/random.ts";
 import type { SampledToken, TopLogprob } from "../model/generate.ts";
-import type { LayerLoras, Transformer } from "../model/transformer.ts";
+import type { LayerLoras } from "../model/lora.ts";
+import type { Transformer } from "../model/transformer.ts";
 import { ApiError } from "./api-error.ts";
 import type { JsonConstraint } from "./token-mask.ts";
 
@@ -61,7 +62,7 @@ export interface BatcherOptions {
   maxPositions?: number;
   /** Sequences that may wait for a slot before submit answers 429. */
   maxQueued?: number;
-  /** Prompt tokens prefilled per step over all joining sequences (long prompts are chunked across steps). */
+  /** Prompt tokens prefilled per pass over all joining sequences (long prompts are chunked across passes). */
   maxPrefillTokens?: number;
   /** Reuse (or copy from another slot) cached keys and values for a prompt that starts with the same ids. Default true. */
   reusePrefixes?: boolean;
@@ -69,7 +70,7 @@ export interface BatcherOptions {
 
 export interface BatcherStats {
   /** Forward passes run. */
-  steps: number;
+  passes: number;
   /** Rows (tokens) through those passes. */
   rows: number;
   /** Of those rows, prompt tokens (prefill; a reused prompt's last token is fed again, for its logits). */
@@ -104,7 +105,7 @@ export class Batcher {
   readonly maxPositions: number;
   readonly maxQueued: number;
   readonly maxPrefillTokens: number;
-  readonly stats: BatcherStats = { steps: 0, rows: 0, promptRows: 0, sampled: 0, reusedTokens: 0, copiedTokens: 0 };
+  readonly stats: BatcherStats = { passes: 0, rows: 0, promptRows: 0, sampled: 0, reusedTokens: 0, copiedTokens: 0 };
 
   private readonly transformer: Transformer;
   private readonly backend: Backend;
@@ -117,7 +118,7 @@ export class Batcher {
   private readonly reusePrefixes: boolean;
   private loop: Promise<void> | null = null;
   private paused: { resumed: Promise<void>; resume: () => void } | null = null;
-  private stepDone: Promise<void> = Promise.resolve();
+  private passDone: Promise<void> = Promise.resolve();
   private lastLoras: LayerLoras[] | null | undefined = undefined;
   /** Bumped by `resume`: keys and values of an earlier generation may come from other weights. */
   private generation = 0;
@@ -170,7 +171,7 @@ export class Batcher {
       const resumed = new Promise<void>((r) => (resume = r));
       this.paused = { resumed, resume };
     }
-    await this.stepDone;
+    await this.passDone;
   }
 
   /**
@@ -232,16 +233,16 @@ export class Batcher {
 
   private async run(): Promise<void> {
     while (this.queue.length > 0 || this.running.length > 0) {
-      // Yield to the event loop between steps: new requests join, aborts land, streams flush.
+      // Yield to the event loop between passes: new requests join, aborts land, streams flush.
       await new Promise<void>((resolve) => setImmediate(resolve));
       if (this.paused) {
         await this.paused.resumed;
         continue;
       }
       let done!: () => void;
-      this.stepDone = new Promise<void>((resolve) => (done = resolve));
+      this.passDone = new Promise<void>((resolve) => (done = resolve));
       try {
-        this.step();
+        this.pass();
       } catch (error) {
         // A failing forward fails the sequences in it, never the server.
         for (const sequence of [...this.running]) this.finish(sequence, error, false);
@@ -250,13 +251,13 @@ export class Batcher {
       }
     }
     // Cleared in the same turn as the last check (not in a later .finally): a sequence submitted by whoever the
-    // last step resolved must start a new loop, not join this ending one.
+    // last pass resolved must start a new loop, not join this ending one.
     this.loop = null;
   }
 
-  private step(): void {
+  private pass(): void {
     while (this.freeSlots.length > 0 && this.queue.length > 0) this.admit(this.queue.shift()!);
-    // Copies first, before this step's rows advance `cached`: a source's prefix must be written by an earlier pass.
+    // Copies first, before this pass's rows advance `cached`: a source's prefix must be written by an earlier pass.
     for (const sequence of this.running) {
       const source = sequence.prefixSource;
       if (source && source.from.cached >= source.length) this.copyPrefix(sequence);
@@ -289,7 +290,7 @@ export class Batcher {
     const logits = this.transformer.forward(
       Int32Array.from(ids), { slots: Int32Array.from(slots), positions: Int32Array.from(positions) }, this.cache, Int32Array.from(logitRows), loras ?? undefined,
     );
-    this.stats.steps++;
+    this.stats.passes++;
     this.stats.rows += ids.length;
     try {
       if (sampling.length > 0) this.sampleAndAdvance(logits, sampling);
@@ -348,7 +349,7 @@ export class Batcher {
     sequence.cached = count;
   }
 
-  /** The LoRA set of this step: the one of the longest-running sequence that differs from the last step's, if any. */
+  /** The LoRA set of this pass: the one of the longest-running sequence that differs from the last pass's, if any. */
   private nextLoras(): LayerLoras[] | null {
     const choices = [...new Set(this.running.map((s) => s.spec.loras))];
     const next = choices.length > 1 ? choices.find((c) => c !== this.lastLoras)! : choices[0] ?? null;

@@ -16,7 +16,7 @@ import { JsonGrammar } from "./json-grammar.ts";
 import { compileSchema, type SchemaNode } from "./json-schema.ts";
 import type { ChatRequest } from "./request.ts";
 import { JsonConstraint, tokenTrieFor } from "./token-mask.ts";
-import type { LayerLoras } from "../model/transformer.ts";
+import type { LayerLoras } from "../model/lora.ts";
 
 /** What one served model id resolves to. */
 export interface ModelRoute {

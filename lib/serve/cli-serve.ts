@@ -5,7 +5,7 @@
  *                [--api-key K] [--device auto|cpu|cuda] [--slots 32] [--context 4096]
  */
 import { ArtError } from "../core/errors.ts";
-import { loadCausalLM, type Device } from "../model/load.ts";
+import { loadCausalLM, type Device } from "../load/causal-lm.ts";
 import { ModelServer } from "./model-server.ts";
 import type { HttpServerHandle } from "./http.ts";
 

@@ -6,12 +6,13 @@
  * base model has one Batcher; adapters of that base share it (and its KV cache).
  *
  * Transports: `fetch` answers in-process (no network, no port: give it to `new OpenAI({ fetch })`), `listen`
- * serves the same handler over node:http. `pause()` stops new decode steps (training needs the device) and
+ * serves the same handler over node:http. `pause()` stops new decode passes (training needs the device) and
  * `resume()` goes on; requests arriving meanwhile wait.
  */
 import OpenAI from "openai";
 import type { Tokenizer } from "../model/tokenizer.ts";
-import type { LayerLoras, Transformer } from "../model/transformer.ts";
+import type { LayerLoras } from "../model/lora.ts";
+import type { Transformer } from "../model/transformer.ts";
 import { ApiError } from "./api-error.ts";
 import { Batcher, type BatcherOptions } from "./batcher.ts";
 import type { ModelRoute, ServeMetrics } from "./chat.ts";
@@ -56,7 +57,7 @@ export class ModelServer {
     });
   }
 
-  /** Serves a loaded base model under `id`; returns its batcher (step counts, load). */
+  /** Serves a loaded base model under `id`; returns its batcher (pass counts, load). */
   addBaseModel(id: string, model: ServableModel): Batcher {
     this.checkFree(id);
     const batcher = new Batcher(model.model, this.batcherOptions);

@@ -1,10 +1,11 @@
 /**
  * TrainableModel: one engine for rollouts and training.
  *
- * The base model is loaded once. The OpenAI-compatible server (lib/serve) samples from those weights plus the
- * live LoRA of the trainer (lib/grpo): the engine's LoRA tensors are the very tensors AdamW updates, on the CPU or
- * the GPU (LoRA training runs on the backend the model was loaded on), so after `train()` the next request already uses the new adapter — no weight copy, no save-and-reload. Training
- * pauses new decode steps while it runs and resumes them afterwards.
+ * The base model is loaded once. The OpenAI-compatible server (lib/serve) samples from those weights plus the live
+ * LoRA of the training pass (DifferentiableTransformer, on the backend the model was loaded on, CPU or GPU): the
+ * engine's LoRA tensors are the very tensors AdamW updates, so after `train()` the next request already uses the new
+ * adapter — no weight copy, no save-and-reload. Training pauses new decode passes while it runs and resumes them
+ * afterwards.
  *
  * On disk, in ART's layout under `{artDir}/{project}/models/{name}/`:
  *   model.json                          name, project, base model, LoRA settings
@@ -20,15 +21,12 @@ import * as path from "node:path";
 import OpenAI from "openai";
 import { ArtError } from "../core/errors.ts";
 import type { Trajectory, TrajectoryGroup } from "../core/trajectory.ts";
-import { DEFAULT_LORA, resolveTrainConfig, type LoraConfig, type TrainConfigInit } from "../grpo/config.ts";
-import { cpuTrainingOps } from "../grpo/cpu-training-ops.ts";
-import { TrainingModel } from "../grpo/model.ts";
-import { CudaBackend } from "../cuda/backend.ts";
-import { createCudaTrainingOps } from "../cuda/training-ops.ts";
-import { Trainer, checkpointDir, type StepResult } from "../grpo/train.ts";
 import { createAdamWState, type AdamWState } from "../grpo/adamw.ts";
-import { loadCausalLM, type CausalLM, type Device } from "../model/load.ts";
-import type { LayerLoras } from "../model/transformer.ts";
+import { resolveTrainConfig, type TrainConfigInit } from "../grpo/config.ts";
+import { Trainer, checkpointDir, type StepResult } from "../grpo/train.ts";
+import { loadCausalLM, type CausalLM, type Device } from "../load/causal-lm.ts";
+import { DEFAULT_LORA, type LayerLoras, type LoraConfig } from "../model/lora.ts";
+import { DifferentiableTransformer } from "../model/training.ts";
 import type { BatcherOptions } from "../serve/batcher.ts";
 import type { HttpServerHandle, HttpServerOptions } from "../serve/http.ts";
 import { IN_PROCESS_BASE_URL, ModelServer } from "../serve/model-server.ts";
@@ -85,7 +83,8 @@ export class TrainableModel {
   readonly dir: string;
   readonly lm: CausalLM;
   readonly server: ModelServer;
-  readonly trainingModel: TrainingModel;
+  /** The differentiable transformer over the served weights: the adapter it trains is the one requests sample with. */
+  readonly network: DifferentiableTransformer;
   private readonly artDir: string;
   private readonly optimizer: AdamWState;
   private currentStep: number;
@@ -93,7 +92,7 @@ export class TrainableModel {
   private queue: Promise<unknown> = Promise.resolve();
 
   private constructor(init: {
-    options: TrainableModelOptions; lm: CausalLM; trainingModel: TrainingModel; optimizer: AdamWState; step: number;
+    options: TrainableModelOptions; lm: CausalLM; network: DifferentiableTransformer; optimizer: AdamWState; step: number;
   }) {
     const { options } = init;
     this.name = options.name;
@@ -102,14 +101,14 @@ export class TrainableModel {
     this.artDir = options.artDir ?? ".art";
     this.dir = path.join(this.artDir, this.project, "models", this.name);
     this.lm = init.lm;
-    this.trainingModel = init.trainingModel;
+    this.network = init.network;
     this.optimizer = init.optimizer;
     this.currentStep = init.step;
     this.server = new ModelServer({ batcher: options.batcher });
     this.server.addBaseModel(this.baseModel, init.lm);
-    // One LoRA set for the model's lifetime: the batcher groups requests by this object, and its tensors are
-    // views over the trainer's arrays, so each update is visible to the next forward pass.
-    const loras: LayerLoras[] = init.trainingModel.engineLoras();
+    // One LoRA set for the model's lifetime: the batcher groups requests by this object, and its tensors are the
+    // ones AdamW updates in place, so each update is visible to the next forward pass.
+    const loras: LayerLoras[] = init.network.engineLoras();
     this.server.addAdapter(this.name, this.baseModel, loras);
   }
 
@@ -134,8 +133,8 @@ export class TrainableModel {
       lm.free();
       throw error;
     }
-    const { trainingModel, optimizer, step } = trainerState;
-    const model = new TrainableModel({ options, lm, trainingModel, optimizer, step });
+    const { network, optimizer, step } = trainerState;
+    const model = new TrainableModel({ options, lm, network, optimizer, step });
     model.writeModelJson();
     return model;
   }
@@ -156,7 +155,7 @@ export class TrainableModel {
   }
 
   /**
-   * One GRPO step on `groups` (advantages per group, ART's semantics): pauses new decode steps, trains the
+   * One GRPO step on `groups` (advantages per group, ART's semantics): pauses new decode passes, trains the
    * adapter in place, saves checkpoint step + 1, logs history and trajectories, and resumes serving.
    * `config` is a TrainConfig without `lora` (the adapter's shape is fixed at load).
    */
@@ -175,7 +174,7 @@ export class TrainableModel {
     await this.server.pause();
     let result: ReturnType<Trainer["trainOnGroups"]>;
     try {
-      const trainer = new Trainer(this.trainingModel, { ...config, lora: this.trainingModel.lora }, { step: sampledAt, optimizer: this.optimizer });
+      const trainer = new Trainer(this.network, { ...config, lora: this.network.lora }, { step: sampledAt, optimizer: this.optimizer });
       result = trainer.trainOnGroups(this.lm.tokenizer, groups);
       trainer.saveCheckpoint(checkpointDir(this.project, this.name, trainer.step, this.artDir), this.baseModel);
       this.currentStep = trainer.step;
@@ -266,14 +265,14 @@ export class TrainableModel {
     fs.mkdirSync(this.dir, { recursive: true });
     const json = {
       name: this.name, project: this.project, base_model: this.baseModel, trainable: true,
-      lora: this.trainingModel.lora,
+      lora: this.network.lora,
     };
     fs.writeFileSync(path.join(this.dir, "model.json"), JSON.stringify(json, null, 2) + "\n");
   }
 }
 
 interface TrainerState {
-  trainingModel: TrainingModel;
+  network: DifferentiableTransformer;
   optimizer: AdamWState;
   step: number;
 }
@@ -282,16 +281,15 @@ interface TrainerState {
 function attachTrainer(lm: CausalLM, options: TrainableModelOptions, lora: LoraConfig, log: (message: string) => void): TrainerState {
   const artDir = options.artDir ?? ".art";
   // Training runs where the engine's weights are: the adapter tensors it trains are the ones the server samples with.
-  const ops = lm.backend instanceof CudaBackend ? createCudaTrainingOps(lm.backend) : cpuTrainingOps;
   const steps = checkpointSteps(path.join(artDir, options.project, "models", options.name, "checkpoints"));
   if (steps.length === 0) {
-    return { trainingModel: new TrainingModel(lm.config, lm.model.weights, { lora, seed: options.seed ?? 0, ops }), optimizer: createAdamWState(), step: 0 };
+    return { network: new DifferentiableTransformer(lm.model, { lora, seed: options.seed ?? 0 }), optimizer: createAdamWState(), step: 0 };
   }
   const latest = checkpointDir(options.project, options.name, steps.at(-1)!, artDir);
-  const trainer = Trainer.resume(latest, lm.config, lm.model.weights, {}, ops);
-  if (trainer.model.lora === null) {
+  const trainer = Trainer.resume(latest, lm.model);
+  if (trainer.network.lora === null) {
     throw new ArtError("full_parameter_checkpoint", `${latest}: a full-parameter checkpoint; TrainableModel trains and serves LoRA adapters over an unchanged base model`);
   }
   log(`art-ts: ${options.project}/${options.name} resumes at step ${trainer.step} from ${latest}`);
-  return { trainingModel: trainer.model, optimizer: trainer.optimizer, step: trainer.step };
+  return { network: trainer.network, optimizer: trainer.optimizer, step: trainer.step };
 }

@@ -1,6 +1,6 @@
 """Independent PyTorch reference for lib/grpo/loss.ts: GRPO policy losses and their gradients wrt new logprobs.
 
-Writes test/grpo/fixtures/losses.json. Run: /usr/bin/python3 scripts/reference/grpo_losses.py
+Writes test/fixtures/grpo/losses.json. Run: /usr/bin/python3 scripts/reference/grpo_losses.py
 """
 import json
 import os
@@ -54,7 +54,7 @@ for name, fn, eps, eps_high in [("ppo", ppo, 0.2, 0.2), ("ppo", ppo, 0.2, 0.28),
                               "importanceSampling": "sequence" if sequence else "token", "advantage": advantage,
                               "klCoef": kl_coef, "loss": float(loss), "grad": flat(new.grad)})
 
-out = os.path.join(os.path.dirname(__file__), "..", "..", "test", "grpo", "fixtures", "losses.json")
+out = os.path.join(os.path.dirname(__file__), "..", "..", "test", "fixtures", "grpo", "losses.json")
 with open(out, "w") as f:
     json.dump({"new": flat(new0), "old": flat(old), "ref": flat(ref), "weight": weight, "cases": cases}, f)
 print("wrote", os.path.normpath(out), len(cases), "cases")

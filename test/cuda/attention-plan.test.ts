@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { attentionDimsPerLane, attentionKeyWindow, attentionSharedBytes, planSplits, planTiles } from "../../lib/cuda/attention-plan.ts";
-import { keyQueryRanges } from "../../lib/cuda/training-ops.ts";
+import { keyQueryRanges } from "../../lib/cuda/attention-plan.ts";
 
 describe("attention launch planning", () => {
   it("tiles consecutive prefill rows of one slot, up to 16 query vectors per block", () => {

@@ -5,7 +5,7 @@ import { CudaBackend } from "../../lib/cuda/backend.ts";
 import { type SamplingParams, allowedTokenMask } from "../../lib/model/backend.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { generate } from "../../lib/model/generate.ts";
-import { loadTransformer } from "../../lib/model/load.ts";
+import { loadTransformer } from "../../lib/model/transformer.ts";
 import { tinyCheckpoint } from "../model/helpers.ts";
 import { RecordingDevice } from "./recording-device.ts";
 
@@ -23,7 +23,7 @@ describe("CUDA backend host logic (recording device)", () => {
       const results = await generate(model, requests);
       expect(results.map((r) => r.tokenIds.length)).toEqual([4, 4, 4]);
       const names = new Set(device.launches.map((l) => l.name));
-      for (const kernel of ["f32_to_bf16", "embedding_bf16", "rmsnorm_f32", "rope_f32", "kv_write", "add_rmsnorm_f32", "swiglu", "add_inplace", "gather_rows", "sample"]) {
+      for (const kernel of ["f32_to_bf16", "embedding_bf16", "rmsnorm_f32", "rope_f32", "kv_write", "add_rmsnorm_f32", "swiglu", "add", "gather_rows", "sample"]) {
         expect(names.has(kernel)).toBe(true);
       }
       expect(names.has("add_bias_f32")).toBe(arch === "qwen2"); // q/k/v biases
@@ -110,7 +110,7 @@ describe("CUDA backend host logic (recording device)", () => {
       const bf16 = weights === "bf16";
       const perLayer = [bf16, false, false]; // input norm, q norm, k norm
       expect(copies("rmsnorm_f32", 4)).toEqual([...perLayer, ...perLayer, bf16]);
-      expect(copies("add_rmsnorm_f32", 5)).toEqual([bf16, bf16]);
+      expect(copies("add_rmsnorm_f32", 6)).toEqual([bf16, bf16]);
       expect(copies("swiglu", 3)).toEqual([bf16, bf16]);
       expect(copies("attention_dpl1", 13)).toEqual([bf16, bf16]);
       expect(device.gemms.length).toBe(7 * model.config.numLayers + 1);

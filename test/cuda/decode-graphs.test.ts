@@ -5,8 +5,9 @@
 import { describe, expect, it } from "vitest";
 import { CudaBackend, type CudaBackendOptions } from "../../lib/cuda/backend.ts";
 import type { KvCache, Tensor } from "../../lib/model/backend.ts";
-import { loadTransformer } from "../../lib/model/load.ts";
-import type { LayerLoras, Transformer } from "../../lib/model/transformer.ts";
+import { loadTransformer } from "../../lib/model/transformer.ts";
+import { type LayerLoras } from "../../lib/model/lora.ts";
+import { type Transformer } from "../../lib/model/transformer.ts";
 import { tinyCheckpoint } from "../model/helpers.ts";
 import { RecordingDevice } from "./recording-device.ts";
 
@@ -90,7 +91,7 @@ describe("decode passes as CUDA graphs (recording device)", () => {
     twice([0, 1, 2], 64); // keys 65: window 128
     twice([0, 1], 64);
     const { hiddenSize: d, numHeads, headDim } = model.config;
-    const loras: LayerLoras[] = [{ qProj: { a: backend.zeros([2, d]), b: backend.zeros([numHeads * headDim, 2]), scale: 1 } }, {}];
+    const loras: LayerLoras[] = [{ q_proj: { a: backend.zeros([2, d]), b: backend.zeros([numHeads * headDim, 2]), scale: 1 } }, {}];
     twice([0, 1], 64, loras);
     const other = model.createKvCache(4, 256);
     decode(model, other, [0, 1], 64);

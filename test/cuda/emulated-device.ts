@@ -10,7 +10,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { CudaBackend, type CudaBackendOptions, type DeviceQueue, type GemmRunner } from "../../lib/cuda/backend.ts";
-import { type GemmExArguments, linearGemmArguments } from "../../lib/cuda/blas.ts";
+import { type GemmExArguments, gemmExArguments, linearGemmArguments } from "../../lib/cuda/blas.ts";
 import type { KernelFunction, LaunchConfig } from "../../lib/cuda/driver.ts";
 import { cString, type NativeLibrary, openLibrary } from "../../lib/cuda/ffi.ts";
 import { hostMemory } from "../../lib/cuda/host-memory.ts";
@@ -130,6 +130,10 @@ class EmulatedDevice implements DeviceQueue {
     return {
       linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0) => {
         const args = linearGemmArguments(x, w, y, rows, inF, outF, type);
+        this.#stream(() => this.#gemmEx(args, alpha, beta));
+      },
+      gemm: (a, b, c, m, n, k, transA, transB, type, alpha = 1, beta = 0) => {
+        const args = gemmExArguments(a, b, c, m, n, k, transA, transB, type);
         this.#stream(() => this.#gemmEx(args, alpha, beta));
       },
       dispose: () => {},

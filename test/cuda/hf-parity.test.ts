@@ -4,7 +4,7 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
+import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
 import type { CudaBackend } from "../../lib/cuda/backend.ts";
 import { createCudaBackend } from "../../lib/cuda/mod.ts";
 import { cudaAvailable, gpuSkipReason } from "./gpu.ts";

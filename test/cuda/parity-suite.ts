@@ -8,10 +8,11 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { seededRandom } from "../../lib/core/random.ts";
 import { type Backend, type DType, type SamplingParams, type Tensor, allowedTokenMask } from "../../lib/model/backend.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { generate, step } from "../../lib/model/generate.ts";
-import { loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
+import { generate, decode } from "../../lib/model/generate.ts";
+import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
 import type { CudaBackend, CudaBackendOptions, DeviceQueue } from "../../lib/cuda/backend.ts";
-import type { LayerLoras, Transformer } from "../../lib/model/transformer.ts";
+import { type LayerLoras } from "../../lib/model/lora.ts";
+import { type Transformer } from "../../lib/model/transformer.ts";
 import { tinyCheckpoint } from "../model/helpers.ts";
 import { probeKvSlotCopy } from "../model/kv-copy-probe.ts";
 import { random, relativeError } from "./compare.ts";
@@ -73,10 +74,11 @@ describe.skipIf(skip)(title, () => {
       expect(error(out)).toBeLessThan(1e-5);
       run((b, i) => b.rmsNorm(x[i], head[i], 1e-6, out[i]));
       expect(error(out)).toBeLessThan(1e-5);
-      const residual = both(random(5 * 896, 6), [5, 896]);
-      run((b, i) => b.addRmsNorm(residual[i], x[i], w[i], 1e-6, out[i]));
+      const residual = both(random(5 * 896, 6), [5, 896]), rstd = zeros([5]);
+      run((b, i) => b.addRmsNorm(residual[i], x[i], residual[i], w[i], 1e-6, out[i], rstd[i]));
       expect(error(residual)).toBeLessThan(1e-6);
       expect(error(out)).toBeLessThan(1e-5);
+      expect(error(rstd)).toBeLessThan(1e-5);
     }
   });
 
@@ -142,11 +144,11 @@ describe.skipIf(skip)(title, () => {
     }
   });
 
-  it("swiglu, addInPlace, gatherRows, logSoftmax", () => {
+  it("swiglu, add, gatherRows, logSoftmax", () => {
     const g = both(random(4 * 4864, 20), [4, 4864]), u = both(random(4 * 4864, 21), [4, 4864]), h = zeros([4, 4864]);
     run((b, i) => b.swiglu(g[i], u[i], h[i]));
     expect(error(h)).toBeLessThan(1e-5);
-    run((b, i) => b.addInPlace(g[i], u[i]));
+    run((b, i) => b.add(g[i], u[i], g[i]));
     expect(error(g)).toBe(0);
     const picked = zeros([3, 4864]);
     run((b, i) => b.gatherRows(g[i], Int32Array.from([3, 0, 3]), picked[i]));
@@ -263,10 +265,10 @@ describe.skipIf(skip)(title, () => {
     const outputs: [number[][], number[][]] = [[], []];
     const positions = prompts.map((p) => p.length);
     let last = prompts.map((p) => p);
-    const decode = (count: number, adapter: boolean) => {
+    const decodeTokens = (count: number, adapter: boolean) => {
       for (let t = 0; t < count; t++) {
         const uniforms = prompts.map(() => rng());
-        const sampled = models.map((model, i) => step(model, caches[i], prompts.map((_, slot) => ({
+        const sampled = models.map((model, i) => decode(model, caches[i], prompts.map((_, slot) => ({
           slot, startPosition: positions[slot] - last[slot].length, tokens: last[slot],
           sample: { temperature: 0.9, topP: 1, topK: 20, uniform: uniforms[slot], topLogprobs: 2 },
         })), adapter ? loras[i] : undefined));
@@ -276,20 +278,20 @@ describe.skipIf(skip)(title, () => {
       }
     };
     const before = gpu.decodeGraphStats()!;
-    decode(20, true); // prefill (eager), then decode steps
+    decodeTokens(20, true); // prefill (eager), then decode passes
     const afterFirst = gpu.decodeGraphStats()!;
     expect(afterFirst.disabled).toBeNull();
     expect(afterFirst.recorded - before.recorded).toBe(2); // one graph per key window: 64, then 128
-    expect(afterFirst.replayed - before.replayed).toBe(15); // 19 decode steps, per window one eager and one recorded
+    expect(afterFirst.replayed - before.replayed).toBe(15); // 19 decode passes, per window one eager and one recorded
     // Training updates the adapter's tensors in place: the recorded graphs read the new values.
     loras.forEach((set, i) => set.forEach((layer, l) => {
-      const b = layer.qProj!.b as Tensor & { address: bigint };
+      const b = layer.q_proj!.b as Tensor & { address: bigint };
       [gpu, eager][i].context.upload(b.address, random(b.size, 500 + l, 0.3));
     }));
-    decode(10, true);
+    decodeTokens(10, true);
     expect(gpu.decodeGraphStats()!.recorded).toBe(afterFirst.recorded);
     expect(gpu.decodeGraphStats()!.replayed - afterFirst.replayed).toBe(10);
-    decode(5, false); // no adapter: other launches, graphs of their own
+    decodeTokens(5, false); // no adapter: other launches, graphs of their own
     expect(gpu.decodeGraphStats()!.recorded).toBe(afterFirst.recorded + 1);
     expect(outputs[0]).toEqual(outputs[1]);
     caches.forEach((cache) => cache.free());
@@ -304,7 +306,7 @@ function randomLoras(model: Transformer, seed: number): LayerLoras[] {
   const { hiddenSize: d, numHeads, headDim, intermediateSize: inter, numLayers } = model.config;
   const rank = 4, b = model.backend;
   return Array.from({ length: numLayers }, (_, l) => ({
-    qProj: { a: b.upload(random(rank * d, seed + 10 * l, 0.3), [rank, d]), b: b.upload(random(numHeads * headDim * rank, seed + 10 * l + 1, 0.3), [numHeads * headDim, rank]), scale: 2 },
-    downProj: { a: b.upload(random(rank * inter, seed + 10 * l + 2, 0.3), [rank, inter]), b: b.upload(random(d * rank, seed + 10 * l + 3, 0.3), [d, rank]), scale: 2 },
+    q_proj: { a: b.upload(random(rank * d, seed + 10 * l, 0.3), [rank, d]), b: b.upload(random(numHeads * headDim * rank, seed + 10 * l + 1, 0.3), [numHeads * headDim, rank]), scale: 2 },
+    down_proj: { a: b.upload(random(rank * inter, seed + 10 * l + 2, 0.3), [rank, inter]), b: b.upload(random(d * rank, seed + 10 * l + 3, 0.3), [d, rank]), scale: 2 },
   }));
 }

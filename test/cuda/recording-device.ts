@@ -8,6 +8,7 @@
 // host copies or waits while capturing throw. `failCapture` makes the next capture fail at its start or end,
 // `failGraphLaunch` every graph launch.
 import type { DeviceQueue, GemmRunner } from "../../lib/cuda/backend.ts";
+import type { GemmType } from "../../lib/cuda/blas.ts";
 import type { KernelFunction, LaunchConfig } from "../../lib/cuda/driver.ts";
 import type { KernelArg } from "../../lib/cuda/kernel-args.ts";
 import { type KernelName, kernelModules } from "../../lib/cuda/kernel-build.ts";
@@ -153,15 +154,17 @@ export class RecordingDevice implements DeviceQueue {
 
   /** The GEMMs the backend asks for, with the same bounds checks. */
   gemm(): GemmRunner {
+    const gemm = (a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, type: GemmType, alpha: number, beta: number) => {
+      const size = type === "bf16" ? 2 : 4;
+      this.#stream(() => {
+        this.expectLive(a, m * k * size, "GEMM a");
+        this.expectLive(b, k * n * size, "GEMM b");
+        this.expectLive(c, m * n * 4, "GEMM c");
+      }, () => this.gemms.push({ rows: m, inF: k, outF: n, type, alpha, beta }));
+    };
     return {
-      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0) => {
-        const size = type === "bf16" ? 2 : 4;
-        this.#stream(() => {
-          this.expectLive(x, rows * inF * size, "GEMM x");
-          this.expectLive(w, outF * inF * size, "GEMM w");
-          this.expectLive(y, rows * outF * 4, "GEMM y");
-        }, () => this.gemms.push({ rows, inF, outF, type, alpha, beta }));
-      },
+      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0) => gemm(x, w, y, rows, outF, inF, type, alpha, beta),
+      gemm: (a, b, c, m, n, k, _transA, _transB, type, alpha = 1, beta = 0) => gemm(a, b, c, m, n, k, type, alpha, beta),
       dispose: () => {},
     };
   }

@@ -7,7 +7,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { loadTransformer } from "../../lib/model/load.ts";
+import { loadTransformer } from "../../lib/model/transformer.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
 import { DEMO_MODEL_OPTIONS, legalMoveRate, makeDemoModel } from "../../scripts/demo-make-model.ts";
 

@@ -3,9 +3,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import type { Choice } from "../../lib/core/trajectory.ts";
-import {
-  answerMatches, ARTE_TOOLS, EmailDatabase, generateInbox, InboxTools, loadEnronQuestions, rolloutArte, type Email, type GamePolicy,
-} from "../../lib/envs/mod.ts";
+import { answerMatches, ARTE_TOOLS, EmailDatabase, generateInbox, InboxTools, loadEnronQuestions, rolloutArte, type Email } from "../../lib/envs/arte/mod.ts";
+import type { GamePolicy } from "../../lib/envs/mod.ts";
 
 describe("synthetic inbox", () => {
   it("is deterministic from its seed and differs across seeds", () => {

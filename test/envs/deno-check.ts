@@ -1,6 +1,7 @@
 // Runs under Deno (test/envs/deno.test.ts starts it): the environments and the notebook helpers import and
 // work there too, node:sqlite's FTS5 included.
-import { EmailDatabase, Game2048, generateInbox, InboxTools, rolloutTicTacToe, heuristicPolicyTicTacToe } from "../../lib/envs/mod.ts";
+import { EmailDatabase, generateInbox, InboxTools } from "../../lib/envs/arte/mod.ts";
+import { Game2048, rolloutTicTacToe, heuristicPolicyTicTacToe } from "../../lib/envs/mod.ts";
 import { rewardCurve, stepRecord, transcript } from "../../lib/notebook/mod.ts";
 
 const inbox = generateInbox({ seed: 5, emails: 400 });

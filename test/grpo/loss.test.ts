@@ -1,15 +1,16 @@
 import { describe, expect, it } from "vitest";
-import { adamwStep, createAdamWState, type TrainableParameter } from "../../lib/grpo/adamw.ts";
+import { adamwStep, createAdamWState } from "../../lib/grpo/adamw.ts";
+import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { learningRateAt, resolveTrainConfig, type PolicyLoss } from "../../lib/grpo/config.ts";
 import { crossEntropyLoss, groupAdvantages, policyLoss, trajectoryTokenWeights } from "../../lib/grpo/loss.ts";
-import { loadFixture, relativeError } from "./check.ts";
+import { loadFixture, relativeError } from "../model/check.ts";
 
 interface LossFixture {
   new: number[]; old: number[]; ref: number[]; weight: number;
   cases: { policyLoss: PolicyLoss; epsilon: number; epsilonHigh: number; importanceSampling: "token" | "sequence";
     advantage: number; klCoef: number; loss: number; grad: number[] }[];
 }
-const fixture = loadFixture<LossFixture>("losses.json");
+const fixture = loadFixture<LossFixture>("grpo/losses.json");
 
 describe("advantages and token weights", () => {
   it("centres rewards on the group mean and scales by the population std + 1e-6", () => {
@@ -93,24 +94,25 @@ describe("TrainConfig", () => {
 
 describe("AdamW", () => {
   const options = { learningRate: 0.1, beta1: 0.9, beta2: 0.99, eps: 1e-8, weightDecay: 0.1, maxGradNorm: 1 };
-  const param = (): TrainableParameter => ({ name: "w", value: Float32Array.of(1, -2), grad: Float32Array.of(0.3, -0.4), shape: [2] });
+  const cpu = new CpuBackend();
+  const param = () => ({ name: "w", value: cpu.upload(Float32Array.of(1, -2), [2]), grad: cpu.upload(Float32Array.of(0.3, -0.4), [2]), shape: [2] });
 
   it("matches torch.optim.AdamW with clip_grad_norm_ over two steps", () => {
     const p = param();
     const state = createAdamWState();
-    adamwStep([p], state, { ...options, maxGradNorm: 0.1 });
-    p.grad.set([0.5, 0.1]);
-    adamwStep([p], state, { ...options, maxGradNorm: 0.1 });
+    adamwStep(cpu, [p], state, { ...options, maxGradNorm: 0.1 });
+    cpu.write(p.grad, Float32Array.of(0.5, 0.1));
+    adamwStep(cpu, [p], state, { ...options, maxGradNorm: 0.1 });
     // torch 1.13: AdamW([w], lr=0.1, betas=(0.9, 0.99), weight_decay=0.1) after clip_grad_norm_(0.1) each step
-    expect(relativeError(p.value, [0.7827590107917786, -1.813753604888916])).toBeLessThan(1e-6);
+    expect(relativeError(cpu.download(p.value), [0.7827590107917786, -1.813753604888916])).toBeLessThan(1e-6);
   });
 
   it("refuses a non-finite gradient and changes nothing", () => {
     const p = param();
-    p.grad[1] = NaN;
+    cpu.write(p.grad, Float32Array.of(0.3, NaN));
     const state = createAdamWState();
-    expect(() => adamwStep([p], state, options)).toThrow(/gradient of w is not finite.*no weights were changed/);
-    expect(Array.from(p.value)).toEqual([1, -2]);
+    expect(() => adamwStep(cpu, [p], state, options)).toThrow(/gradient of w is not finite.*no weights were changed/);
+    expect(Array.from(cpu.download(p.value))).toEqual([1, -2]);
     expect(state.step).toBe(0);
   });
 });

@@ -1,5 +1,5 @@
 /** Test helper: a rollout's prompt and sampled completion as a training sequence. */
-import type { TrainingSequence } from "../../lib/grpo/train.ts";
+import { type TrainingSequence } from "../../lib/grpo/tokenize.ts";
 
 /** prompt + sampled completion as a training sequence: only the sampled tokens are trained. */
 export function toSequence(prompt: number[], completion: { tokenIds: number[]; logprobs: number[] }, advantage: number, trajectory: number): TrainingSequence {

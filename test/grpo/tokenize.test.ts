@@ -3,12 +3,12 @@ import { Trajectory, TrajectoryGroup, type Choice, type Message } from "../../li
 import { buildTinyTokenizerFiles } from "../../lib/model/tokenizer-tiny.ts";
 import { loadTokenizer, type Tokenizer } from "../../lib/model/tokenizer.ts";
 import { tokenizeForSft, tokenizeGroups, tokenizeHistory } from "../../lib/grpo/tokenize.ts";
-import { TrainingModel } from "../../lib/grpo/model.ts";
+import { DifferentiableTransformer } from "../../lib/model/training.ts";
 import { Trainer } from "../../lib/grpo/train.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { loadTransformer } from "../../lib/model/load.ts";
+import { loadTransformer } from "../../lib/model/transformer.ts";
 import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";
-import { tmpDir } from "./tiny.ts";
+import { tmpDir } from "../model/tiny-fixture.ts";
 import { writeTokenizerDir } from "../tokenizer/fixtures.ts";
 
 let tokenizer: Tokenizer;
@@ -146,7 +146,7 @@ describe("Trainer.trainOnGroups (tokenizer + tiny model, end to end)", () => {
     const dir = tmpDir("e2e-");
     writeTinyCheckpoint(dir, { arch: "qwen2", seed: 3, configOverrides: { vocab_size: 512 } });
     const transformer = loadTransformer(dir, new CpuBackend());
-    const model = new TrainingModel(transformer.config, transformer.weights, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj", "v_proj"], useRslora: false } });
+    const model = new DifferentiableTransformer(transformer, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj", "v_proj"], useRslora: false } });
     const trainer = new Trainer(model, { learningRate: 1e-3 });
     const play = (reward: number, answer: string) => new Trajectory({ messagesAndChoices: [{ role: "system", content: "Answer yes or no." }, { role: "user", content: "Is 2 even?" }, choice(answer)], reward });
     const trained = trainer.trainOnGroups(tokenizer, [new TrajectoryGroup([play(1, "yes"), play(0, "no")])]);

@@ -1,22 +1,34 @@
 import { describe, expect, it } from "vitest";
 import { join } from "node:path";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { loadCausalLM, loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
+import { loadCausalLM } from "../../lib/load/causal-lm.ts";
+import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
 import { groupAdvantages } from "../../lib/grpo/loss.ts";
-import { TrainingModel } from "../../lib/grpo/model.ts";
-import { loadAdapter, readAdapter, saveAdapter } from "../../lib/grpo/peft.ts";
+import { DifferentiableTransformer } from "../../lib/model/training.ts";
+import { loadAdapter, readAdapter } from "../../lib/model/peft.ts";
 import { seededRandom } from "../../lib/core/random.ts";
-import { checkpointDir, toBatch, Trainer, type TrainingSequence } from "../../lib/grpo/train.ts";
+import { checkpointDir, toBatch, Trainer } from "../../lib/grpo/train.ts";
+import { type TrainingSequence } from "../../lib/grpo/tokenize.ts";
 import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";
-import { finiteDifferences, relativeError } from "./check.ts";
+import { relativeError, tensorFiniteDifferences } from "../model/check.ts";
 import { generate } from "../../lib/model/generate.ts";
 import { toSequence } from "./sampling.ts";
-import { loadTinyModel, tmpDir } from "./tiny.ts";
+import { loadTinyModel, tmpDir } from "../model/tiny-fixture.ts";
 
 function tinyTransformer(arch: "qwen2" | "qwen3" | "llama", seed = 1, tokenizer = false) {
   const dir = tmpDir(`ckpt-${arch}-`);
   writeTinyCheckpoint(dir, { arch, seed, tokenizer });
   return { dir, transformer: loadTransformer(dir, new CpuBackend()) };
+}
+
+/** Sets every LoRA B from its index (B = 0 would leave every A gradient 0). */
+function setLoraB(model: DifferentiableTransformer, value: (i: number, layer: number) => number): void {
+  for (const p of model.loras) model.backend.write(p.b.tensor, Float32Array.from({ length: p.b.tensor.size }, (_, i) => value(i, p.layer)));
+}
+
+/** The trained parameters' values, as host copies. */
+function parameterValues(model: DifferentiableTransformer): Float32Array[] {
+  return model.parameterTensors().map((p) => model.backend.download(p.value));
 }
 
 /** A few random sequences with sampled-token masks, advantages and slightly-off old logprobs (ratios ≠ 1). */
@@ -32,7 +44,8 @@ function randomSequences(vocab: number, seed: number): TrainingSequence[] {
 }
 
 describe("Trainer: loss and gradients", () => {
-  const { config, weights } = loadTinyModel("qwen2");
+  const { transformer } = loadTinyModel("qwen2");
+  const config = transformer.config;
 
   const variants = [
     { klCoef: 0, policyLoss: "ppo", importanceSampling: "token" },
@@ -43,15 +56,15 @@ describe("Trainer: loss and gradients", () => {
   // loss.test.ts checks it against PyTorch autograd with the same detach.
   for (const { klCoef, policyLoss, importanceSampling } of variants) {
     it(`GRPO gradients of the whole step match finite differences (${policyLoss}, ${importanceSampling} ratio, KL ${klCoef})`, () => {
-      const model = new TrainingModel(config, weights, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj", "v_proj", "down_proj"], useRslora: true }, seed: 3 });
-      for (const p of model.loras) p.b.value.set(Float32Array.from(p.b.value, (_, i) => Math.sin(i + p.layer)));
+      const model = new DifferentiableTransformer(transformer, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj", "v_proj", "down_proj"], useRslora: true }, seed: 3 });
+      setLoraB(model, (i, layer) => Math.sin(i + layer));
       const trainer = new Trainer(model, { klCoef, policyLoss, importanceSampling, epsilon: 0.3, epsilonHigh: 0.3, microBatchSize: 2 });
       const sequences = randomSequences(config.vocabSize, 5);
       const { gradients, loss } = trainer.computeGradients(sequences);
       expect(Number.isFinite(loss)).toBe(true);
       expect([...gradients.keys()].length).toBe(2 * 3 * 2);
-      for (const p of model.trainableParameters()) {
-        const numeric = finiteDifferences(p.value, () => trainer.computeGradients(sequences).loss);
+      for (const p of model.parameterTensors()) {
+        const numeric = tensorFiniteDifferences(model.backend, p.value, () => trainer.computeGradients(sequences).loss);
         expect(relativeError(gradients.get(p.name)!, numeric), p.name).toBeLessThan(2e-3);
       }
     });
@@ -60,8 +73,8 @@ describe("Trainer: loss and gradients", () => {
   it("micro-batching does not change the gradients", () => {
     const sequences = randomSequences(config.vocabSize, 9);
     const grads = [1, 4].map((microBatchSize) => {
-      const model = new TrainingModel(config, weights, { lora: { rank: 2, alpha: 4, targetModules: ["o_proj", "up_proj"], useRslora: false }, seed: 1 });
-      for (const p of model.loras) p.b.value.fill(0.1);
+      const model = new DifferentiableTransformer(transformer, { lora: { rank: 2, alpha: 4, targetModules: ["o_proj", "up_proj"], useRslora: false }, seed: 1 });
+      setLoraB(model, () => 0.1);
       return new Trainer(model, { microBatchSize }).computeGradients(sequences).gradients;
     });
     for (const [name, g] of grads[0]) expect(relativeError(grads[1].get(name)!, g), name).toBeLessThan(1e-5);
@@ -82,8 +95,8 @@ describe("Trainer: loss and gradients", () => {
     const packed = toBatch(sequences, true);
     expect(packed.tokens.length).toBe(sequences.reduce((a, s) => a + s.tokens.length, 0) - 2 * (promptA.length - 1) - (promptB.length - 1));
     const results = [true, false].map((sharePrompts) => {
-      const model = new TrainingModel(config, weights, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj", "k_proj", "v_proj", "down_proj"], useRslora: false }, seed: 4 });
-      for (const p of model.loras) p.b.value.set(Float32Array.from(p.b.value, (_, i) => Math.cos(i)));
+      const model = new DifferentiableTransformer(transformer, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj", "k_proj", "v_proj", "down_proj"], useRslora: false }, seed: 4 });
+      setLoraB(model, (i) => Math.cos(i));
       return new Trainer(model, { sharePrompts, microBatchSize: 8 }).computeGradients(sequences);
     });
     expect(results[0].loss).toBeCloseTo(results[1].loss, 6);
@@ -91,29 +104,29 @@ describe("Trainer: loss and gradients", () => {
   });
 
   it("a step where every advantage is 0 trains nothing, says so, and still advances", () => {
-    const model = new TrainingModel(config, weights, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj"], useRslora: false } });
+    const model = new DifferentiableTransformer(transformer, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj"], useRslora: false } });
     const trainer = new Trainer(model);
-    const before = model.trainableParameters().map((p) => Float32Array.from(p.value));
+    const before = parameterValues(model);
     const result = trainer.trainStep(randomSequences(config.vocabSize, 2).map((s) => ({ ...s, advantage: 0 })));
     expect(result.trained).toBe(false);
     expect(result.step).toBe(1);
     expect(result.message).toMatch(/nothing to train — every trajectory has advantage 0/);
-    model.trainableParameters().forEach((p, i) => expect(p.value).toEqual(before[i]));
+    expect(parameterValues(model)).toEqual(before);
   });
 
   it("a non-finite reward refuses the step and writes nothing", () => {
-    const model = new TrainingModel(config, weights, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj"], useRslora: false } });
+    const model = new DifferentiableTransformer(transformer, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj"], useRslora: false } });
     const trainer = new Trainer(model);
-    const before = model.trainableParameters().map((p) => Float32Array.from(p.value));
+    const before = parameterValues(model);
     const sequences = randomSequences(config.vocabSize, 2);
     sequences[1].advantage = NaN;
     expect(() => trainer.trainStep(sequences)).toThrow(/training step refused: .* advantage NaN; no weights were changed/);
     expect(trainer.step).toBe(0);
-    model.trainableParameters().forEach((p, i) => expect(p.value).toEqual(before[i]));
+    expect(parameterValues(model)).toEqual(before);
   });
 
   it("KL needs LoRA (the reference is the adapter-disabled model)", () => {
-    const model = new TrainingModel(config, weights, { lora: null });
+    const model = new DifferentiableTransformer(transformer, { lora: null });
     expect(() => new Trainer(model, { klCoef: 0.1 })).toThrow("klCoef > 0 needs LoRA training");
   });
 });
@@ -121,15 +134,15 @@ describe("Trainer: loss and gradients", () => {
 describe("PEFT adapters", () => {
   it("save → load gives identical logits in the engine and through loadCausalLM, and the training model's base pass matches the engine", async () => {
     const { dir: checkpoint, transformer } = tinyTransformer("qwen3", 1, true);
-    const model = new TrainingModel(transformer.config, transformer.weights, { lora: { rank: 4, alpha: 8, targetModules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], useRslora: false }, seed: 2 });
-    for (const p of model.loras) p.b.value.set(Float32Array.from(p.b.value, (_, i) => 0.05 * Math.cos(i)));
+    const model = new DifferentiableTransformer(transformer, { lora: { rank: 4, alpha: 8, targetModules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], useRslora: false }, seed: 2 });
+    setLoraB(model, (i) => 0.05 * Math.cos(i));
     const dir = tmpDir("adapter-");
-    saveAdapter(dir, model, "tiny-qwen3");
+    model.saveAdapter(dir, "tiny-qwen3");
     const ids = [5, 17, 200, 3, 42, 9];
     const live = logitsWith(transformer, model.engineLoras(), ids);
     const loaded = logitsWith(transformer, loadAdapter(dir, transformer), ids);
     expect(loaded).toEqual(live);
-    // the same adapter through the public loader: the default LoRA of logits() (and of generate/step)
+    // the same adapter through the public loader: the default LoRA of logits() (and of generate/decode)
     const lm = await loadCausalLM(checkpoint, { device: "cpu", adapter: dir });
     expect(await lm.logits(ids)).toEqual(live);
     // the adapter really changes the model, and the training forward agrees with the engine's forward
@@ -151,9 +164,9 @@ describe("PEFT adapters", () => {
   it("refuses an adapter made for another model, naming the tensor and both shapes", () => {
     const { transformer: qwen3 } = tinyTransformer("qwen3");
     const { transformer: llama } = tinyTransformer("llama");
-    const model = new TrainingModel(qwen3.config, qwen3.weights, { lora: { rank: 2, alpha: 4, targetModules: ["k_proj"], useRslora: false } });
+    const model = new DifferentiableTransformer(qwen3, { lora: { rank: 2, alpha: 4, targetModules: ["k_proj"], useRslora: false } });
     const dir = tmpDir("adapter-");
-    saveAdapter(dir, model);
+    model.saveAdapter(dir);
     expect(() => readAdapter(dir, llama.config)).toThrow(
       '"base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight" has shape [32,2] but this model (r=2) needs [8,2]; the adapter was trained for another model or rank',
     );
@@ -161,7 +174,7 @@ describe("PEFT adapters", () => {
   });
 });
 
-function logitsWith(transformer: ReturnType<typeof tinyTransformer>["transformer"], loras: ReturnType<TrainingModel["engineLoras"]>, ids: number[]): Float32Array {
+function logitsWith(transformer: ReturnType<typeof tinyTransformer>["transformer"], loras: ReturnType<DifferentiableTransformer["engineLoras"]>, ids: number[]): Float32Array {
   const cache = transformer.createKvCache(1, ids.length);
   const logits = transformer.forward(Int32Array.from(ids), { slots: new Int32Array(ids.length), positions: Int32Array.from(ids, (_, i) => i) }, cache, null, loras);
   const host = transformer.backend.download(logits);
@@ -175,15 +188,15 @@ const reward = (tokens: number[]) => tokens.filter((t) => t < 32).length / token
 /** Rollouts sample with the engine's generate and the trainer's live LoRA (the arrays the optimiser updates). */
 async function grpoRun(arch: "qwen3" | "llama", steps: number, checkpointAt?: { dir: string; step: number }) {
   const { transformer } = tinyTransformer(arch, 7);
-  let model = new TrainingModel(transformer.config, transformer.weights, { lora: { rank: 8, alpha: 16, targetModules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], useRslora: false }, seed: 11 });
+  let model = new DifferentiableTransformer(transformer, { lora: { rank: 8, alpha: 16, targetModules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], useRslora: false }, seed: 11 });
   let trainer = new Trainer(model, { learningRate: 5e-2, maxGradNorm: 1, microBatchSize: 16 });
   const prompts = [[1, 40, 41], [1, 90, 7], [1, 150, 151, 152], [1, 3, 250]];
   const meanRewards: number[] = [];
   for (let step = 0; step < steps; step++) {
     if (checkpointAt && step === checkpointAt.step) {
       trainer.saveCheckpoint(checkpointAt.dir);
-      trainer = Trainer.resume(checkpointAt.dir, transformer.config, transformer.weights);
-      model = trainer.model;
+      trainer = Trainer.resume(checkpointAt.dir, transformer);
+      model = trainer.network;
     }
     const sequences: TrainingSequence[] = [];
     let total = 0;
@@ -197,7 +210,7 @@ async function grpoRun(arch: "qwen3" | "llama", steps: number, checkpointAt?: { 
     meanRewards.push(total / (prompts.length * 8));
     trainer.trainStep(sequences);
   }
-  return { meanRewards, loras: model.trainableParameters().map((p) => Float32Array.from(p.value)) };
+  return { meanRewards, loras: parameterValues(model) };
 }
 
 describe("learning, not just running", () => {
@@ -225,17 +238,17 @@ describe("learning, not just running", () => {
     };
     const run = (resumeAt: number | null) => {
       const { transformer } = tinyTransformer("qwen2", 4);
-      let trainer = new Trainer(new TrainingModel(transformer.config, transformer.weights, { lora: null }), { lora: null, learningRate: 1e-3 });
+      let trainer = new Trainer(new DifferentiableTransformer(transformer, { lora: null }), { lora: null, learningRate: 1e-3 });
       for (let step = 0; step < 4; step++) {
         if (step === resumeAt) {
           const dir = join(tmpDir("resume-full-"), "0002");
           trainer.saveCheckpoint(dir);
           // a fresh copy of the base weights: everything must come from the checkpoint
-          trainer = Trainer.resume(dir, transformer.config, tinyTransformer("qwen2", 4).transformer.weights);
+          trainer = Trainer.resume(dir, tinyTransformer("qwen2", 4).transformer);
         }
         trainer.sftStep([sequence]);
       }
-      return trainer.model.trainableParameters().map((p) => p.value);
+      return parameterValues(trainer.network);
     };
     const straight = run(null);
     run(2).forEach((value, i) => expect(value).toEqual(straight[i]));
@@ -244,7 +257,7 @@ describe("learning, not just running", () => {
   it("SFT lowers the loss on assistant tokens (full-parameter and LoRA)", () => {
     for (const lora of [null, { rank: 4, alpha: 8, targetModules: ["q_proj" as const, "v_proj" as const, "up_proj" as const, "down_proj" as const], useRslora: false }]) {
       const { transformer } = tinyTransformer("qwen3", 4);
-      const model = new TrainingModel(transformer.config, transformer.weights, { lora });
+      const model = new DifferentiableTransformer(transformer, { lora });
       const trainer = new Trainer(model, { learningRate: lora ? 1e-2 : 3e-3, maxGradNorm: 1, weightDecay: 0 });
       const answer = [60, 61, 62, 63, 64, 65];
       const sequence: TrainingSequence = {

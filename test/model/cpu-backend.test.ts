@@ -2,7 +2,7 @@
 // do not reach: odd sizes, column ranges, LoRA, log-softmax, bf16 uploads).
 import { describe, expect, it } from "vitest";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { matmulNT } from "../../lib/model/cpu/kernels.ts";
+import { matmulNT } from "../../lib/model/cpu/matmul.ts";
 import { f32ToBf16 } from "../../lib/model/safetensors.ts";
 import { maxAbsDiff } from "./helpers.ts";
 import { probeKvSlotCopy } from "./kv-copy-probe.ts";

@@ -1,6 +1,6 @@
 // Run by deno.test.ts under Deno 2: loads a tiny checkpoint (path in argv) and prints logits and greedy tokens as JSON,
 // which the test compares with the same run under Node.
-import { loadCausalLM } from "../../lib/model/load.ts";
+import { loadCausalLM } from "../../lib/load/causal-lm.ts";
 
 export async function engineSummary(dir: string): Promise<{ logits: number[]; tokenIds: number[]; text: string }> {
   const lm = await loadCausalLM(dir, { device: "cpu" });

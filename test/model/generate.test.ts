@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { type StreamDecoding, generate, step } from "../../lib/model/generate.ts";
-import { loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
-import type { Transformer } from "../../lib/model/transformer.ts";
+import { type StreamDecoding, generate, decode } from "../../lib/model/generate.ts";
+import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
+import { type Transformer } from "../../lib/model/transformer.ts";
 import { maxAbsDiff, tinyCheckpoint } from "./helpers.ts";
 
 const qwen3 = loadTransformer(tinyCheckpoint({ arch: "qwen3", seed: 3 }), new CpuBackend());
@@ -51,10 +51,10 @@ describe("KV cache and batching", () => {
     expect(maxAbsDiff(rowsOf(mixed, 4, 14), alone[2])).toBeLessThan(1e-5);
   });
 
-  it("step samples only the last row of each sequence and reports its logprob", () => {
+  it("decode samples only the last row of each sequence and reports its logprob", () => {
     const cache = qwen2.createKvCache(2, 8);
     const greedy = { temperature: 0, topP: 1, topK: 0, uniform: 0.5, topLogprobs: 3 };
-    const out = step(qwen2, cache, [
+    const out = decode(qwen2, cache, [
       { slot: 0, startPosition: 0, tokens: b, sample: greedy },
       { slot: 1, startPosition: 0, tokens: a.slice(0, 2), sample: null },
     ]);
@@ -69,14 +69,14 @@ describe("KV cache and batching", () => {
     expect(out[0]!.topLogprobs[1].logprob).toBeLessThanOrEqual(out[0]!.topLogprobs[0].logprob);
   });
 
-  it("step constrains a row to its allowedTokens: greedy takes the best allowed id, the logprob stays the raw model's", () => {
+  it("decode constrains a row to its allowedTokens: greedy takes the best allowed id, the logprob stays the raw model's", () => {
     const last = rowsOf(sequenceLogits(qwen2, b), 2, 3);
     const logZ = Math.log(last.reduce((s, v) => s + Math.exp(v), 0));
     const ranked = [...last.keys()].sort((x, y) => last[y] - last[x]);
     const allowed = [ranked[40], ranked[7], ranked[100]]; // the best of them is the 8th most likely token
     const cache = qwen2.createKvCache(2, 8);
     const greedy = { temperature: 0, topP: 1, topK: 0, uniform: 0.5, topLogprobs: 2 };
-    const out = step(qwen2, cache, [
+    const out = decode(qwen2, cache, [
       { slot: 0, startPosition: 0, tokens: b, sample: { ...greedy, allowedTokens: allowed } },
       { slot: 1, startPosition: 0, tokens: b, sample: greedy }, // unconstrained batch-mate
     ]);
@@ -84,11 +84,11 @@ describe("KV cache and batching", () => {
     expect(out[0]!.logprob).toBeCloseTo(last[ranked[7]] - logZ, 4);
     expect(out[0]!.topLogprobs.map((t) => t.id)).toEqual([ranked[7], ranked[40]]);
     expect(out[1]!.id).toBe(ranked[0]);
-    const sampled = step(qwen2, qwen2.createKvCache(1, 8), [
+    const sampled = decode(qwen2, qwen2.createKvCache(1, 8), [
       { slot: 0, startPosition: 0, tokens: b, sample: { ...greedy, temperature: 1, uniform: 0.999, allowedTokens: allowed } },
     ]);
     expect(allowed).toContain(sampled[0]!.id);
-    expect(() => step(qwen2, qwen2.createKvCache(1, 8), [
+    expect(() => decode(qwen2, qwen2.createKvCache(1, 8), [
       { slot: 0, startPosition: 0, tokens: b, sample: { ...greedy, allowedTokens: [vocab] } },
     ])).toThrow(/id 256 is outside the vocabulary/);
   });
@@ -98,6 +98,18 @@ describe("KV cache and batching", () => {
 const letters: StreamDecoding = {
   createStreamDecoder: () => ({ push: (id: number) => String.fromCharCode(97 + (id % 26)), flush: () => "" }),
 };
+
+describe("LoRA sets", () => {
+  it("forward refuses a LoRA set with the wrong number of layers or a projection name it does not know", () => {
+    const b = qwen2.backend, { numLayers, hiddenSize: d } = qwen2.config;
+    const lora = { a: b.zeros([2, d]), b: b.zeros([d, 2]), scale: 1 };
+    const layers = (first: Record<string, typeof lora>) => [first, ...Array.from({ length: numLayers - 1 }, () => ({}))];
+    const run = (loras: unknown) => qwen2.forward(Int32Array.of(1), { slots: Int32Array.of(0), positions: Int32Array.of(0) }, qwen2.createKvCache(1, 2), null, loras as never);
+    expect(() => run([{}])).toThrow(`the LoRA set has 1 layers; this model has ${numLayers}`);
+    expect(() => run(layers({ qProj: lora }))).toThrow('the LoRA of layer 0 names "qProj"; a LoRA targets one of q_proj, k_proj');
+    b.free(run(layers({ o_proj: lora })));
+  });
+});
 
 describe("generate", () => {
   const prompts = [[1, 9, 40, 7], [1, 77], [3, 3, 3, 3, 3, 3, 3]];

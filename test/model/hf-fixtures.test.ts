@@ -4,14 +4,15 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { describe, expect, it } from "vitest";
-import { TrainingModel } from "../../lib/grpo/model.ts";
-import { loadAdapter, readAdapter } from "../../lib/grpo/peft.ts";
-import { Trainer, type TrainingSequence } from "../../lib/grpo/train.ts";
+import { DifferentiableTransformer } from "../../lib/model/training.ts";
+import { loadAdapter, readAdapter } from "../../lib/model/peft.ts";
+import { Trainer } from "../../lib/grpo/train.ts";
+import { type TrainingSequence } from "../../lib/grpo/tokenize.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
+import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
 import { openSafetensors } from "../../lib/model/safetensors.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
-import { relativeError } from "../grpo/check.ts";
+import { relativeError } from "./check.ts";
 import { maxAbsDiff } from "./helpers.ts";
 
 const root = path.join(import.meta.dirname, "..", "fixtures", "hf");
@@ -52,7 +53,7 @@ describe("Hugging Face fixtures (transformers + PEFT)", () => {
       const model = loadTransformer(checkpoint, new CpuBackend());
       const adapter = readAdapter(adapterDir, model.config);
       expect(adapter.lora).toMatchObject({ rank: 4, alpha: 8, useRslora: false });
-      const training = new TrainingModel(model.config, model.weights, { lora: adapter.lora, adapter });
+      const training = new DifferentiableTransformer(model, { lora: adapter.lora, adapter });
       const sequences: TrainingSequence[] = want.ids.map((tokens, s) => ({
         tokens, trainable: Uint8Array.from(want.assistant[s]), logprobs: new Float32Array(tokens.length).fill(NaN),
         advantage: want.advantages[s], trajectory: s,

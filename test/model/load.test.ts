@@ -2,7 +2,8 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { describe, expect, it } from "vitest";
 import { cudaAvailability } from "../../lib/cuda/mod.ts";
-import { loadCausalLM, sequenceLogits } from "../../lib/model/load.ts";
+import { loadCausalLM } from "../../lib/load/causal-lm.ts";
+import { sequenceLogits } from "../../lib/model/transformer.ts";
 import { maxAbsDiff, tinyCheckpoint } from "./helpers.ts";
 
 const dir = tinyCheckpoint({ arch: "qwen2", seed: 21, tokenizer: true });
@@ -67,7 +68,7 @@ describe("loadCausalLM", () => {
 
   it("weights can be stored as bf16 on the CPU too (the GPU's numerics)", async () => {
     const lm = await loadCausalLM(dir, { device: "cpu", dtype: "bf16" });
-    expect(lm.model.weights.layers[0].qProj.dtype).toBe("bf16");
+    expect(lm.model.weights.layers[0].projections.q_proj.weight.dtype).toBe("bf16");
     expect(lm.model.weights.finalNorm.dtype).toBe("f32");
   });
 

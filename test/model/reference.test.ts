@@ -4,7 +4,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { describe, expect, it } from "vitest";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { loadTransformer, sequenceLogits } from "../../lib/model/load.ts";
+import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
 import type { ReferenceFixture } from "../../scripts/reference/make-reference-fixtures.ts";
 import { maxAbsDiff, tinyCheckpoint } from "./helpers.ts";
 

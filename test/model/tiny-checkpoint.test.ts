@@ -2,7 +2,7 @@ import { execFileSync } from "node:child_process";
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { describe, expect, it } from "vitest";
-import { readConfig } from "../../lib/model/load.ts";
+import { readConfig } from "../../lib/model/config.ts";
 import { openSafetensors } from "../../lib/model/safetensors.ts";
 import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";
 import { tempDir } from "./helpers.ts";

@@ -6,7 +6,7 @@ import { describe, expect, it } from "vitest";
 import { ArtError } from "../../lib/core/errors.ts";
 import { seededRandom } from "../../lib/core/random.ts";
 import { CpuBackend, type CpuTensor } from "../../lib/model/cpu/backend.ts";
-import { matmulNT } from "../../lib/model/cpu/kernels.ts";
+import { matmulNT } from "../../lib/model/cpu/matmul.ts";
 import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
 import { generatedModuleSource, generatedPath } from "../../scripts/build-wasm.ts";
 import { maxAbsDiff } from "./helpers.ts";

@@ -47,5 +47,9 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
     const notebooks = run(["scripts/notebook-run.ts"]);
     expect(notebooks.status, notebooks.stdout + notebooks.stderr).toBe(0);
     expect(notebooks.stdout).toMatch(/all \d+ run\(s\) passed/);
+    // art-ts and art-ts/engine load in both kernels (tslab type-checks the subpath through package.json's typesVersions)
+    const entries = run(["scripts/notebook-run.ts", "test/notebook/entries.ipynb"]);
+    expect(entries.status, entries.stdout + entries.stderr).toBe(0);
+    expect(entries.stdout).toMatch(/all 2 run\(s\) passed/);
   }, 900_000);
 });

@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { Trajectory, TrajectoryGroup } from "../../lib/core/mod.ts";
-import { loadCausalLM } from "../../lib/model/mod.ts";
+import { loadCausalLM } from "../../lib/load/mod.ts";
 import { rulerScoreGroup } from "../../lib/ruler/mod.ts";
 import { ModelServer } from "../../lib/serve/mod.ts";
 import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";

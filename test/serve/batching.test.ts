@@ -6,7 +6,7 @@ import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Batcher, type SequenceSpec } from "../../lib/serve/batcher.ts";
 import { ModelServer, type ServableModel } from "../../lib/serve/model-server.ts";
-import type { LayerLoras } from "../../lib/model/transformer.ts";
+import { type LayerLoras } from "../../lib/model/lora.ts";
 import { JsonGrammar } from "../../lib/serve/json-grammar.ts";
 import { compileSchema } from "../../lib/serve/json-schema.ts";
 import { JsonConstraint, tokenTrieFor } from "../../lib/serve/token-mask.ts";
@@ -37,17 +37,17 @@ describe("continuous batching", () => {
       max_tokens: 8, temperature: 1.5, seed: 100 + i,
     });
     const stats = server.batcherFor("tiny").stats;
-    const before = stats.steps;
+    const before = stats.passes;
     const concurrent = await Promise.all(Array.from({ length: 16 }, (_, i) => request(i)));
-    const concurrentSteps = stats.steps - before;
+    const concurrentPasses = stats.passes - before;
 
     const sequential = [];
-    const middle = stats.steps;
+    const middle = stats.passes;
     for (let i = 0; i < 16; i++) sequential.push(await request(i));
-    const sequentialSteps = stats.steps - middle;
+    const sequentialPasses = stats.passes - middle;
 
-    expect(sequentialSteps).toBe(16 * 8); // one pass per token: the prefill pass samples the first
-    expect(concurrentSteps).toBeLessThanOrEqual(12);
+    expect(sequentialPasses).toBe(16 * 8); // one pass per token: the prefill pass samples the first
+    expect(concurrentPasses).toBeLessThanOrEqual(12);
     for (let i = 0; i < 16; i++) {
       expect(ids(concurrent[i]), `request ${i}`).toEqual(ids(sequential[i]));
       expect(concurrent[i].choices[0].logprobs).toEqual(sequential[i].choices[0].logprobs);
@@ -161,7 +161,7 @@ describe("shared prompts", () => {
       const abort = new AbortController();
       const leader = batcher.submit(spec(1, { signal: abort.signal }));
       const follower = batcher.submit(spec(2));
-      while (batcher.stats.steps < 2) await nextTurn();
+      while (batcher.stats.passes < 2) await nextTurn();
       abort.abort(new Error("client went away"));
       await expect(leader).rejects.toThrow("client went away");
       expect((await follower).tokens).toEqual(await aloneTokens(2));
@@ -199,7 +199,7 @@ describe("shared prompts", () => {
       const free = batcher.submit(spec(2));
       await expect(doomed).rejects.toThrow(/constraint_dead_end|no allowed token/);
       expect((await free).tokens).toEqual(await aloneTokens(2));
-      expect(batcher.stats.steps).toBeLessThan(10); // they shared passes (each alone would take 5 + 1)
+      expect(batcher.stats.passes).toBeLessThan(10); // they shared passes (each alone would take 5 + 1)
       expect(batcher.load).toEqual({ running: 0, queued: 0 });
       await batcher.close();
     });
@@ -262,7 +262,7 @@ describe("capacity", () => {
     const batcher = server.batcherFor("tiny");
     const pending = client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 3 });
     await new Promise((r) => setTimeout(r, 50));
-    expect(batcher.stats.steps).toBe(0);
+    expect(batcher.stats.passes).toBe(0);
     expect(batcher.load.queued + batcher.load.running).toBe(1);
     server.resume();
     expect((await pending).choices[0].finish_reason).toMatch(/^(length|stop)$/);
@@ -293,8 +293,8 @@ describe("adapters", () => {
     const rank = 4;
     const random = (n: number, scale: number) => Float32Array.from({ length: n }, (_, i) => Math.sin(i * 12.9898 + scale) * scale);
     const loras: LayerLoras[] = Array.from({ length: transformer.config.numLayers }, () => ({
-      qProj: { a: transformer.backend.upload(random(rank * d, 0.5), [rank, d]), b: transformer.backend.upload(random(numHeads * headDim * rank, 2), [numHeads * headDim, rank]), scale: 4 },
-      downProj: { a: transformer.backend.upload(random(rank * transformer.config.intermediateSize, 0.7), [rank, transformer.config.intermediateSize]), b: transformer.backend.upload(random(d * rank, 3), [d, rank]), scale: 4 },
+      q_proj: { a: transformer.backend.upload(random(rank * d, 0.5), [rank, d]), b: transformer.backend.upload(random(numHeads * headDim * rank, 2), [numHeads * headDim, rank]), scale: 4 },
+      down_proj: { a: transformer.backend.upload(random(rank * transformer.config.intermediateSize, 0.7), [rank, transformer.config.intermediateSize]), b: transformer.backend.upload(random(d * rank, 3), [d, rank]), scale: 4 },
     }));
     let live: LayerLoras[] | null = loras;
     server.addAdapter("tiny-agent", "tiny", () => live);

@@ -3,10 +3,9 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { TrainingModel } from "../../lib/grpo/model.ts";
-import { saveAdapter } from "../../lib/grpo/peft.ts";
+import { DifferentiableTransformer } from "../../lib/model/training.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { loadTransformer } from "../../lib/model/load.ts";
+import { loadTransformer } from "../../lib/model/transformer.ts";
 import { parseServeArgs, runServe } from "../../lib/serve/cli-serve.ts";
 import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";
 import { writeSmallQwenTokenizer } from "../../scripts/serve-small-tokenizer.ts";
@@ -43,11 +42,10 @@ describe("art-ts serve", () => {
     const dir = mkdtempSync(join(tmpdir(), "art-ts-cli-"));
     writeSmallQwenTokenizer(dir);
     writeTinyCheckpoint(dir, { arch: "qwen2", configOverrides: { vocab_size: 682 } });
-    const { config, weights } = loadTransformer(dir, new CpuBackend());
-    const lora = new TrainingModel(config, weights, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj", "down_proj"], useRslora: false }, seed: 1 });
-    for (const p of lora.loras) p.b.value.set(Float32Array.from(p.b.value, (_, i) => 0.5 * Math.sin(i)));
+    const lora = new DifferentiableTransformer(loadTransformer(dir, new CpuBackend()), { lora: { rank: 2, alpha: 4, targetModules: ["q_proj", "down_proj"], useRslora: false }, seed: 1 });
+    for (const p of lora.loras) lora.backend.write(p.b.tensor, Float32Array.from({ length: p.b.tensor.size }, (_, i) => 0.5 * Math.sin(i)));
     const adapterDir = mkdtempSync(join(tmpdir(), "art-ts-adapter-"));
-    saveAdapter(adapterDir, lora);
+    lora.saveAdapter(adapterDir);
     const { server, http } = await runServe(parseServeArgs(["--model", dir, "--adapter", adapterDir, "--name", "trained", "--port", "0", "--device", "cpu"]), () => {});
     try {
       const client = new OpenAI({ baseURL: http.baseURL, apiKey: "local", maxRetries: 0 });

@@ -33,11 +33,11 @@ describe.skipIf(!cudaAvailable)(`TrainableModel on CUDA${gpuSkipReason ? ` (${gp
     expect(result.trained).toBe(true);
     expect(Number.isFinite(result.loss)).toBe(true);
     expect(logprobs(await sample(42))).not.toEqual(logprobs(before));
-    const trained = model.trainingModel.parameterTensors().map((p) => model.trainingModel.ops.download(p.value));
+    const trained = model.network.parameterTensors().map((p) => model.network.backend.download(p.value));
     await model.close();
     const resumed = await TrainableModel.load(options);
     expect(resumed.step).toBe(1);
-    resumed.trainingModel.parameterTensors().forEach((p, i) => expect(resumed.trainingModel.ops.download(p.value)).toEqual(trained[i]));
+    resumed.network.parameterTensors().forEach((p, i) => expect(resumed.network.backend.download(p.value)).toEqual(trained[i]));
     await resumed.close();
   });
 });

@@ -1,7 +1,8 @@
-// RMSNorm over consecutive groups of `d` elements (a row, or one head of a row for Qwen3's q/k norm), and the fused
-// residual add + RMSNorm that sits between every pair of sublayers. One block per group; the group is read once
-// into registers-by-stride, reduced in f32, then written scaled. `out_bf16`, when not null, gets the same values
-// rounded to bf16: the operand of the bf16 GEMM that reads `out` next, without a conversion kernel of its own.
+// RMSNorm over consecutive groups of `d` elements (a row, or one head of a row for Qwen3's q/k norm), the fused
+// residual add + RMSNorm that sits between every pair of sublayers, and the backward. One block per group; the group
+// is read by stride, reduced in f32, then written scaled. `out_bf16`, when not null, gets the same values rounded to
+// bf16: the operand of the bf16 GEMM that reads `out` next, without a conversion kernel of its own. `rstd`, when not
+// null, keeps 1/rms per group for the backward (training). The CPU reference is rmsNormRows in lib/model/cpu/kernels.ts.
 #include "common.cuh"
 
 __device__ __forceinline__ void store(float* __restrict__ out, bf16* __restrict__ out_bf16, long long at, float value) {
@@ -9,42 +10,69 @@ __device__ __forceinline__ void store(float* __restrict__ out, bf16* __restrict_
   if (out_bf16) out_bf16[at] = __float2bfloat16_rn(value);
 }
 
+// `out` may be `x` (an in-place per-head norm): each element is read before the same thread writes it.
 template <typename W>
-__device__ void rmsnorm(const float* __restrict__ x, const W* __restrict__ weight, float eps, float* __restrict__ out,
-                        bf16* __restrict__ out_bf16, int d) {
+__device__ void rmsnorm(const float* x, const W* __restrict__ weight, float eps, float* out, bf16* __restrict__ out_bf16,
+                        float* __restrict__ rstd, int d) {
   __shared__ float scratch[32];
   const long long base = (long long)blockIdx.x * d;
   float sum_sq = 0.0f;
   for (int j = threadIdx.x; j < d; j += blockDim.x) sum_sq += x[base + j] * x[base + j];
   const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / d + eps);
+  if (rstd && threadIdx.x == 0) rstd[blockIdx.x] = inv_rms;
   for (int j = threadIdx.x; j < d; j += blockDim.x) store(out, out_bf16, base + j, x[base + j] * inv_rms * to_f32(weight[j]));
 }
-extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float eps, float* out, bf16* out_bf16, int d) {
-  rmsnorm(x, w, eps, out, out_bf16, d);
+extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float eps, float* out, bf16* out_bf16, float* rstd, int d) {
+  rmsnorm(x, w, eps, out, out_bf16, rstd, d);
 }
-extern "C" __global__ void rmsnorm_bf16(const float* x, const bf16* w, float eps, float* out, bf16* out_bf16, int d) {
-  rmsnorm(x, w, eps, out, out_bf16, d);
+extern "C" __global__ void rmsnorm_bf16(const float* x, const bf16* w, float eps, float* out, bf16* out_bf16, float* rstd, int d) {
+  rmsnorm(x, w, eps, out, out_bf16, rstd, d);
 }
 
-// residual += x; out = rmsnorm(residual). Each thread re-reads only what it wrote, so no barrier is needed
-// between the add and the sum of squares.
+// sum = a + b; out = rmsnorm(sum). `sum` may be `a` (decoding updates the residual in place). Each thread re-reads
+// only what it wrote, so no barrier is needed between the add and the sum of squares.
 template <typename W>
-__device__ void add_rmsnorm(float* __restrict__ residual, const float* __restrict__ x, const W* __restrict__ weight,
-                            float eps, float* __restrict__ out, bf16* __restrict__ out_bf16, int d) {
+__device__ void add_rmsnorm(const float* a, const float* __restrict__ b, float* sum, const W* __restrict__ weight, float eps,
+                            float* __restrict__ out, bf16* __restrict__ out_bf16, float* __restrict__ rstd, int d) {
   __shared__ float scratch[32];
   const long long base = (long long)blockIdx.x * d;
   float sum_sq = 0.0f;
   for (int j = threadIdx.x; j < d; j += blockDim.x) {
-    const float r = residual[base + j] + x[base + j];
-    residual[base + j] = r;
+    const float r = a[base + j] + b[base + j];
+    sum[base + j] = r;
     sum_sq += r * r;
   }
   const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / d + eps);
-  for (int j = threadIdx.x; j < d; j += blockDim.x) store(out, out_bf16, base + j, residual[base + j] * inv_rms * to_f32(weight[j]));
+  if (rstd && threadIdx.x == 0) rstd[blockIdx.x] = inv_rms;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) store(out, out_bf16, base + j, sum[base + j] * inv_rms * to_f32(weight[j]));
 }
-extern "C" __global__ void add_rmsnorm_f32(float* r, const float* x, const float* w, float eps, float* out, bf16* out_bf16, int d) {
-  add_rmsnorm(r, x, w, eps, out, out_bf16, d);
+extern "C" __global__ void add_rmsnorm_f32(const float* a, const float* b, float* sum, const float* w, float eps, float* out,
+                                           bf16* out_bf16, float* rstd, int d) {
+  add_rmsnorm(a, b, sum, w, eps, out, out_bf16, rstd, d);
 }
-extern "C" __global__ void add_rmsnorm_bf16(float* r, const float* x, const bf16* w, float eps, float* out, bf16* out_bf16, int d) {
-  add_rmsnorm(r, x, w, eps, out, out_bf16, d);
+extern "C" __global__ void add_rmsnorm_bf16(const float* a, const float* b, float* sum, const bf16* w, float eps, float* out,
+                                            bf16* out_bf16, float* rstd, int d) {
+  add_rmsnorm(a, b, sum, w, eps, out, out_bf16, rstd, d);
+}
+
+// Backward: dx += s · (g − x̂ · mean(g · x̂)) with g = dout · w, x̂ = x · s, s the saved rstd. One block per group.
+// (The weight's own gradient exists only for full-parameter training, which runs on the CPU.)
+template <typename W>
+__device__ void rmsnorm_backward(const float* __restrict__ x, const W* __restrict__ weight, const float* __restrict__ rstd,
+                                 const float* __restrict__ dout, float* __restrict__ dx, int d) {
+  __shared__ float scratch[32];
+  const long long base = (long long)blockIdx.x * d;
+  const float s = rstd[blockIdx.x];
+  float dot = 0.0f;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) dot += dout[base + j] * to_f32(weight[j]) * x[base + j] * s;
+  const float mean_dot = block_sum(dot, scratch) / d;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    dx[base + j] += s * (dout[base + j] * to_f32(weight[j]) - x[base + j] * s * mean_dot);
+  }
+}
+extern "C" __global__ void rmsnorm_backward_f32(const float* x, const float* w, const float* rstd, const float* dout, float* dx, int d) {
+  rmsnorm_backward(x, w, rstd, dout, dx, d);
+}
+extern "C" __global__ void rmsnorm_backward_bf16(const float* x, const bf16* w, const float* rstd, const float* dout, float* dx, int d) {
+  rmsnorm_backward(x, w, rstd, dout, dx, d);
 }

@@ -1,15 +1,23 @@
 /**
  * The CPU backend: every Backend op over Float32Array, single-threaded (docs/engine.md has the worker-thread
- * measurement behind that choice). "bf16" tensors are rounded to bf16 values and kept in f32 storage, so the CPU
- * reproduces the numbers of a GPU that stores bf16 weights.
+ * measurement behind that choice), the bodies in kernels.ts, matmul.ts (+ the WASM SIMD matmul), attention.ts and
+ * logprobs.ts. "bf16" tensors are rounded to bf16 values and kept in f32 storage, so the CPU reproduces the numbers
+ * of a GPU that stores bf16 weights. Every training op exists here, full-parameter gradients included: this is the
+ * reference the CUDA backend is checked against.
  */
 import { ArtError } from "../../core/errors.ts";
 import {
-  type Backend, type DType, type KvCache, type KvCacheSpec, type LoraWeights, type RowPlacement,
-  type SampleResult, type SamplingParams, type Tensor, checkKvSlotCopy, checkTokenIds, shapeSize,
+  type AdamWScalars, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, type LoraWeights, type PackedSegment,
+  type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkTokenIds, shapeSize,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
-import { ATTENTION_BLOCK, attendBlock, logSoftmaxRow, matmulNT, ropeRows, rmsNormRows, transposeRows } from "./kernels.ts";
+import { ATTENTION_BLOCK, attendBlock, packedAttention, packedAttentionBackward } from "./attention.ts";
+import {
+  adamwUpdate, embeddingRowsBackward, linearRowsBackward, logSoftmaxRow, loraRows, loraRowsBackward, ropeRows, rmsNormRows,
+  rmsNormRowsBackward, sumOfSquares, swigluRows, swigluRowsBackward,
+} from "./kernels.ts";
+import { chunkedLogprobs, chunkedLogprobsBackward } from "./logprobs.ts";
+import { matmulNT, transposeRows } from "./matmul.ts";
 import { sampleRows } from "./sample.ts";
 import { WasmMatmul } from "./wasm-matmul.ts";
 
@@ -101,12 +109,16 @@ function expectMultiple(name: string, tensor: Tensor, rowWidth: number): void {
 
 export class CpuBackend implements Backend {
   readonly name = "cpu" as const;
+  readonly fullParameterTraining = true;
+  readonly logitChunks: ChunkSizes = { rowChunk: 16, vocabChunk: 4096 };
   /** The WASM SIMD matmul `linear` runs on; null where the runtime has no WebAssembly SIMD. */
   readonly #kernel = WasmMatmul.create();
   // Attention scratch, grown as needed and reused across calls.
   #scores = new Float32Array(0);
   #valuesT = new Float32Array(0);
   #rowSums = new Float64Array(0);
+
+  // ---- memory -----------------------------------------------------------------------------------------------------
 
   upload(data: Float32Array, shape: readonly number[], dtype: DType = "f32"): Tensor {
     if (data.length !== shapeSize(shape)) {
@@ -123,13 +135,33 @@ export class CpuBackend implements Backend {
     return new CpuTensor([...shape], "f32", new Float32Array(shapeSize(shape)));
   }
 
+  copy(x: Tensor): Tensor {
+    return new CpuTensor(x.shape, "f32", Float32Array.from(cpu(x).data));
+  }
+
   download(tensor: Tensor): Float32Array {
     return cpu(tensor).data.slice();
+  }
+
+  write(tensor: Tensor, values: Float32Array): void {
+    const t = cpu(tensor);
+    expectSize("written tensor", t, values.length);
+    t.data.set(values);
+  }
+
+  zero(tensor: Tensor): void {
+    cpu(tensor).data.fill(0);
   }
 
   free(tensor: Tensor): void {
     cpu(tensor).data = new Float32Array(0);
   }
+
+  owns(tensor: Tensor): boolean {
+    return tensor instanceof CpuTensor;
+  }
+
+  // ---- forward ops ------------------------------------------------------------------------------------------------
 
   embedding(table: Tensor, ids: Int32Array, out: Tensor): void {
     const t = cpu(table), o = cpu(out);
@@ -139,19 +171,20 @@ export class CpuBackend implements Backend {
     ids.forEach((id, i) => o.data.set(t.data.subarray(id * d, (id + 1) * d), i * d));
   }
 
-  rmsNorm(x: Tensor, weight: Tensor, eps: number, out: Tensor): void {
+  rmsNorm(x: Tensor, weight: Tensor, eps: number, out: Tensor, rstd: Tensor | null = null): void {
     const xs = cpu(x), w = cpu(weight), o = cpu(out);
     expectSize("rmsNorm out", o, xs.size);
     expectMultiple("rmsNorm input", xs, w.size);
-    rmsNormRows(xs.data, w.data, eps, o.data);
+    if (rstd) expectSize("rmsNorm rstd", rstd, xs.size / w.size);
+    rmsNormRows(xs.data, w.data, eps, o.data, rstd ? cpu(rstd).data : null);
   }
 
-  addRmsNorm(residual: Tensor, x: Tensor, weight: Tensor, eps: number, out: Tensor): void {
-    this.addInPlace(residual, x);
-    this.rmsNorm(residual, weight, eps, out);
+  addRmsNorm(a: Tensor, b: Tensor, sum: Tensor, weight: Tensor, eps: number, out: Tensor, rstd: Tensor | null = null): void {
+    this.add(a, b, sum);
+    this.rmsNorm(sum, weight, eps, out, rstd);
   }
 
-  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor, lora?: LoraWeights | null): void {
+  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor, lora?: LoraWeights | null, loraDown?: Tensor): void {
     const xs = cpu(x), w = cpu(weight), o = cpu(out);
     const [outFeatures, inFeatures] = w.shape;
     expectMultiple("linear input", xs, inFeatures);
@@ -168,9 +201,9 @@ export class CpuBackend implements Backend {
       const rank = a.shape[0];
       expectSize("LoRA A", a, rank * inFeatures);
       expectSize("LoRA B", b, outFeatures * rank);
-      const down = new Float32Array(n * rank);
-      matmulNT(xs.data, a.data, n, inFeatures, rank, down);
-      matmulNT(down, b.data, n, rank, outFeatures, o.data, { alpha: lora.scale, accumulate: true });
+      if (loraDown) expectSize("LoRA x·Aᵀ", loraDown, n * rank);
+      const down = loraDown ? cpu(loraDown).data : new Float32Array(n * rank);
+      loraRows(xs.data, a.data, b.data, lora.scale, n, inFeatures, outFeatures, rank, o.data, down);
     }
   }
 
@@ -194,10 +227,33 @@ export class CpuBackend implements Backend {
   }
 
   rope(x: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
-    const xs = cpu(x);
-    expectSize("rope inverse frequencies", invFreq, headDim / 2);
-    ropeRows(xs.data, xs.size / positions.length, positions, cpu(invFreq).data, headDim);
+    this.#rotate(x, positions, invFreq, headDim, 1);
   }
+
+  swiglu(gate: Tensor, up: Tensor, out: Tensor): void {
+    expectSize("swiglu up", up, gate.size);
+    expectSize("swiglu out", out, gate.size);
+    swigluRows(cpu(gate).data, cpu(up).data, cpu(out).data);
+  }
+
+  add(a: Tensor, b: Tensor, out: Tensor): void {
+    const x = cpu(a).data, y = cpu(b).data, o = cpu(out).data;
+    expectSize("add input", b, x.length);
+    expectSize("add out", out, x.length);
+    for (let i = 0; i < o.length; i++) o[i] = x[i] + y[i];
+  }
+
+  gatherRows(x: Tensor, rowIndex: Int32Array, out: Tensor): void {
+    const xs = cpu(x), o = cpu(out);
+    const width = xs.cols;
+    expectSize("gatherRows out", o, rowIndex.length * width);
+    checkRowIndex(rowIndex, xs.rows);
+    for (let i = 0; i < rowIndex.length; i++) {
+      o.data.set(xs.data.subarray(rowIndex[i] * width, (rowIndex[i] + 1) * width), i * width);
+    }
+  }
+
+  // ---- inference: KV cache, attention over it, sampling -------------------------------------------------------
 
   createKvCache(spec: KvCacheSpec): KvCache {
     return new CpuKvCache({ ...spec });
@@ -271,28 +327,6 @@ export class CpuBackend implements Backend {
     for (const layer of [...kv.keys, ...kv.values]) layer.copyWithin(to * slotLength, from * slotLength, from * slotLength + runLength);
   }
 
-  swiglu(gate: Tensor, up: Tensor, out: Tensor): void {
-    const g = cpu(gate).data, u = cpu(up).data, o = cpu(out).data;
-    expectSize("swiglu up", up, g.length);
-    expectSize("swiglu out", out, g.length);
-    for (let i = 0; i < g.length; i++) o[i] = (g[i] / (1 + Math.exp(-g[i]))) * u[i];
-  }
-
-  addInPlace(residual: Tensor, x: Tensor): void {
-    const r = cpu(residual).data, xs = cpu(x).data;
-    expectSize("residual add input", x, r.length);
-    for (let i = 0; i < r.length; i++) r[i] += xs[i];
-  }
-
-  gatherRows(x: Tensor, rowIndex: Int32Array, out: Tensor): void {
-    const xs = cpu(x), o = cpu(out);
-    const width = xs.cols;
-    expectSize("gatherRows out", o, rowIndex.length * width);
-    for (let i = 0; i < rowIndex.length; i++) {
-      o.data.set(xs.data.subarray(rowIndex[i] * width, (rowIndex[i] + 1) * width), i * width);
-    }
-  }
-
   logSoftmax(logits: Tensor, out: Tensor): void {
     const l = cpu(logits), o = cpu(out);
     const width = l.cols;
@@ -303,5 +337,110 @@ export class CpuBackend implements Backend {
   sample(logits: Tensor, params: SamplingParams): SampleResult {
     const l = cpu(logits);
     return sampleRows(l.data, l.cols, params);
+  }
+
+  // ---- training: packed attention, backward ops, target logprobs, optimiser -------------------------------------
+
+  /** Saves the softmax probabilities: per segment [heads, length, keys], segments one after another. */
+  packedAttention(q: Tensor, k: Tensor, v: Tensor, segments: readonly PackedSegment[], headDim: number, out: Tensor): Tensor {
+    const { heads, kvHeads } = attentionHeads(q, k, headDim);
+    expectSize("attention v", v, k.size);
+    expectSize("attention out", out, q.size);
+    const probs = packedAttention(cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim, cpu(out).data);
+    return new CpuTensor([probs.length], "f32", probs);
+  }
+
+  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
+    dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor): void {
+    const { heads, kvHeads } = attentionHeads(q, k, headDim);
+    packedAttentionBackward(cpu(q).data, cpu(k).data, cpu(v).data, cpu(saved).data, segments, heads, kvHeads, headDim,
+      cpu(dOut).data, cpu(dq).data, cpu(dk).data, cpu(dv).data);
+  }
+
+  embeddingBackward(ids: Int32Array, dOut: Tensor, dTable: Tensor): void {
+    const t = cpu(dTable);
+    checkTokenIds(ids, t.rows);
+    embeddingRowsBackward(ids, cpu(dOut).data, t.cols, t.data);
+  }
+
+  rmsNormBackward(x: Tensor, weight: Tensor, rstd: Tensor, dOut: Tensor, dx: Tensor, dWeight: Tensor | null): void {
+    rmsNormRowsBackward(cpu(x).data, cpu(weight).data, cpu(rstd).data, cpu(dOut).data, cpu(dx).data, optional(dWeight));
+  }
+
+  linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null): void {
+    const w = cpu(weight);
+    const [outFeatures, inFeatures] = w.shape;
+    linearRowsBackward(cpu(x).data, w.data, cpu(dOut).data, x.size / inFeatures, inFeatures, outFeatures, optional(dx), optional(dWeight), optional(dBias));
+  }
+
+  loraBackward(x: Tensor, lora: LoraWeights, loraDown: Tensor, dOut: Tensor, dx: Tensor | null, dA: Tensor, dB: Tensor): void {
+    const [rank, inFeatures] = lora.a.shape, outFeatures = lora.b.shape[0];
+    loraRowsBackward(cpu(x).data, cpu(lora.a).data, cpu(lora.b).data, lora.scale, cpu(loraDown).data, cpu(dOut).data,
+      x.size / inFeatures, inFeatures, outFeatures, rank, optional(dx), cpu(dA).data, cpu(dB).data);
+  }
+
+  ropeBackward(dx: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
+    this.#rotate(dx, positions, invFreq, headDim, -1);
+  }
+
+  swigluBackward(gate: Tensor, up: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void {
+    swigluRowsBackward(cpu(gate).data, cpu(up).data, cpu(dOut).data, cpu(dGate).data, cpu(dUp).data);
+  }
+
+  gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void {
+    const d = cpu(dx), g = cpu(dOut).data;
+    const width = d.cols;
+    checkRowIndex(rowIndex, d.rows);
+    rowIndex.forEach((row, i) => {
+      for (let j = 0; j < width; j++) d.data[row * width + j] += g[i * width + j];
+    });
+  }
+
+  targetLogprobs(hidden: Tensor, head: Tensor, targets: Int32Array, chunks: ChunkSizes): TokenLogprobs {
+    const h = cpu(head);
+    return chunkedLogprobs(cpu(hidden).data, h.data, targets, h.cols, h.rows, chunks);
+  }
+
+  targetLogprobsBackward(hidden: Tensor, head: Tensor, targets: Int32Array, logsumexp: Float32Array, dLogprobs: Float32Array,
+    dHidden: Tensor, dHead: Tensor | null, chunks: ChunkSizes): void {
+    const h = cpu(head);
+    chunkedLogprobsBackward(cpu(dHidden).data, optional(dHead), dLogprobs, cpu(hidden).data, h.data, targets, logsumexp, h.cols, h.rows, chunks);
+  }
+
+  sumOfSquares(tensors: readonly Tensor[]): number {
+    return sumOfSquares(tensors.map((t) => cpu(t).data));
+  }
+
+  adamw(value: Tensor, grad: Tensor, m: Tensor, v: Tensor, scalars: AdamWScalars): void {
+    adamwUpdate(cpu(value).data, cpu(grad).data, cpu(m).data, cpu(v).data, scalars);
+  }
+
+  // ---- helpers ----------------------------------------------------------------------------------------------------
+
+  #rotate(x: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number, sign: 1 | -1): void {
+    const xs = cpu(x);
+    expectSize("rope inverse frequencies", invFreq, headDim / 2);
+    expectMultiple("rope input", xs, positions.length * headDim);
+    ropeRows(xs.data, xs.size / positions.length, positions, cpu(invFreq).data, headDim, sign);
+  }
+}
+
+function optional(tensor: Tensor | null): Float32Array | null {
+  return tensor === null ? null : cpu(tensor).data;
+}
+
+/** Query and KV heads of q:[n, heads·hd], k:[n, kvHeads·hd] (rows from the shape). */
+function attentionHeads(q: Tensor, k: Tensor, headDim: number): { heads: number; kvHeads: number } {
+  const rows = q.shape[0];
+  const heads = q.size / (rows * headDim), kvHeads = k.size / (rows * headDim);
+  if (!(Number.isInteger(heads) && Number.isInteger(kvHeads) && heads % kvHeads === 0)) {
+    throw new ArtError("wrong_shape", `cpu backend: attention q [${q.shape}] and k [${k.shape}] are not whole heads of ${headDim} in groups`);
+  }
+  return { heads, kvHeads };
+}
+
+function checkRowIndex(rowIndex: Int32Array, rows: number): void {
+  for (const row of rowIndex) {
+    if (!(row >= 0 && row < rows)) throw new ArtError("bad_row_index", `row index ${row} outside 0..${rows - 1}`);
   }
 }

@@ -1,8 +1,9 @@
-"""Independent PyTorch autograd reference for lib/grpo/ops.ts and lib/grpo/logprobs.ts.
+"""Independent PyTorch autograd reference for the training ops of the CPU backend (lib/model/cpu: kernels.ts,
+attention.ts, logprobs.ts), which the CUDA backend's are checked against in turn.
 
-Writes test/grpo/fixtures/ops.json: for each op, its inputs, an upstream gradient, the forward output and the
+Writes test/fixtures/training/ops.json: for each op, its inputs, an upstream gradient, the forward output and the
 autograd gradients of sum(output * upstream) with respect to every input. Run with Debian's torch 1.13:
-    /usr/bin/python3 scripts/reference/grpo_ops.py
+    /usr/bin/python3 scripts/reference/training_ops.py
 """
 import json
 import math
@@ -91,7 +92,7 @@ entropy = -(logp_all.exp() * logp_all).sum(-1)
 fixtures["logprobs"] = case({"hidden": hidden, "head": head}, logp,
                             {"targets": targets, "entropies": flat(entropy), "dim": dim, "vocab": vocab})
 
-out = os.path.join(os.path.dirname(__file__), "..", "..", "test", "grpo", "fixtures", "ops.json")
+out = os.path.join(os.path.dirname(__file__), "..", "..", "test", "fixtures", "training", "ops.json")
 with open(out, "w") as f:
     json.dump(fixtures, f)
 print("wrote", os.path.normpath(out))

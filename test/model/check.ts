@@ -1,5 +1,6 @@
 /** Shared checks for the gradient tests: central finite differences and norm-wise relative error. */
 import { readFileSync } from "node:fs";
+import type { Backend, Tensor } from "../../lib/model/backend.ts";
 export { seededRandom } from "../../lib/core/random.ts";
 
 /** ‖a − b‖ / max(‖b‖, tiny): one number per tensor, robust to single entries near zero. */
@@ -35,6 +36,20 @@ export function finiteDifferences(param: Float32Array, loss: () => number, eps =
   return grad;
 }
 
+/**
+ * finiteDifferences of a backend tensor's values: each perturbed copy is written to the tensor before the loss runs
+ * (the tensor ends with its original values).
+ */
+export function tensorFiniteDifferences(backend: Backend, tensor: Tensor, loss: () => number, eps?: number): Float64Array {
+  const values = backend.download(tensor);
+  const grad = finiteDifferences(values, () => {
+    backend.write(tensor, values);
+    return loss();
+  }, eps);
+  backend.write(tensor, values);
+  return grad;
+}
+
 /** Σ out · upstream in float64: the scalar whose gradient a backward with dout = upstream computes. */
 export function dotLoss(out: ArrayLike<number>, upstream: ArrayLike<number>): number {
   let sum = 0;
@@ -42,8 +57,9 @@ export function dotLoss(out: ArrayLike<number>, upstream: ArrayLike<number>): nu
   return sum;
 }
 
+/** A JSON fixture under test/fixtures/ (`training/ops.json`, `grpo/losses.json`). */
 export function loadFixture<T>(name: string): T {
-  return JSON.parse(readFileSync(new URL(`./fixtures/${name}`, import.meta.url), "utf8")) as T;
+  return JSON.parse(readFileSync(new URL(`../fixtures/${name}`, import.meta.url), "utf8")) as T;
 }
 
 export function randomArray(size: number, random: () => number, scale = 1): Float32Array {

@@ -8,11 +8,10 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { ArtError } from "../core/errors.ts";
-import type { ModelConfig } from "../model/config.ts";
-import { openSafetensors, writeSafetensors, type TensorToWrite } from "../model/safetensors.ts";
-import type { LayerLoras, Transformer } from "../model/transformer.ts";
-import { loraScale, PROJECTIONS, type LoraConfig, type Projection } from "./config.ts";
-import { engineProjectionName, projectionPath, projectionShape, type TrainingModel } from "./model.ts";
+import type { ModelConfig } from "./config.ts";
+import { type LayerLoras, type LoraConfig, loraScale, PROJECTIONS, type Projection, projectionPath, projectionShape } from "./lora.ts";
+import { openSafetensors, writeSafetensors, type TensorToWrite } from "./safetensors.ts";
+import type { Transformer } from "./transformer.ts";
 
 export const ADAPTER_CONFIG_FILE = "adapter_config.json";
 export const ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors";
@@ -24,24 +23,23 @@ export interface Adapter {
   tensors: { layer: number; projection: Projection; a: Float32Array; b: Float32Array }[];
 }
 
-/** Writes the model's LoRA as a PEFT adapter directory (F32 tensors, so a reload is bit-identical). */
-export function saveAdapter(dir: string, model: TrainingModel, baseModel = ""): void {
-  if (model.lora === null) throw new ArtError("no_adapter", "saveAdapter: this model trains every weight (no LoRA); save a full checkpoint instead");
+/**
+ * Writes a PEFT adapter directory: `lora`'s settings, and A/B tensors named as PEFT names them (F32, so a reload is
+ * bit-identical). DifferentiableTransformer.saveAdapter writes its adapter through this.
+ */
+export function writeAdapter(dir: string, lora: LoraConfig, tensors: readonly { name: string; shape: number[]; data: Float32Array }[], baseModel = ""): void {
   fs.mkdirSync(dir, { recursive: true });
   const config = {
     peft_type: "LORA", task_type: "CAUSAL_LM", base_model_name_or_path: baseModel,
-    r: model.lora.rank, lora_alpha: model.lora.alpha, use_rslora: model.lora.useRslora,
-    target_modules: [...model.lora.targetModules], lora_dropout: 0, bias: "none", fan_in_fan_out: false,
+    r: lora.rank, lora_alpha: lora.alpha, use_rslora: lora.useRslora,
+    target_modules: [...lora.targetModules], lora_dropout: 0, bias: "none", fan_in_fan_out: false,
     inference_mode: true, init_lora_weights: true, modules_to_save: null, use_dora: false,
     rank_pattern: {}, alpha_pattern: {}, layers_to_transform: null,
   };
   fs.writeFileSync(path.join(dir, ADAPTER_CONFIG_FILE), JSON.stringify(config, null, 2) + "\n");
-  const tensors: Record<string, TensorToWrite> = {};
-  for (const p of model.loras) {
-    tensors[p.a.name] = { dtype: "F32", shape: p.a.shape, data: model.ops.download(p.a.tensor) };
-    tensors[p.b.name] = { dtype: "F32", shape: p.b.shape, data: model.ops.download(p.b.tensor) };
-  }
-  writeSafetensors(path.join(dir, ADAPTER_WEIGHTS_FILE), tensors, { format: "pt" });
+  const written: Record<string, TensorToWrite> = {};
+  for (const { name, shape, data } of tensors) written[name] = { dtype: "F32", shape, data };
+  writeSafetensors(path.join(dir, ADAPTER_WEIGHTS_FILE), written, { format: "pt" });
 }
 
 /** Reads and checks a PEFT LoRA adapter directory against the model it is meant for. */
@@ -128,7 +126,7 @@ export function loadAdapter(dir: string, model: Pick<Transformer, "config" | "ba
   const layers: LayerLoras[] = Array.from({ length: config.numLayers }, () => ({}));
   for (const t of adapter.tensors) {
     const { inFeatures, outFeatures } = projectionShape(config, t.projection);
-    layers[t.layer][engineProjectionName(t.projection)] = {
+    layers[t.layer][t.projection] = {
       a: backend.upload(t.a, [adapter.lora.rank, inFeatures]),
       b: backend.upload(t.b, [outFeatures, adapter.lora.rank]),
       scale: adapter.scale,

@@ -7,19 +7,8 @@
  * max m, s = Σ e^(z−m) and u = Σ e^(z−m)·z, so that logsumexp = m + ln s and entropy = logsumexp − u/s.
  * The backward recomputes each block (cheaper than storing it) and needs only the saved logsumexp.
  */
-import { matmulNT } from "../model/cpu/kernels.ts";
-import { matmulNNAccumulate, matmulTNAccumulate } from "./ops.ts";
-
-export interface ChunkSizes { rowChunk: number; vocabChunk: number }
-export const DEFAULT_CHUNKS: ChunkSizes = { rowChunk: 16, vocabChunk: 4096 };
-
-export interface TokenLogprobs {
-  /** log p(target) per row; NaN where the row has no target (target < 0). */
-  logprobs: Float32Array;
-  entropies: Float32Array;
-  /** per-row log-sum-exp of the logits, kept for the backward */
-  logsumexp: Float32Array;
-}
+import type { ChunkSizes, TokenLogprobs } from "../backend.ts";
+import { matmulNNAccumulate, matmulNT, matmulTNAccumulate } from "./matmul.ts";
 
 /** logits block [rc × vc] = hidden[r0..r0+rc] · head[v0..v0+vc]ᵀ */
 function logitBlock(
@@ -30,7 +19,7 @@ function logitBlock(
 
 export function chunkedLogprobs(
   hidden: Float32Array, head: Float32Array, targets: ArrayLike<number>, dim: number, vocab: number,
-  chunks: ChunkSizes = DEFAULT_CHUNKS,
+  chunks: ChunkSizes,
 ): TokenLogprobs {
   const rows = targets.length;
   const logprobs = new Float32Array(rows);
@@ -85,7 +74,7 @@ export function chunkedLogprobs(
 export function chunkedLogprobsBackward(
   dHidden: Float32Array, dHead: Float32Array | null, dLogprobs: Float32Array,
   hidden: Float32Array, head: Float32Array, targets: ArrayLike<number>, logsumexp: Float32Array,
-  dim: number, vocab: number, chunks: ChunkSizes = DEFAULT_CHUNKS,
+  dim: number, vocab: number, chunks: ChunkSizes,
 ): void {
   const active: number[] = [];
   for (let r = 0; r < targets.length; r++) if (dLogprobs[r] !== 0 && targets[r] >= 0) active.push(r);

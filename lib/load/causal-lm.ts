@@ -1,68 +1,30 @@
 /**
- * From a checkpoint directory or Hugging Face id to a runnable model: config.json, weights on a backend, and the
- * low-level CausalLM API (logits, generate, the step API for continuous batching).
+ * From a checkpoint directory or Hugging Face id to a model on a device: the device choice (CUDA when it works,
+ * else the CPU, saying why), config.json, weights on that backend, the tokenizer, and the low-level CausalLM API
+ * (logits, generate, streaming, decode passes for continuous batching). This sits above the engine (lib/model) and
+ * the CUDA backend (lib/cuda), which know nothing of each other's choice.
  */
-import * as fs from "node:fs";
-import * as path from "node:path";
 import { ArtError } from "../core/errors.ts";
 import type { Message, Tool } from "../core/trajectory.ts";
-import { createCudaBackend, cudaAvailability } from "../cuda/mod.ts";
-import type { Backend, DType, KvCache } from "./backend.ts";
-import { type ModelConfig, parseConfig } from "./config.ts";
-import { CpuBackend } from "./cpu/backend.ts";
+import { createCudaBackend, cudaAvailability } from "../cuda/availability.ts";
+import type { Backend, DType, KvCache } from "../model/backend.ts";
+import type { ModelConfig } from "../model/config.ts";
+import { CpuBackend } from "../model/cpu/backend.ts";
 import {
-  type GenerateRequest, type GenerateResult, type GeneratedToken, type SampledToken, type StepSequence, generate, step,
-} from "./generate.ts";
-import { resolveModelDir } from "./resolve.ts";
-import { openSafetensors } from "./safetensors.ts";
-import { type Tokenizer, loadTokenizer } from "./tokenizer.ts";
-import { type LayerLoras, Transformer, loadWeights } from "./transformer.ts";
-import { loadAdapter } from "../grpo/peft.ts";
-
-export function readConfig(dir: string): ModelConfig {
-  const file = path.join(dir, "config.json");
-  if (!fs.existsSync(file)) throw new ArtError("not_found", `${file}: missing (a Hugging Face checkpoint directory has a config.json)`);
-  let json: unknown;
-  try {
-    json = JSON.parse(fs.readFileSync(file, "utf8"));
-  } catch (error) {
-    throw new ArtError("bad_config", `${file}: not valid JSON (${(error as Error).message})`);
-  }
-  return parseConfig(json, file);
-}
-
-/** Config + weights of the checkpoint in `dir` on `backend` (weights stored as `dtype`). */
-export function loadTransformer(dir: string, backend: Backend, dtype: DType = "f32"): Transformer {
-  const config = readConfig(dir);
-  const store = openSafetensors(dir);
-  try {
-    return new Transformer(backend, config, loadWeights(backend, config, store, dtype));
-  } finally {
-    store.close();
-  }
-}
-
-/** Logits of every position of one sequence, [ids.length × vocab] row-major (a full forward in a fresh cache). */
-export function sequenceLogits(model: Transformer, ids: readonly number[], loras?: LayerLoras[]): Float32Array {
-  if (ids.length === 0) throw new ArtError("empty_input", "logits: ids is empty; give at least one token id");
-  const cache = model.createKvCache(1, ids.length);
-  try {
-    const positions = Int32Array.from(ids, (_, i) => i);
-    const logits = model.forward(Int32Array.from(ids), { slots: new Int32Array(ids.length), positions }, cache, null, loras);
-    const host = model.backend.download(logits);
-    model.backend.free(logits);
-    return host;
-  } finally {
-    cache.free();
-  }
-}
+  type DecodeSequence, type GenerateRequest, type GenerateResult, type GeneratedToken, type SampledToken, decode, generate,
+} from "../model/generate.ts";
+import type { LayerLoras } from "../model/lora.ts";
+import { loadAdapter } from "../model/peft.ts";
+import { resolveModelDir } from "../model/resolve.ts";
+import { type Tokenizer, loadTokenizer } from "../model/tokenizer.ts";
+import { type Transformer, loadTransformer, sequenceLogits } from "../model/transformer.ts";
 
 export type Device = "cpu" | "cuda" | "auto";
 
 export interface LoadOptions {
   /** "auto" picks CUDA when it is available, else the CPU (saying why). Default "auto". */
   device?: Device;
-  /** How weights are stored on the backend. Default "bf16" on CUDA (half the bytes per decode step), "f32" on the CPU. */
+  /** How weights are stored on the backend. Default "bf16" on CUDA (half the bytes per decode pass), "f32" on the CPU. */
   dtype?: DType;
   /** A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), applied unmerged to every call. */
   adapter?: string;
@@ -78,7 +40,7 @@ export interface CausalLM {
   config: ModelConfig;
   tokenizer: Tokenizer;
   backend: Backend;
-  /** The transformer itself (weights, forward, KV caches) for the step API and training. */
+  /** The transformer itself (weights, forward, KV caches), for decode passes and training. */
   model: Transformer;
   /** The LoRA of the `adapter` option (the default of every call below), or null. */
   adapter: LayerLoras[] | null;
@@ -88,9 +50,9 @@ export interface CausalLM {
   generate(requests: CausalLMRequest[], options?: { loras?: LayerLoras[] }): Promise<GenerateResult[]>;
   /** One request's tokens as they are generated. */
   stream(request: CausalLMRequest): AsyncIterable<GeneratedToken>;
-  /** Continuous batching: a KV cache of `numSlots` sequences, then `step` over mixed prefill/decode rows. */
+  /** Continuous batching: a KV cache of `numSlots` sequences, then `decode` passes over mixed prefill/decode rows. */
   createKvCache(numSlots: number, maxPositions: number): KvCache;
-  step(cache: KvCache, sequences: StepSequence[], loras?: LayerLoras[]): (SampledToken | null)[];
+  decode(cache: KvCache, sequences: DecodeSequence[], loras?: LayerLoras[]): (SampledToken | null)[];
   /** Releases backend memory (weights). */
   free(): void;
 }
@@ -147,7 +109,7 @@ export async function loadCausalLM(pathOrId: string, options: LoadOptions = {}):
     generate: (requests, generateOptions) => run(requests, generateOptions?.loras),
     stream: (request) => streamTokens((onToken, signal) => run([{ ...request, onToken, signal }])),
     createKvCache: (numSlots, maxPositions) => model.createKvCache(numSlots, maxPositions),
-    step: (cache, sequences, loras) => step(model, cache, sequences, loras ?? adapter),
+    decode: (cache, sequences, loras) => decode(model, cache, sequences, loras ?? adapter),
     free: () => model.free(),
   };
 }

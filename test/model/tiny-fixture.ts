@@ -1,10 +1,9 @@
-/** Tiny checkpoints from the PyTorch reference fixtures, loaded through the engine's real path (safetensors → loadWeights). */
+/** Tiny checkpoints from the PyTorch reference fixtures, loaded through the engine's real path (safetensors → Transformer). */
 import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { parseConfig, type ModelConfig } from "../../lib/model/config.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { openSafetensors, writeSafetensors } from "../../lib/model/safetensors.ts";
-import { loadWeights, type ModelWeights } from "../../lib/model/transformer.ts";
+import { writeSafetensors } from "../../lib/model/safetensors.ts";
+import { loadTransformer, type Transformer } from "../../lib/model/transformer.ts";
 import { loadFixture } from "./check.ts";
 
 export interface ModelFixture {
@@ -32,17 +31,12 @@ export function writeCheckpoint(fixture: ModelFixture, dir: string): void {
   writeSafetensors(join(dir, "model.safetensors"), tensors);
 }
 
-export function loadTinyModel(arch: (typeof ARCHITECTURES)[number]): { fixture: ModelFixture; config: ModelConfig; weights: ModelWeights; dir: string } {
-  const fixture = loadFixture<ModelFixture>(`model-${arch}.json`);
+/** The fixture's checkpoint, written to a temporary directory and loaded (f32) on a CPU backend. */
+export function loadTinyModel(arch: (typeof ARCHITECTURES)[number]): { fixture: ModelFixture; transformer: Transformer; dir: string } {
+  const fixture = loadFixture<ModelFixture>(`training/model-${arch}.json`);
   const dir = tmpDir(`${arch}-`);
   writeCheckpoint(fixture, dir);
-  const config = parseConfig(fixture.config, join(dir, "config.json"));
-  const store = openSafetensors(dir);
-  try {
-    return { fixture, config, weights: loadWeights(new CpuBackend(), config, store), dir };
-  } finally {
-    store.close();
-  }
+  return { fixture, transformer: loadTransformer(dir, new CpuBackend()), dir };
 }
 
 export function fixtureBatch(fixture: ModelFixture) {

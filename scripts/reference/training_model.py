@@ -1,8 +1,8 @@
-"""Independent PyTorch reference for lib/grpo/model.ts: a plain qwen2 / qwen3 / llama forward written from the
+"""Independent PyTorch reference for the training pass (lib/model/training.ts): a plain qwen2 / qwen3 / llama forward written from the
 architecture's definition, autograd gradients of sum(upstream * target logprobs) for every LoRA A/B (LoRA mode) and
 for every weight (full-parameter mode). Two sequences share the batch (attention stays within each).
 
-Writes test/grpo/fixtures/model-{qwen2,qwen3,llama}.json. Run: /usr/bin/python3 scripts/reference/grpo_model.py
+Writes test/fixtures/training/model-{qwen2,qwen3,llama}.json. Run: /usr/bin/python3 scripts/reference/training_model.py
 """
 import json
 import math
@@ -185,7 +185,7 @@ for index, (name, c) in enumerate(CONFIGS.items()):
                "lora": {k: {"shape": list(v.shape), "data": flat(v)} for k, v in lora.items()},
                "logprobsLora": flat(logp_lora), "logprobsBase": flat(logp_base),
                "loraGrads": lora_grads, "fullGrads": full_grads}
-    out = os.path.join(os.path.dirname(__file__), "..", "..", "test", "grpo", "fixtures", f"model-{name}.json")
+    out = os.path.join(os.path.dirname(__file__), "..", "..", "test", "fixtures", "training", f"model-{name}.json")
     with open(out, "w") as f:
         json.dump(fixture, f)
     print("wrote", os.path.normpath(out))

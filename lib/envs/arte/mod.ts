@@ -1,0 +1,6 @@
+/** Public names of ART·E: the synthetic inbox, its SQLite FTS5 search, the agent's tools and the rollout. */
+export { generateInbox, type Email, type InboxOptions, type InboxQuestion, type SyntheticInbox } from "./inbox.ts";
+export { EmailDatabase, MAX_SEARCH_RESULTS, type SearchHit, type SearchQuery } from "./database.ts";
+export { ARTE_TOOLS, InboxTools, type FinalAnswer } from "./tools.ts";
+export { loadEnronQuestions, type LoadQuestionsOptions } from "./questions.ts";
+export { answerMatches, arteSystemPrompt, rolloutArte, type ArteRolloutOptions } from "./rollout.ts";

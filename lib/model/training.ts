@@ -1,0 +1,434 @@
+/**
+ * The transformer's training pass: the forward of transformer.ts keeping every named activation, and the matching
+ * hand-written backward, per layer (llm.c style), for qwen2 / qwen3 / llama, on the ops of the transformer's own
+ * backend. The forward is the very layer forward decoding runs (Transformer.layerForward); training attends within
+ * packed sequences instead of over a KV cache.
+ *
+ * The base weights are the engine's own tensors, not a copy: rollouts and training share one set of weights in
+ * memory. LoRA adapters live here (A, B and their gradients, f32 tensors on the same backend) and are handed to the
+ * engine as those very tensors, so a sampler sees every optimiser update at once.
+ *
+ * Two modes: LoRA (base frozen, gradients only for A/B of the chosen projections) and full-parameter (every weight
+ * has a gradient; for SFT of small models, on backends that have those gradients). With `recomputeActivations` only
+ * each layer's input is kept and the layer is recomputed during the backward, so activation memory is one layer's
+ * worth plus N×D per layer.
+ */
+import { ArtError } from "../core/errors.ts";
+import { seededRandom } from "../core/random.ts";
+import { type Backend, type ChunkSizes, type PackedSegment, type Tensor, checkTokenIds } from "./backend.ts";
+import type { ModelConfig } from "./config.ts";
+import { type LayerLoras, type LoraConfig, loraScale, PROJECTIONS, type Projection, projectionPath } from "./lora.ts";
+import { type Adapter, writeAdapter } from "./peft.ts";
+import type { Attend, LayerActivations, Transformer } from "./transformer.ts";
+
+/**
+ * A parameter: its PEFT / Hugging Face name (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight), its
+ * shape, its value and its gradient (null when frozen), tensors of the backend it trains on. Read and write them
+ * with backend.download / backend.write, on any backend.
+ */
+export class Param {
+  readonly name: string;
+  readonly shape: number[];
+  readonly tensor: Tensor;
+  readonly gradTensor: Tensor | null;
+  constructor(name: string, shape: readonly number[], tensor: Tensor, gradTensor: Tensor | null) {
+    this.name = name;
+    this.shape = [...shape];
+    this.tensor = tensor;
+    this.gradTensor = gradTensor;
+  }
+}
+
+/** A trained parameter as tensors of the backend it trains on. */
+export interface ParameterTensors {
+  name: string;
+  value: Tensor;
+  grad: Tensor;
+  shape: number[];
+}
+
+interface LinearParams { weight: Param; bias: Param | null }
+
+interface LayerParams {
+  inputNorm: Param; postAttentionNorm: Param; qNorm: Param | null; kNorm: Param | null;
+  linears: Record<Projection, LinearParams>;
+}
+
+export interface LoraParams {
+  projection: Projection; layer: number; rank: number; scale: number;
+  a: Param; b: Param;
+}
+
+/**
+ * Rows of several sequences, concatenated. targets[row] is the token whose logprob row predicts (−1: none).
+ * A segment with a `prefix` continues another segment (a prompt stored once for several completions): its rows
+ * attend to all of the prefix's rows, then causally to their own; their positions continue after the prefix.
+ */
+export interface SequenceBatch {
+  tokens: Int32Array;
+  positions: Int32Array;
+  segments: PackedSegment[];
+  targets: Int32Array;
+}
+
+/** A layer of a forward pass: its input, and its activations unless they are recomputed in the backward. */
+interface SavedLayer {
+  input: Tensor;
+  acts: LayerActivations | null;
+}
+
+/**
+ * A forward pass. Its tensors live on the backend until `backward` (which consumes the pass) or `release(pass)`.
+ */
+export interface ForwardPass {
+  batch: SequenceBatch;
+  useAdapter: boolean;
+  /** per layer; empty when activations were not kept */
+  layers: SavedLayer[];
+  finalResidual: Tensor;
+  finalRstd: Tensor;
+  /** rows that have a target, in order; logprobs/entropies are indexed like this list */
+  scoredRows: Int32Array;
+  scoredHidden: Tensor;
+  logprobs: Float32Array;
+  entropies: Float32Array;
+  logsumexp: Float32Array;
+}
+
+export interface DifferentiableTransformerOptions {
+  /** null: full-parameter training (every weight gets a gradient) */
+  lora: LoraConfig | null;
+  recomputeActivations?: boolean;
+  /** seed of the LoRA A initialisation (B starts at zero, so a new adapter leaves the model unchanged) */
+  seed?: number;
+  /** start from this adapter (its rank, alpha and target modules replace `lora`) */
+  adapter?: Adapter;
+  /** the logits block of the logprob passes (default: the backend's own, backend.logitChunks) */
+  chunks?: ChunkSizes;
+}
+
+/** A Transformer with the parameters being trained (LoRA adapters, or every weight) and their gradients. */
+export class DifferentiableTransformer {
+  readonly transformer: Transformer;
+  readonly backend: Backend;
+  readonly config: ModelConfig;
+  readonly lora: LoraConfig | null;
+  readonly loras: LoraParams[] = [];
+  recomputeActivations: boolean;
+  chunks: ChunkSizes;
+  private readonly embedding: Param;
+  private readonly lmHead: Param;
+  private readonly finalNorm: Param;
+  private readonly layers: LayerParams[];
+  private readonly loraByLayer: Partial<Record<Projection, LoraParams>>[];
+
+  constructor(transformer: Transformer, options: DifferentiableTransformerOptions) {
+    this.transformer = transformer;
+    const backend = this.backend = transformer.backend;
+    const config = this.config = transformer.config;
+    const weights = transformer.weights;
+    this.lora = options.adapter?.lora ?? options.lora;
+    this.recomputeActivations = options.recomputeActivations ?? false;
+    this.chunks = options.chunks ?? backend.logitChunks;
+    const full = this.lora === null;
+    if (full && !backend.fullParameterTraining) {
+      throw new ArtError("cuda_unsupported", `full-parameter training runs on the CPU only; train a LoRA adapter on ${backend.name}, or load the model with device "cpu"`);
+    }
+    const param = (name: string, tensor: Tensor): Param => {
+      if (full && tensor.dtype !== "f32") {
+        throw new ArtError("full_parameter_needs_f32", `full-parameter training updates every weight in place, but ${name} is stored ${tensor.dtype}; load the model with f32 weights or train a LoRA adapter`);
+      }
+      return new Param(name, tensor.shape, tensor, full ? backend.zeros(tensor.shape) : null);
+    };
+    this.embedding = param("model.embed_tokens.weight", weights.embedding);
+    this.finalNorm = param("model.norm.weight", weights.finalNorm);
+    // Tied: the LM head IS the embedding parameter, so both uses add into one gradient.
+    this.lmHead = config.tieWordEmbeddings ? this.embedding : param("lm_head.weight", weights.lmHead);
+    this.layers = weights.layers.map((w, l) => {
+      const p = `model.layers.${l}.`;
+      const linears = {} as Record<Projection, LinearParams>;
+      for (const proj of PROJECTIONS) {
+        const path = projectionPath(l, proj);
+        const { weight, bias } = w.projections[proj];
+        linears[proj] = { weight: param(`${path}.weight`, weight), bias: bias === null ? null : param(`${path}.bias`, bias) };
+      }
+      return {
+        inputNorm: param(`${p}input_layernorm.weight`, w.inputNorm),
+        postAttentionNorm: param(`${p}post_attention_layernorm.weight`, w.postAttentionNorm),
+        qNorm: w.qNorm ? param(`${p}self_attn.q_norm.weight`, w.qNorm) : null,
+        kNorm: w.kNorm ? param(`${p}self_attn.k_norm.weight`, w.kNorm) : null,
+        linears,
+      };
+    });
+    this.loraByLayer = this.layers.map(() => ({}));
+    if (this.lora !== null) this.initLora(this.lora, options.seed ?? 0);
+    if (options.adapter) {
+      for (const t of options.adapter.tensors) {
+        const params = this.loraByLayer[t.layer][t.projection]!;
+        backend.write(params.a.tensor, t.a);
+        backend.write(params.b.tensor, t.b);
+      }
+    }
+  }
+
+  /**
+   * PEFT's default initialisation: A ~ kaiming-uniform(a=√5) = U(−1/√in, 1/√in), B = 0. Names follow PEFT's
+   * adapter_model.safetensors keys.
+   */
+  private initLora(lora: LoraConfig, seed: number): void {
+    const backend = this.backend;
+    const random = seededRandom(seed);
+    const scale = loraScale(lora);
+    for (let l = 0; l < this.layers.length; l++) {
+      for (const proj of lora.targetModules) {
+        const [outFeatures, inFeatures] = this.layers[l].linears[proj].weight.shape;
+        const bound = 1 / Math.sqrt(inFeatures);
+        const a = new Float32Array(lora.rank * inFeatures);
+        for (let i = 0; i < a.length; i++) a[i] = (random() * 2 - 1) * bound;
+        const prefix = `base_model.model.${projectionPath(l, proj)}`;
+        const aShape = [lora.rank, inFeatures], bShape = [outFeatures, lora.rank];
+        const params: LoraParams = {
+          projection: proj, layer: l, rank: lora.rank, scale,
+          a: new Param(`${prefix}.lora_A.weight`, aShape, backend.upload(a, aShape), backend.zeros(aShape)),
+          b: new Param(`${prefix}.lora_B.weight`, bShape, backend.zeros(bShape), backend.zeros(bShape)),
+        };
+        this.loras.push(params);
+        this.loraByLayer[l][proj] = params;
+      }
+    }
+  }
+
+  /** The parameters the optimiser updates, as tensors: LoRA A/B (PEFT names), or every weight (HF names) in full mode. */
+  parameterTensors(): ParameterTensors[] {
+    return this.trainedParams().map((p) => ({ name: p.name, value: p.tensor, grad: p.gradTensor!, shape: p.shape }));
+  }
+
+  private trainedParams(): Param[] {
+    return this.lora !== null ? this.loras.flatMap((p) => [p.a, p.b]) : this.allBaseParams();
+  }
+
+  private allBaseParams(): Param[] {
+    const params = [this.embedding];
+    for (const layer of this.layers) {
+      params.push(layer.inputNorm);
+      if (layer.qNorm) params.push(layer.qNorm);
+      if (layer.kNorm) params.push(layer.kNorm);
+      for (const proj of PROJECTIONS) {
+        params.push(layer.linears[proj].weight);
+        const bias = layer.linears[proj].bias;
+        if (bias) params.push(bias);
+      }
+      params.push(layer.postAttentionNorm);
+    }
+    params.push(this.finalNorm);
+    if (this.lmHead !== this.embedding) params.push(this.lmHead);
+    return params;
+  }
+
+  zeroGradients(): void {
+    for (const p of this.trainedParams()) this.backend.zero(p.gradTensor!);
+  }
+
+  /** The adapter as the engine's per-layer LoRA: the very tensors AdamW updates, so inference sees every update. */
+  engineLoras(): LayerLoras[] {
+    return this.loraByLayer.map((_, l) => this.engineLorasOf(l));
+  }
+
+  /** Writes the adapter as a PEFT adapter directory (F32 tensors, so a reload is bit-identical). */
+  saveAdapter(dir: string, baseModel = ""): void {
+    if (this.lora === null) throw new ArtError("no_adapter", "saveAdapter: this model trains every weight (no LoRA); save a full checkpoint instead");
+    const tensors = this.loras.flatMap((p) => [p.a, p.b]).map((param) => ({ name: param.name, shape: param.shape, data: this.backend.download(param.tensor) }));
+    writeAdapter(dir, this.lora, tensors, baseModel);
+  }
+
+  // ---------------------------------------------------------------- forward
+
+  forward(batch: SequenceBatch, options: { useAdapter?: boolean; keepActivations?: boolean } = {}): ForwardPass {
+    const useAdapter = options.useAdapter ?? true;
+    const keep = options.keepActivations ?? true;
+    const b = this.backend, c = this.config;
+    const n = batch.tokens.length;
+    const d = c.hiddenSize;
+    checkTokenIds(batch.tokens, c.vocabSize);
+    let x = b.zeros([n, d]);
+    b.embedding(this.embedding.tensor, batch.tokens, x);
+    const layers: SavedLayer[] = [];
+    for (let l = 0; l < c.numLayers; l++) {
+      const { acts, output } = this.layerForward(l, x, batch, useAdapter);
+      if (!keep) {
+        this.freeActivations(acts);
+        b.free(x);
+      } else if (this.recomputeActivations) {
+        this.freeActivations(acts);
+        layers.push({ input: x, acts: null });
+      } else {
+        layers.push({ input: x, acts });
+      }
+      x = output;
+    }
+    const finalRstd = b.zeros([n]);
+    const finalHidden = b.zeros([n, d]);
+    b.rmsNorm(x, this.finalNorm.tensor, c.rmsNormEps, finalHidden, finalRstd);
+    const scored: number[] = [];
+    for (let r = 0; r < n; r++) if (batch.targets[r] >= 0) scored.push(r);
+    const scoredRows = Int32Array.from(scored);
+    const scoredHidden = b.zeros([scored.length, d]);
+    b.gatherRows(finalHidden, scoredRows, scoredHidden);
+    b.free(finalHidden);
+    const scoredTargets = Int32Array.from(scoredRows, (row) => batch.targets[row]);
+    const { logprobs, entropies, logsumexp } = b.targetLogprobs(scoredHidden, this.lmHead.tensor, scoredTargets, this.chunks);
+    const pass: ForwardPass = {
+      batch, useAdapter, layers, finalResidual: x, finalRstd, scoredRows, scoredHidden, logprobs, entropies, logsumexp,
+    };
+    if (!keep) this.release(pass);
+    return pass;
+  }
+
+  /** Frees what a forward pass holds on the backend (backward does this itself). */
+  release(pass: ForwardPass): void {
+    for (const saved of pass.layers) {
+      if (saved.acts) this.freeActivations(saved.acts);
+      this.backend.free(saved.input);
+    }
+    pass.layers = [];
+    for (const tensor of [pass.finalResidual, pass.finalRstd, pass.scoredHidden]) this.backend.free(tensor);
+  }
+
+  /** Frees what a layer's forward kept for its backward (attnOut and mlpOut went when the forward ended). */
+  private freeActivations(acts: LayerActivations): void {
+    const { attnOut: _attnOut, mlpOut: _mlpOut, loraDown, ...kept } = acts;
+    const tensors = new Set<Tensor>(Object.values(loraDown));
+    for (const tensor of Object.values(kept)) if (tensor) tensors.add(tensor);
+    for (const tensor of tensors) this.backend.free(tensor);
+  }
+
+  /** One layer through Transformer.layerForward with buffers of its own; returns them and the layer's output. */
+  private layerForward(l: number, input: Tensor, batch: SequenceBatch, useAdapter: boolean): { acts: LayerActivations; output: Tensor } {
+    const b = this.backend, c = this.config, w = this.layers[l];
+    const n = batch.tokens.length;
+    const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
+    const z = (width: number) => b.zeros([n, width]);
+    const loras = useAdapter ? this.engineLorasOf(l) : undefined;
+    const loraDown: LayerActivations["loraDown"] = {};
+    for (const [projection, lora] of Object.entries(loras ?? {})) loraDown[projection as Projection] = z(lora.a.shape[0]);
+    // Without the q/k norm, RoPE rotates the projections in place: nothing before it is needed by the backward.
+    const qkNorm = w.qNorm !== null && w.kNorm !== null;
+    const qRaw = z(h * hd), kRaw = z(kv * hd);
+    const acts: LayerActivations = {
+      attnInput: z(d), rstd1: b.zeros([n]), qRaw, kRaw, qRstd: qkNorm ? b.zeros([n * h]) : null, kRstd: qkNorm ? b.zeros([n * kv]) : null,
+      q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: z(kv * hd), attn: z(h * hd), attnSaved: null, attnOut: z(d),
+      mid: z(d), mlpInput: z(d), rstd2: b.zeros([n]), gate: z(inter), up: z(inter), hidden: z(inter), mlpOut: z(d), loraDown,
+    };
+    const output = z(d);
+    const attend: Attend = (_layer, q, k, v, out) => b.packedAttention(q, k, v, batch.segments, hd, out);
+    this.transformer.layerForward(l, input, output, acts, batch.positions, attend, loras);
+    b.free(acts.attnOut);
+    b.free(acts.mlpOut);
+    return { acts, output };
+  }
+
+  private engineLorasOf(l: number): LayerLoras {
+    const out: LayerLoras = {};
+    for (const p of Object.values(this.loraByLayer[l])) out[p.projection] = { a: p.a.tensor, b: p.b.tensor, scale: p.scale };
+    return out;
+  }
+
+  // ---------------------------------------------------------------- backward
+
+  /**
+   * Accumulates parameter gradients for d(loss)/d(logprobs[i]) = dLogprobs[i] (indexed like pass.scoredRows), and
+   * frees the pass. Call zeroGradients() before the first micro-batch of a step.
+   */
+  backward(pass: ForwardPass, dLogprobs: Float32Array): void {
+    if (!pass.useAdapter && this.lora !== null) throw new ArtError("bad_backward", "backward needs a forward pass with the adapter enabled");
+    const b = this.backend, c = this.config;
+    const n = pass.batch.tokens.length;
+    const d = c.hiddenSize;
+    if (pass.layers.length !== c.numLayers) throw new ArtError("bad_backward", "backward needs a forward pass that kept its activations (each pass serves one backward)");
+    const scoredTargets = Int32Array.from(pass.scoredRows, (row) => pass.batch.targets[row]);
+    const dScored = b.zeros([pass.scoredRows.length, d]);
+    b.targetLogprobsBackward(pass.scoredHidden, this.lmHead.tensor, scoredTargets, pass.logsumexp, dLogprobs, dScored, this.lmHead.gradTensor,
+      this.chunks);
+    const dFinal = b.zeros([n, d]);
+    b.gatherRowsBackward(pass.scoredRows, dScored, dFinal);
+    b.free(dScored);
+    let dx = b.zeros([n, d]);
+    b.rmsNormBackward(pass.finalResidual, this.finalNorm.tensor, pass.finalRstd, dFinal, dx, this.finalNorm.gradTensor);
+    b.free(dFinal);
+    for (let l = c.numLayers - 1; l >= 0; l--) {
+      const saved = pass.layers[l];
+      let acts = saved.acts;
+      if (!acts) {
+        const recomputed = this.layerForward(l, saved.input, pass.batch, true);
+        b.free(recomputed.output);
+        acts = recomputed.acts;
+      }
+      const dInput = this.layerBackward(l, saved.input, acts, dx, pass.batch);
+      // Done with this layer: only its input stays (the previous layer's output), freed with the pass.
+      this.freeActivations(acts);
+      saved.acts = null;
+      b.free(dx);
+      dx = dInput;
+    }
+    if (this.embedding.gradTensor) b.embeddingBackward(pass.batch.tokens, dx, this.embedding.gradTensor);
+    b.free(dx);
+    this.release(pass);
+  }
+
+  /** Takes d(loss)/d(layer output) and returns d(loss)/d(layer input), accumulating parameter gradients. */
+  private layerBackward(l: number, input: Tensor, acts: LayerActivations, dOut: Tensor, batch: SequenceBatch): Tensor {
+    const b = this.backend, c = this.config, w = this.layers[l], invFreq = this.transformer.invFreq;
+    const n = batch.tokens.length;
+    const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
+    const linearBack = (proj: Projection, x: Tensor, dy: Tensor, dx: Tensor) => {
+      const lin = w.linears[proj];
+      b.linearBackward(x, lin.weight.tensor, dy, dx, lin.weight.gradTensor, lin.bias?.gradTensor ?? null);
+      const lora = this.loraByLayer[l][proj];
+      const down = acts.loraDown[proj];
+      if (lora && down) {
+        b.loraBackward(x, { a: lora.a.tensor, b: lora.b.tensor, scale: lora.scale }, down, dy, dx, lora.a.gradTensor!, lora.b.gradTensor!);
+      }
+    };
+    // MLP: out = mid + down(swiglu(gate(m), up(m))), m = norm2(mid)
+    const dHidden = b.zeros([n, inter]);
+    linearBack("down_proj", acts.hidden, dOut, dHidden);
+    const dGate = b.zeros([n, inter]);
+    const dUp = b.zeros([n, inter]);
+    b.swigluBackward(acts.gate, acts.up, dHidden, dGate, dUp);
+    const dMlpInput = b.zeros([n, d]);
+    linearBack("gate_proj", acts.mlpInput, dGate, dMlpInput);
+    linearBack("up_proj", acts.mlpInput, dUp, dMlpInput);
+    const dMid = b.copy(dOut); // residual branch
+    b.rmsNormBackward(acts.mid, w.postAttentionNorm.tensor, acts.rstd2!, dMlpInput, dMid, w.postAttentionNorm.gradTensor);
+    for (const t of [dHidden, dGate, dUp, dMlpInput]) b.free(t);
+    // attention: mid = input + o(attn(rope(norm?(q(a))), rope(norm?(k(a))), v(a))), a = norm1(input)
+    const dAttn = b.zeros([n, h * hd]);
+    linearBack("o_proj", acts.attn, dMid, dAttn);
+    const dq = b.zeros([n, h * hd]);
+    const dk = b.zeros([n, kv * hd]);
+    const dv = b.zeros([n, kv * hd]);
+    b.packedAttentionBackward(acts.q, acts.k, acts.v, acts.attnSaved!, batch.segments, hd, dAttn, dq, dk, dv);
+    b.free(dAttn);
+    b.ropeBackward(dq, batch.positions, invFreq, hd);
+    b.ropeBackward(dk, batch.positions, invFreq, hd);
+    let dqRaw = dq, dkRaw = dk;
+    if (w.qNorm && w.kNorm && acts.qRstd && acts.kRstd) {
+      dqRaw = b.zeros([n, h * hd]);
+      dkRaw = b.zeros([n, kv * hd]);
+      b.rmsNormBackward(acts.qRaw, w.qNorm.tensor, acts.qRstd, dq, dqRaw, w.qNorm.gradTensor);
+      b.rmsNormBackward(acts.kRaw, w.kNorm.tensor, acts.kRstd, dk, dkRaw, w.kNorm.gradTensor);
+      b.free(dq);
+      b.free(dk);
+    }
+    const dAttnInput = b.zeros([n, d]);
+    linearBack("q_proj", acts.attnInput, dqRaw, dAttnInput);
+    linearBack("k_proj", acts.attnInput, dkRaw, dAttnInput);
+    linearBack("v_proj", acts.attnInput, dv, dAttnInput);
+    for (const t of [dqRaw, dkRaw, dv]) b.free(t);
+    const dInput = b.copy(dMid); // residual branch
+    b.rmsNormBackward(input, w.inputNorm.tensor, acts.rstd1!, dAttnInput, dInput, w.inputNorm.gradTensor);
+    b.free(dMid);
+    b.free(dAttnInput);
+    return dInput;
+  }
+}
