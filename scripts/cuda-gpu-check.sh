@@ -6,6 +6,9 @@
 #                  training pass vs the CPU trainer (and TrainableModel on CUDA), and (when the transformers
 #                  reference could be written) logits vs transformers; kernels from the prebuilt fatbin
 #   fallback.txt   the parity suite with kernels compiled at run time by NVRTC (ART_CUDA_KERNELS=nvrtc)
+#   sanitizer.txt  the parity suites under compute-sanitizer's memcheck, racecheck and synccheck: out-of-bounds and
+#                  misaligned accesses, shared-memory races and barrier misuse (the CPU emulator cannot see the races
+#                  within a stretch between two barriers)
 #   hf-fixtures.tar.gz  test/fixtures/hf as scripts/reference/hf_fixtures.py wrote it (transformers + PEFT)
 #   bench.tar      bench/: roofline.json (bench/peers/gpu_roofline.py), hf.json (bench/peers/hf_generate.py),
 #                  decode.json (bench/cuda-decode.ts, the peer's numbers beside ours when hf.json is valid),
@@ -21,7 +24,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT/bench"
-all_steps="env build hf_reference tests nvrtc_fallback hf_fixtures roofline hf_peer bench hf_train_peer train_bench"
+: >> "$OUT/log.txt"
+all_steps="env build hf_reference tests nvrtc_fallback sanitizer hf_fixtures roofline hf_peer bench hf_train_peer train_bench"
 selected=" ${ART_GPU_CHECK_STEPS:-$all_steps} "
 deadline=$((SECONDS + ${ART_GPU_CHECK_SECONDS:-570}))
 declare -A status
@@ -87,6 +91,12 @@ reference=""
 [[ ${status[hf_reference]:-} == ok* ]] && reference="ART_HF_REFERENCE=/tmp/art-hf-reference"
 step tests 200 tests.txt bash -c "ART_TEST_GPU=1 $reference node node_modules/vitest/vitest.mjs run test/cuda test/trainable/cuda.test.ts --reporter=verbose 2>&1"
 step nvrtc_fallback 120 fallback.txt bash -c 'ART_TEST_GPU=1 ART_CUDA_KERNELS=nvrtc node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts test/cuda/training-parity.test.ts --reporter=verbose 2>&1'
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
+if [ -n "$sanitizer" ]; then
+  step sanitizer 240 sanitizer.txt bash -c "for tool in memcheck racecheck synccheck; do echo \"== \$tool\"; ART_TEST_GPU=1 '$sanitizer' --tool \$tool --target-processes all --error-exitcode 1 node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts test/cuda/training-parity.test.ts 2>&1 || exit 1; done"
+else
+  skip sanitizer "no compute-sanitizer on PATH or in /usr/local/cuda/bin"
+fi
 step hf_fixtures 90 log.txt bash -c "python3 scripts/reference/hf_fixtures.py /tmp/art-hf-fixtures >&2 && tar -czf '$OUT/hf-fixtures.tar.gz' -C /tmp art-hf-fixtures"
 step roofline 60 bench/roofline.json python3 bench/peers/gpu_roofline.py
 step hf_peer 240 bench/hf.json python3 bench/peers/hf_generate.py

@@ -25,12 +25,16 @@ export function findCompiler(): string | null {
   return null;
 }
 
-/** Builds (once per content hash) the emulator library with every kernel module; returns its path. */
-export function buildEmulator(compiler: string): string {
+/**
+ * Builds (once per content hash) the emulator library with every kernel module, and `extraModules` (paths of more
+ * `.cu` files, their extern "C" __global__ kernels launchable by name: the emulator's own tests); returns its path.
+ */
+export function buildEmulator(compiler: string, extraModules: readonly string[] = []): string {
   const sources = kernelSourceDirectory();
   const files = readdirSync(sources).filter((name) => name.endsWith(".cu") || name.endsWith(".cuh")).sort();
   const hash = createHash("sha256");
-  for (const file of [...files.map((f) => join(sources, f)), ...["emulator.h", "gemm-reference.h", "runtime.cpp"].map((f) => join(emulatorDir, f))]) {
+  for (const file of [...files.map((f) => join(sources, f)), ...["emulator.h", "gemm-reference.h", "runtime.cpp"].map((f) => join(emulatorDir, f)),
+    ...extraModules]) {
     hash.update(file).update(readFileSync(file));
   }
   const dir = join(tmpdir(), `art-cuda-emulator-${hash.digest("hex").slice(0, 16)}`);
@@ -40,14 +44,17 @@ export function buildEmulator(compiler: string): string {
   mkdirSync(dir, { recursive: true });
   const build = mkdtempSync(join(dir, "build-"));
   // The two places CUDA C++ differs from host C++ in these sources: the bf16 header and dynamic shared memory.
-  for (const file of files) {
-    const text = readFileSync(join(sources, file), "utf8")
-      .replace("#include <cuda_bf16.h>", '#include "emulator.h"')
-      .replaceAll("extern __shared__ float shared[];", "float* shared = emu_dynamic_shared();");
-    writeFileSync(join(build, file), text);
-  }
-  writeFileSync(join(build, "kernels.inc"), Object.keys(kernelModules).map((m) => `#include "${m}.cu"\n`).join(""));
-  const names = Object.values(kernelModules).flatMap((module) => Object.keys(module));
+  const copy = (from: string, to: string) => writeFileSync(to, readFileSync(from, "utf8")
+    .replace("#include <cuda_bf16.h>", '#include "emulator.h"')
+    .replaceAll("extern __shared__ float shared[];", "float* shared = emu_dynamic_shared();"));
+  for (const file of files) copy(join(sources, file), join(build, file));
+  const extras = extraModules.map((path, i) => {
+    copy(path, join(build, `extra${i}.cu`));
+    return { file: `extra${i}.cu`, kernels: [...readFileSync(path, "utf8").matchAll(/extern "C" __global__ void (\w+)/g)].map((m) => m[1]) };
+  });
+  writeFileSync(join(build, "kernels.inc"), [...Object.keys(kernelModules).map((m) => `${m}.cu`), ...extras.map((e) => e.file)]
+    .map((file) => `#include "${file}"\n`).join(""));
+  const names = [...Object.values(kernelModules).flatMap((module) => Object.keys(module)), ...extras.flatMap((e) => e.kernels)];
   writeFileSync(join(build, "registry.inc"), names.map((n) => `{"${n}", [](void** p) { invoke(${n}, p); }},\n`).join(""));
   execFileSync(compiler, ["-std=c++20", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", "-w", "-I", build, "-I", emulatorDir,
     join(emulatorDir, "runtime.cpp"), "-o", join(build, "libemulator.so")], { stdio: ["ignore", "ignore", "pipe"] });

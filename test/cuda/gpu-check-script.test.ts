@@ -2,7 +2,7 @@
 // cut at the budget, and summary.json is valid JSON naming every step. A fake python3 stands in for a machine whose
 // Python lacks transformers (fails) or hangs; the bench step is the real one, failing fast for want of libcuda.
 import { execFileSync } from "node:child_process";
-import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
@@ -11,7 +11,7 @@ const root = join(dirname(new URL(import.meta.url).pathname), "..", "..");
 const work = mkdtempSync(join(tmpdir(), "art-gpu-check-"));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-const allSteps = ["env", "build", "hf_reference", "tests", "nvrtc_fallback", "hf_fixtures", "roofline", "hf_peer", "bench", "hf_train_peer", "train_bench"];
+const allSteps = ["env", "build", "hf_reference", "tests", "nvrtc_fallback", "sanitizer", "hf_fixtures", "roofline", "hf_peer", "bench", "hf_train_peer", "train_bench"];
 
 function runCheck(name: string, python: string, env: Record<string, string>): { summary: Record<string, { status: string }>; log: string } {
   const bin = join(work, name, "bin"), out = join(work, name, "out");
@@ -35,9 +35,15 @@ describe.skipIf(process.platform !== "linux")("the GPU check script on a machine
     expect(summary.hf_reference.status).toMatch(/^failed \(exit 3\), \d+ s$/);
     expect(summary.hf_peer.status).toMatch(/^failed \(exit 3\)/);
     expect(summary.bench.status).toMatch(/^failed \(exit 1\)/);
-    for (const step of ["env", "build", "tests", "nvrtc_fallback", "hf_fixtures", "roofline", "hf_train_peer", "train_bench"]) expect(summary[step].status).toBe("skipped: not selected");
+    for (const step of ["env", "build", "tests", "nvrtc_fallback", "sanitizer", "hf_fixtures", "roofline", "hf_train_peer", "train_bench"]) expect(summary[step].status).toBe("skipped: not selected");
     expect(log).toContain("No module named transformers");
     expect(log).toContain("libcuda.so.1");
+  });
+
+  const sanitizerPresent = ["/usr/local/cuda/bin/compute-sanitizer", "/usr/bin/compute-sanitizer"].some((path) => existsSync(path));
+  it.skipIf(sanitizerPresent)("skips the sanitizer step where compute-sanitizer is missing, saying so", () => {
+    const { summary } = runCheck("no-sanitizer", "exit 1", { ART_GPU_CHECK_STEPS: "sanitizer" });
+    expect(summary.sanitizer.status).toBe("skipped: no compute-sanitizer on PATH or in /usr/local/cuda/bin");
   });
 
   it("cuts a hanging step at the budget and skips what no longer fits", () => {

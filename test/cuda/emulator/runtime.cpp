@@ -5,6 +5,13 @@
 // Fibers: a minimal x86-64 context switch (callee-saved registers and the stack pointer; the kernels change no
 // floating-point control state). A fiber waiting at a barrier is resumed only once every participant has arrived
 // (the barrier's generation moved on), so warps that take different paths between __syncthreads stay correct.
+//
+// Order: a GPU promises no order between the blocks of a launch, nor between threads from one barrier to the next.
+// So the blocks of each launch run in a random order, and in every round the runnable fibers are resumed in a random
+// order, both drawn from one seeded generator (ART_EMULATOR_SEED, or emu_set_seed): a kernel whose result depends on
+// either order (a race) gives different results from run to run and seed to seed, where a correct one gives the same
+// bits. A fiber still runs from one barrier or warp exchange to the next without being interrupted: races within
+// such a stretch are what compute-sanitizer's racecheck looks for on a GPU (scripts/cuda-gpu-check.sh).
 #include "emulator.h"
 #include "gemm-reference.h"
 #include <cstdio>
@@ -60,6 +67,28 @@ static Barrier block_barrier;
 static std::vector<uint64_t> warp_slots;
 static std::vector<float> dynamic_shared;
 static void* scheduler_sp = nullptr;
+static std::vector<unsigned> resume_order;
+
+// splitmix64: small, and the same sequence on every platform for a seed.
+static uint64_t random_state = 0;
+static bool seeded = false;
+static uint64_t next_random() {
+  uint64_t z = (random_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static void ensure_seeded() {
+  if (seeded) return;
+  const char* env = std::getenv("ART_EMULATOR_SEED");
+  random_state = env ? std::strtoull(env, nullptr, 10) : 1;
+  seeded = true;
+}
+/** Fisher-Yates with the seeded generator. */
+template <typename T>
+static void shuffle(std::vector<T>& items) {
+  for (size_t i = items.size(); i > 1; i--) std::swap(items[i - 1], items[next_random() % i]);
+}
 static unsigned current = 0;
 static void (*current_call)(void**) = nullptr;
 static void** current_params = nullptr;
@@ -114,9 +143,12 @@ static void run_block(unsigned threads) {
     fibers[t].thread = {t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
   }
   unsigned finished = 0;
+  resume_order.resize(threads);
   while (finished < threads) {
     bool progressed = false;
-    for (unsigned t = 0; t < threads; t++) {
+    for (unsigned t = 0; t < threads; t++) resume_order[t] = t;
+    shuffle(resume_order);
+    for (const unsigned t : resume_order) {
       Fiber& fiber = fibers[t];
       if (fiber.done) continue;
       if (fiber.waiting && fiber.waiting->generation == fiber.waiting_generation) continue;
@@ -169,11 +201,21 @@ int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned
   warp_slots.assign(2 * threads, 0);
   current_call = entry->call;
   current_params = params;
-  for (unsigned z = 0; z < gz; z++) for (unsigned y = 0; y < gy; y++) for (unsigned x = 0; x < gx; x++) {
-    blockIdx = {x, y, z};
+  ensure_seeded();
+  std::vector<emu_dim3> blocks;
+  for (unsigned z = 0; z < gz; z++) for (unsigned y = 0; y < gy; y++) for (unsigned x = 0; x < gx; x++) blocks.push_back({x, y, z});
+  shuffle(blocks);
+  for (const emu_dim3& block : blocks) {
+    blockIdx = block;
     run_block(threads);
   }
   return 0;
+}
+
+/** Restarts the order generator from `seed` (what ART_EMULATOR_SEED sets at the first launch). */
+void emu_set_seed(uint64_t seed) {
+  random_state = seed;
+  seeded = true;
 }
 
 // The reference cublasGemmEx (gemm-reference.h), fed the arguments Blas gives cuBLAS.
