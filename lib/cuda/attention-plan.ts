@@ -84,12 +84,40 @@ export function planSplits(tiles: number, kvHeads: number, maxKeys: number, mult
   return { splits: Math.ceil(maxKeys / splitLength), splitLength };
 }
 
-/** The packed attention kernels run one (row, head) pair per warp, this many warps per block. */
+/** The packed attention's backward kernels run one (row, head) pair per warp, this many warps per block. */
 export const packedAttentionWarps = 4;
 
-/** Their lanes hold up to 8 dimensions each (DIMS_PER_LANE in packed_attention.cu). */
+/** Their lanes hold up to 8 dimensions each (DIMS_PER_LANE in packed_attention.cu); the forward's instantiations go to 256. */
 export function checkPackedHeadDim(headDim: number): void {
   if (headDim > 32 * 8) throw new ArtError("cuda_unsupported", `cuda packed attention: head size ${headDim} is over 256`);
+}
+
+/** Query rows of one block of the tensor-core forward (PACKED_QUERY_TILE: 4 warps × 16 rows). */
+export const packedQueryTile = 64;
+
+/**
+ * The forward's instantiation for a head size (head_dim padded with zeros to a multiple of the mma's k of 16) and
+ * its dynamic shared memory: Q of a query tile and K, V of a key tile in bf16, rows of HD + 8.
+ */
+export function packedForwardKernel(headDim: number): { hd: 16 | 32 | 64 | 128 | 256; sharedBytes: number } {
+  checkPackedHeadDim(headDim);
+  const hd = ([16, 32, 64, 128, 256] as const).find((size) => headDim <= size)!;
+  const keyTile = hd === 256 ? 32 : 64;
+  return { hd, sharedBytes: (packedQueryTile + 2 * keyTile) * (hd + 8) * 2 };
+}
+
+/**
+ * The forward's query tiles: each segment's rows, at most `packedQueryTile` at a time, as {first row, rows, segment
+ * start, prefix start, prefix length} (a tile never spans two segments, so its rows share their keys).
+ */
+export function packedQueryTiles(segments: readonly PackedSegment[]): Int32Array {
+  const tiles: number[] = [];
+  for (const { start, length, prefix } of segments) {
+    for (let first = start; first < start + length; first += packedQueryTile) {
+      tiles.push(first, Math.min(packedQueryTile, start + length - first), start, prefix?.start ?? 0, prefix?.length ?? 0);
+    }
+  }
+  return Int32Array.from(tiles);
 }
 
 /** Per row: its segment's first row, its prefix's first row, its prefix's length (see packed_attention_forward). */

@@ -21,7 +21,7 @@ import {
 } from "../model/backend.ts";
 import {
   attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkPackedHeadDim,
-  checkRowsInCache, keyQueryRanges, packedAttentionWarps, packedRowKeys, planSplits, planTiles,
+  checkRowsInCache, keyQueryRanges, packedAttentionWarps, packedForwardKernel, packedQueryTiles, packedRowKeys, planSplits, planTiles,
 } from "./attention-plan.ts";
 import { type DecodeGraphStats, DecodeGraphs, type DeferredUpload } from "./decode-graphs.ts";
 import type { GemmType } from "./blas.ts";
@@ -560,10 +560,12 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     checkPackedHeadDim(headDim);
     o.version++;
     const lse = cuda(this.zeros([rows, heads]));
-    const pairs = rows * heads;
-    this.#withIndices(packedRowKeys(segments, rows), (index) => this.#launch("packed_attention_forward",
-      [Math.ceil(pairs / packedAttentionWarps)], [packedAttentionWarps * 32], [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address],
-        ["ptr", index], ["ptr", o.address], ["ptr", lse.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim], ["i32", pairs]]));
+    const tiles = packedQueryTiles(segments);
+    if (tiles.length === 0) return lse;
+    const { hd, sharedBytes } = packedForwardKernel(headDim);
+    this.#withIndices(tiles, (index) => this.#launch(`packed_attention_forward_hd${hd}`, [tiles.length / 5, heads], [128],
+      [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", index], ["ptr", o.address], ["ptr", lse.address],
+        ["i32", heads], ["i32", kvHeads], ["i32", headDim]], sharedBytes));
     return lse;
   }
 

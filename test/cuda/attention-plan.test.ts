@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { attentionDimsPerLane, attentionKeyWindow, attentionSharedBytes, planSplits, planTiles } from "../../lib/cuda/attention-plan.ts";
-import { keyQueryRanges } from "../../lib/cuda/attention-plan.ts";
+import { keyQueryRanges, packedForwardKernel, packedQueryTiles } from "../../lib/cuda/attention-plan.ts";
 
 describe("attention launch planning", () => {
   it("tiles consecutive prefill rows of one slot, up to 16 query vectors per block", () => {
@@ -42,6 +42,23 @@ describe("attention launch planning", () => {
     expect([1, 64, 65, 128, 129, 1000, 1024, 1025].map((keys) => attentionKeyWindow(keys, 32768))).toEqual([64, 64, 128, 128, 256, 1024, 1024, 2048]);
     expect(attentionKeyWindow(1025, 1500)).toBe(1500);
     expect(attentionKeyWindow(10, 40)).toBe(40);
+  });
+});
+
+describe("training attention forward: query tiles and the kernel per head size", () => {
+  it("tiles each segment's rows 64 at a time, never across segments, each tile carrying its segment's keys", () => {
+    const segments = [{ start: 0, length: 130 }, { start: 130, length: 5, prefix: { start: 0, length: 100 } }, { start: 135, length: 0 }];
+    expect([...packedQueryTiles(segments)]).toEqual([
+      0, 64, 0, 0, 0, 64, 64, 0, 0, 0, 128, 2, 0, 0, 0, // a 130-row segment: 64 + 64 + 2 rows
+      130, 5, 130, 0, 100, // a completion reading 100 prefix rows
+    ]);
+  });
+
+  it("pads head sizes to the next instantiation and sizes shared memory for Q and one key tile of K and V", () => {
+    expect([8, 16, 17, 64, 80, 128, 256].map((size) => packedForwardKernel(size).hd)).toEqual([16, 16, 32, 64, 128, 128, 256]);
+    expect(packedForwardKernel(64).sharedBytes).toBe((64 + 2 * 64) * 72 * 2);
+    expect(packedForwardKernel(256).sharedBytes).toBe((64 + 2 * 32) * 264 * 2); // smaller key tiles keep it under 96 KiB
+    expect(() => packedForwardKernel(320)).toThrowError(/head size 320 is over 256/);
   });
 });
 

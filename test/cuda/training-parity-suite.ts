@@ -10,13 +10,20 @@ import type { CudaBackend, DeviceQueue } from "../../lib/cuda/backend.ts";
 import type { Backend, PackedSegment, Tensor } from "../../lib/model/backend.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { PROJECTIONS } from "../../lib/model/lora.ts";
+import { f32ToBf16 } from "../../lib/model/safetensors.ts";
 import { readAdapter } from "../../lib/model/peft.ts";
 import { DifferentiableTransformer } from "../../lib/model/training.ts";
 import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
+import { adamwStep, createAdamWState } from "../../lib/grpo/adamw.ts";
 import { Trainer } from "../../lib/grpo/train.ts";
 import type { TrainingSequence } from "../../lib/grpo/tokenize.ts";
 import { ARCHITECTURES, loadTinyModel } from "../model/tiny-fixture.ts";
 import { random, relativeError as relativeErrorFrom } from "./compare.ts";
+
+/** Each value rounded to the nearest bf16 (what the tensor cores read). */
+function bf16Values(values: Float32Array): Float32Array {
+  return Float32Array.from(values, (x) => new Float32Array(Uint32Array.of(f32ToBf16(x) << 16).buffer)[0]);
+}
 
 /** Gradients can be legitimately tiny: a floor far below them keeps the measure relative. */
 const relativeError = (reference: Float32Array, actual: Float32Array) => relativeErrorFrom(reference, actual, 1e-12);
@@ -67,21 +74,28 @@ describe.skipIf(skip)(title, () => {
     expect(error(x)).toBeLessThan(2e-3);
   });
 
-  it("attention over packed segments with a shared prefix: output and dq, dk, dv (GQA 4/2)", () => {
-    const headDim = 16, heads = 4, kvHeads = 2;
-    // a plain sequence, a prompt stored once, two completions attending to it
-    const segments: PackedSegment[] = [{ start: 0, length: 5 }, { start: 5, length: 7 },
-      { start: 12, length: 4, prefix: { start: 5, length: 7 } }, { start: 16, length: 3, prefix: { start: 5, length: 7 } }];
-    const rows = 19, qw = heads * headDim, kw = kvHeads * headDim;
-    const q = both(random(rows * qw, 6), [rows, qw]), k = both(random(rows * kw, 7), [rows, kw]), v = both(random(rows * kw, 8), [rows, kw]);
-    const out = zeros([rows, qw]);
-    const saved = [cpu.packedAttention(q[0], k[0], v[0], segments, headDim, out[0]), gpu.packedAttention(q[1], k[1], v[1], segments, headDim, out[1])];
-    expect(error(out)).toBeLessThan(1e-5);
-    const dOut = both(random(rows * qw, 9), [rows, qw]);
-    const dq = zeros([rows, qw]), dk = zeros([rows, kw]), dv = zeros([rows, kw]);
-    run((b, i) => b.packedAttentionBackward(q[i], k[i], v[i], saved[i], segments, headDim, dOut[i], dq[i], dk[i], dv[i]));
-    for (const grad of [dq, dk, dv]) expect(error(grad)).toBeLessThan(1e-5);
-  });
+  // The forward runs on tensor cores in bf16 (q, k, v and the probabilities rounded to bf16, sums in f32); the backward
+  // reads q, k and v rounded as the forward did. With inputs that are bf16 values already, what is left is the
+  // probabilities' rounding in o = P·V (measured ≤ 9.9e-4 relative) and the order of sums in the backward (≤ 9.4e-7);
+  // with f32 inputs, their rounding too (≤ 4.3e-3 in every output). Head sizes: each of the forward's instantiations.
+  for (const [headDim, bf16Inputs] of [[8, true], [16, false], [64, true], [64, false], [128, true], [256, true]] as const) {
+    it(`attention over packed segments with a shared prefix, head size ${headDim}, ${bf16Inputs ? "bf16" : "f32"} inputs: output and dq, dk, dv (GQA 4/2)`, () => {
+      const heads = 4, kvHeads = 2;
+      // a plain sequence, a prompt stored once, two completions attending to it: more than one query and key tile
+      const segments: PackedSegment[] = [{ start: 0, length: 5 }, { start: 5, length: 70 },
+        { start: 75, length: 80, prefix: { start: 5, length: 70 } }, { start: 155, length: 3, prefix: { start: 5, length: 70 } }];
+      const rows = 158, qw = heads * headDim, kw = kvHeads * headDim;
+      const inputs = (n: number, seed: number) => (bf16Inputs ? bf16Values(random(n, seed)) : random(n, seed));
+      const q = both(inputs(rows * qw, 6), [rows, qw]), k = both(inputs(rows * kw, 7), [rows, kw]), v = both(inputs(rows * kw, 8), [rows, kw]);
+      const out = zeros([rows, qw]);
+      const saved = [cpu.packedAttention(q[0], k[0], v[0], segments, headDim, out[0]), gpu.packedAttention(q[1], k[1], v[1], segments, headDim, out[1])];
+      expect(error(out)).toBeLessThan(bf16Inputs ? 3e-3 : 1e-2);
+      const dOut = both(random(rows * qw, 9), [rows, qw]);
+      const dq = zeros([rows, qw]), dk = zeros([rows, kw]), dv = zeros([rows, kw]);
+      run((b, i) => b.packedAttentionBackward(q[i], k[i], v[i], saved[i], segments, headDim, dOut[i], dq[i], dk[i], dv[i]));
+      for (const grad of [dq, dk, dv]) expect(error(grad)).toBeLessThan(bf16Inputs ? 3e-6 : 1e-2);
+    });
+  }
 
   it("swiglu backward, gather of rows and its backward", () => {
     const n = 1000;
@@ -169,24 +183,36 @@ describe.skipIf(skip)(title, () => {
       const sequences = [sequence([1, 5, 9, 2, 7, 3], 3, 1, 0), sequence([1, 5, 9, 4, 4], 3, -1, 1), sequence([6, 2, 8, 11, 3, 19, 0], 2, 0.5, 2)];
       const trainers = models.map((model) => new Trainer(model, { learningRate: 1e-2, microBatchSize: 3 }));
       const [c, g] = trainers.map((trainer) => trainer.computeGradients(sequences));
+      // The device's attention runs in bf16 (q, k, v and the probabilities rounded; measured on these checkpoints:
+      // entropy within 3.7e-3, every LoRA gradient within 2.3e-2 relative, the gradient norm within 7e-4).
       expect(Math.abs(c.loss - g.loss)).toBeLessThan(1e-5 * Math.max(1, Math.abs(c.loss)));
-      expect(Math.abs(c.entropy - g.entropy)).toBeLessThan(1e-4);
-      for (const [name, grad] of c.gradients) expect(relativeError(grad, g.gradients.get(name)!), name).toBeLessThan(1e-4);
+      expect(Math.abs(c.entropy - g.entropy)).toBeLessThan(1e-2);
+      for (const [name, grad] of c.gradients) expect(relativeError(grad, g.gradients.get(name)!), name).toBeLessThan(5e-2);
+      const before = models[1].parameterTensors().map((p) => gpu.download(p.value));
       const [stepC, stepG] = trainers.map((trainer) => trainer.trainStep(sequences));
-      expect(Math.abs(stepC.gradNorm - stepG.gradNorm) / stepC.gradNorm).toBeLessThan(1e-4);
-      const after = models.map((model) => model.parameterTensors().map((p) => model.backend.download(p.value)));
-      after[0].forEach((value, i) => expect(relativeError(value, after[1][i])).toBeLessThan(1e-4));
-      // The sampler reads the trained adapter tensors themselves: engine logits with it agree across backends
-      // (to the CUDA engine's bf16 KV cache), and differ from the base model's by far more than that.
+      expect(Math.abs(stepC.gradNorm - stepG.gradNorm) / stepC.gradNorm).toBeLessThan(3e-3);
+      // The device's AdamW step is what the CPU's AdamW makes of the device's own parameters and gradients. (Between
+      // the backends the first step can differ by the learning rate: it moves each parameter by about that along its
+      // gradient's sign, which bf16 may flip for a gradient near zero.)
+      const { beta1, beta2, adamEps: eps, weightDecay, maxGradNorm, learningRate } = trainers[1].config;
+      const expected = models[1].parameterTensors().map((p, i) => ({ name: p.name, shape: p.shape, value: cpu.upload(Float32Array.from(before[i]), p.shape),
+        grad: cpu.upload(Float32Array.from(g.gradients.get(p.name)!), p.shape) }));
+      adamwStep(cpu, expected, createAdamWState(), { learningRate, beta1, beta2, eps, weightDecay, maxGradNorm });
+      models[1].parameterTensors().forEach((p, i) => expect(relativeError(cpu.download(expected[i].value), gpu.download(p.value)), p.name).toBeLessThan(1e-6));
+      // The sampler reads the trained adapter tensors themselves: the device's engine with them gives the CPU engine's
+      // logits with the same values (to the device's bf16 KV cache), and differs from the base model by far more.
       const ids = [1, 5, 9, 2, 7, 3, 11];
-      const adapted = sequenceLogits(onCpu, ids, models[0].engineLoras());
+      const trainedOnCpu = models[1].engineLoras().map((layer) => Object.fromEntries(Object.entries(layer).map(([name, lora]) =>
+        [name, { a: cpu.upload(gpu.download(lora.a), lora.a.shape), b: cpu.upload(gpu.download(lora.b), lora.b.shape), scale: lora.scale }])));
+      const adapted = sequenceLogits(onCpu, ids, trainedOnCpu);
       expect(relativeError(adapted, sequenceLogits(onGpu, ids, models[1].engineLoras()))).toBeLessThan(1e-2);
       expect(relativeError(adapted, sequenceLogits(onCpu, ids))).toBeGreaterThan(5e-2);
       // A CUDA-trained adapter saves as PEFT and loads back (onto CUDA) with the same values.
       const adapterDir = mkdtempSync(join(tmpdir(), "art-cuda-adapter-"));
+      const trained = models[1].parameterTensors().map((p) => gpu.download(p.value));
       models[1].saveAdapter(adapterDir);
       const reloaded = new DifferentiableTransformer(onGpu, { lora: null, adapter: readAdapter(adapterDir, onGpu.config) });
-      reloaded.parameterTensors().forEach((p, i) => expect(gpu.download(p.value)).toEqual(after[1][i]));
+      reloaded.parameterTensors().forEach((p, i) => expect(gpu.download(p.value)).toEqual(trained[i]));
       rmSync(adapterDir, { recursive: true, force: true });
       onGpu.free();
     });

@@ -44,3 +44,26 @@ __device__ __forceinline__ float block_max(float x, float* scratch) {
   x = lane < warps ? scratch[lane] : -INFINITY;
   return warp_max(x);
 }
+
+// Two floats as one 32-bit register of two bf16 (each rounded to nearest even), the first in the lower half: the
+// layout of an mma operand register.
+__device__ __forceinline__ unsigned pack_bf16x2(float low, float high) {
+  return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(low)) | ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(high)) << 16);
+}
+
+// D = A·B + C on the tensor cores of one warp (sm_80+): mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, A 16×16
+// bf16, B 16×8 bf16, C and D 16×8 f32. Fragments as the PTX ISA lays them out over the warp, with g = lane / 4 and
+// t = lane % 4 (each register two bf16, the lower half first):
+//   a = { A[g][2t..2t+1], A[g+8][2t..2t+1], A[g][2t+8..2t+9], A[g+8][2t+8..2t+9] }
+//   b = { B[2t..2t+1][g], B[2t+8..2t+9][g] }
+//   c, d = { C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1] }
+// Every lane of the warp must call it together. The CPU emulator runs the same layout (test/cuda/emulator).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], const float (&c)[4]) {
+#ifdef ART_EMULATOR
+  emu_mma_bf16_16816(d, a, b, c);
+#else
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#endif
+}

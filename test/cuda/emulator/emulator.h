@@ -4,6 +4,7 @@
 // every participant has arrived. Blocks run one after another, which makes function-scope __shared__ variables
 // (static here) per-block as on a GPU. Slow, and only for tests of the kernels' arithmetic.
 #pragma once
+#define ART_EMULATOR 1
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +29,8 @@ inline float __bfloat162float(__nv_bfloat16 h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   uint32_t u;
@@ -57,6 +60,10 @@ float* emu_dynamic_shared();
 
 // Warp exchange: every lane publishes its value, waits for its warp, then reads its partner's.
 uint64_t emu_warp_exchange(uint64_t value, int source_lane);
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling warp: every lane publishes its fragments, waits
+// for its warp, then computes its four elements of D = A·B + C from the whole warp's fragments (runtime.cpp).
+void emu_mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b, const float* c);
 
 template <typename T>
 T emu_exchange(T value, int source_lane, bool keep) {

@@ -117,6 +117,42 @@ uint64_t emu_warp_exchange(uint64_t value, int source_lane) {
   return warp_slots[(bank * fibers.size()) + warp * 32 + unsigned(source_lane)];
 }
 
+// The fragments of mma.m16n8k16 with bf16 A and B and f32 C/D, as the PTX ISA lays them out over a warp: with
+// g = lane / 4 and t = lane % 4, lane holds A[g][2t..2t+1], A[g+8][2t..2t+1], A[g][2t+8..2t+9], A[g+8][2t+8..2t+9]
+// (four 32-bit registers, two bf16 each, the lower half first), B[2t..2t+1][g] and B[2t+8..2t+9][g] (two registers),
+// and C/D[g][2t..2t+1], C/D[g+8][2t..2t+1] (four floats). Products of bf16 are exact in f32; the sum over k runs in f32
+// in k order (a GPU's tensor cores add in an order of their own, within f32 rounding of this).
+static std::vector<uint32_t> mma_a, mma_b;
+
+void emu_mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b, const float* c) {
+  const unsigned warp = current / 32, lane = current % 32;
+  const size_t base = size_t(warp) * 32;
+  const unsigned bank = warp_barriers[warp].generation & 1;  // two banks, as in emu_warp_exchange
+  const size_t stride = fibers.size();
+  for (int i = 0; i < 4; i++) mma_a[(bank * stride + base + lane) * 4 + i] = a[i];
+  for (int i = 0; i < 2; i++) mma_b[(bank * stride + base + lane) * 2 + i] = b[i];
+  arrive(warp_barriers[warp]);
+  auto bf16 = [](uint32_t bits) { return __bfloat162float(__nv_bfloat16{uint16_t(bits)}); };
+  // A[row][k]: the lane and register holding it, then the half.
+  auto a_at = [&](unsigned row, unsigned k) {
+    const unsigned g = row % 8, t = (k % 8) / 2, reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+    const uint32_t word = mma_a[(bank * stride + base + g * 4 + t) * 4 + reg];
+    return bf16(k % 2 ? word >> 16 : word & 0xffff);
+  };
+  auto b_at = [&](unsigned k, unsigned col) {
+    const unsigned t = (k % 8) / 2, reg = k >= 8 ? 1 : 0;
+    const uint32_t word = mma_b[(bank * stride + base + col * 4 + t) * 2 + reg];
+    return bf16(k % 2 ? word >> 16 : word & 0xffff);
+  };
+  const unsigned g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; i++) {
+    const unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+    float sum = c[i];
+    for (unsigned k = 0; k < 16; k++) sum += a_at(row, k) * b_at(k, col);
+    d[i] = sum;
+  }
+}
+
 static void fiber_main() {
   current_call(current_params);
   fibers[current].done = true;
@@ -199,6 +235,8 @@ int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned
   const unsigned threads = bx * by * bz;
   dynamic_shared.assign(shared_bytes / 4 + 1, 0.0f);
   warp_slots.assign(2 * threads, 0);
+  mma_a.assign(2 * threads * 4, 0);
+  mma_b.assign(2 * threads * 2, 0);
   current_call = entry->call;
   current_params = params;
   ensure_seeded();

@@ -1,23 +1,26 @@
-// The emulator runs the blocks of a launch and the threads between two barriers in seeded random orders
-// (emulator/runtime.cpp), so that a kernel whose result depends on either order gives different results, as it
-// could on a GPU. These probes show both orders change with the seed, and that the race of a missing barrier shows up.
+// The emulator's own semantics, with probe kernels (emulator/probes.cu). It runs the blocks of a launch and the threads
+// between two barriers in seeded random orders (emulator/runtime.cpp), so that a kernel whose result depends on
+// either order gives different results, as it could on a GPU: both orders change with the seed, and the race of a
+// missing barrier shows up. And it runs the tensor cores' mma.m16n8k16 with the fragment layout of the PTX ISA,
+// written out again here from the ISA's tables.
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
 import { openLibrary, type NativeLibrary } from "../../lib/cuda/ffi.ts";
 import { hostMemory } from "../../lib/cuda/host-memory.ts";
 import { type KernelArg, kernelArgBlockBytes, packKernelArgs } from "../../lib/cuda/kernel-args.ts";
 import { cString } from "../../lib/cuda/ffi.ts";
+import { f32ToBf16 } from "../../lib/model/safetensors.ts";
 import { buildEmulator, findCompiler } from "./emulated-device.ts";
 
 const compiler = findCompiler();
 const skipReason = process.arch !== "x64" ? "the emulator's fibers are x86-64 only" : compiler ? "" : "no C++ compiler (g++ or clang++; or set CXX)";
 
-describe.skipIf(skipReason !== "")(`the emulator's block and thread orders${skipReason ? ` (skipped: ${skipReason})` : ""}`, () => {
+describe.skipIf(skipReason !== "")(`the kernel emulator${skipReason ? ` (skipped: ${skipReason})` : ""}`, () => {
   const memory = hostMemory();
   let lib: NativeLibrary;
   let argBlock: bigint;
   beforeAll(() => {
-    lib = openLibrary(buildEmulator(compiler!, [join(import.meta.dirname, "emulator", "order-probes.cu")]), {
+    lib = openLibrary(buildEmulator(compiler!, [join(import.meta.dirname, "emulator", "probes.cu")]), {
       emu_alloc: { result: "pointer", args: ["u64"] },
       emu_launch: { result: "i32", args: ["buffer", "u32", "u32", "u32", "u32", "u32", "u32", "u32", "pointer"] },
       emu_set_seed: { result: "void", args: ["u64"] },
@@ -65,5 +68,35 @@ describe.skipIf(skipReason !== "")(`the emulator's block and thread orders${skip
     const racy = outputs(0);
     expect(racy.some((out) => out.some((x, i) => x !== expected[i]))).toBe(true);
     expect(new Set(racy.map((out) => out.join(","))).size).toBeGreaterThan(1);
+  });
+
+  it("runs mma.sync.m16n8k16 (bf16 in, f32 out) with the PTX ISA's fragment layout", () => {
+    const bf16 = (x: number) => new Float32Array(Uint32Array.of(f32ToBf16(x) << 16).buffer)[0];
+    let seed = 3;
+    const draw = () => bf16(((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648 - 0.5) * 4);
+    const A = Array.from({ length: 16 }, () => Array.from({ length: 16 }, draw));   // [m][k]
+    const B = Array.from({ length: 16 }, () => Array.from({ length: 8 }, draw));    // [k][n]
+    const C = Array.from({ length: 16 }, () => Array.from({ length: 8 }, draw));
+    const pair = (low: number, high: number) => (f32ToBf16(low) | (f32ToBf16(high) << 16)) >>> 0;
+    // The ISA's tables, with g = lane / 4 and t = lane % 4.
+    const a = new Uint32Array(32 * 4), b = new Uint32Array(32 * 2), c = new Float32Array(32 * 4);
+    for (let lane = 0; lane < 32; lane++) {
+      const g = lane >> 2, t = lane & 3;
+      a.set([pair(A[g][2 * t], A[g][2 * t + 1]), pair(A[g + 8][2 * t], A[g + 8][2 * t + 1]),
+        pair(A[g][2 * t + 8], A[g][2 * t + 9]), pair(A[g + 8][2 * t + 8], A[g + 8][2 * t + 9])], 4 * lane);
+      b.set([pair(B[2 * t][g], B[2 * t + 1][g]), pair(B[2 * t + 8][g], B[2 * t + 9][g])], 2 * lane);
+      c.set([C[g][2 * t], C[g][2 * t + 1], C[g + 8][2 * t], C[g + 8][2 * t + 1]], 4 * lane);
+    }
+    const d = device(new Float32Array(32 * 4));
+    launch("probe_mma", 1, 32, [["ptr", device(a)], ["ptr", device(b)], ["ptr", device(c)], ["ptr", d]]);
+    const got = read(d, new Float32Array(32 * 4));
+    for (let lane = 0; lane < 32; lane++) {
+      const g = lane >> 2, t = lane & 3;
+      [[g, 2 * t], [g, 2 * t + 1], [g + 8, 2 * t], [g + 8, 2 * t + 1]].forEach(([row, col], i) => {
+        let sum = C[row][col];
+        for (let k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
+        expect(got[4 * lane + i]).toBeCloseTo(sum, 4);
+      });
+    }
   });
 });

@@ -1,0 +1,30 @@
+// Kernels for the emulator's own tests (test/cuda/emulator.test.ts): the order blocks and threads ran in, a kernel
+// with the race the emulator's random orders are there to expose, and one tensor-core product. Not part of art-ts.
+#include "common.cuh"
+
+// order[block] = its place among the launch's blocks.
+extern "C" __global__ void probe_block_order(unsigned* counter, unsigned* order) {
+  if (threadIdx.x == 0) order[blockIdx.x] = (*counter)++;
+}
+
+// Every thread writes its input to shared memory, then reads its neighbour's. Without the barrier between the two
+// (synced = 0) a thread may read before its neighbour wrote: the race.
+extern "C" __global__ void probe_neighbour(const float* in, float* out, int synced) {
+  __shared__ float values[64];
+  values[threadIdx.x] = in[blockIdx.x * blockDim.x + threadIdx.x];
+  if (synced) __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = values[(threadIdx.x + 1) % blockDim.x];
+  __syncthreads();  // the next block (shared memory is per block on a GPU, reused here) starts from a clean slate
+  values[threadIdx.x] = -1.0f;
+}
+
+// One mma_bf16_16816 by one warp, each lane's fragments as given: a [32][4], b [32][2], c and d [32][4].
+extern "C" __global__ void probe_mma(const unsigned* a, const unsigned* b, const float* c, float* d) {
+  const int lane = threadIdx.x;
+  const unsigned fa[4] = {a[4 * lane], a[4 * lane + 1], a[4 * lane + 2], a[4 * lane + 3]};
+  const unsigned fb[2] = {b[2 * lane], b[2 * lane + 1]};
+  const float fc[4] = {c[4 * lane], c[4 * lane + 1], c[4 * lane + 2], c[4 * lane + 3]};
+  float fd[4];
+  mma_bf16_16816(fd, fa, fb, fc);
+  for (int i = 0; i < 4; i++) d[4 * lane + i] = fd[i];
+}
