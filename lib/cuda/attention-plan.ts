@@ -84,66 +84,66 @@ export function planSplits(tiles: number, kvHeads: number, maxKeys: number, mult
   return { splits: Math.ceil(maxKeys / splitLength), splitLength };
 }
 
-/** The packed attention's backward kernels run one (row, head) pair per warp, this many warps per block. */
-export const packedAttentionWarps = 4;
-
-/** Their lanes hold up to 8 dimensions each (DIMS_PER_LANE in packed_attention.cu); the forward's instantiations go to 256. */
-export function checkPackedHeadDim(headDim: number): void {
-  if (headDim > 32 * 8) throw new ArtError("cuda_unsupported", `cuda packed attention: head size ${headDim} is over 256`);
-}
-
-/** Query rows of one block of the tensor-core forward (PACKED_QUERY_TILE: 4 warps × 16 rows). */
-export const packedQueryTile = 64;
-
 /**
- * The forward's instantiation for a head size (head_dim padded with zeros to a multiple of the mma's k of 16) and
- * its dynamic shared memory: Q of a query tile and K, V of a key tile in bf16, rows of HD + 8.
+ * Head sizes the packed attention's kernels take: up to 128 (Qwen2/2.5, Qwen3 and Llama use 64 or 128). Larger heads
+ * would need the dk/dv pass's accumulators split across blocks.
  */
-export function packedForwardKernel(headDim: number): { hd: 16 | 32 | 64 | 128 | 256; sharedBytes: number } {
+export function checkPackedHeadDim(headDim: number): void {
+  if (headDim > 128) {
+    throw new ArtError("cuda_unsupported", `cuda packed attention: head size ${headDim} is over 128; train this model on the CPU backend`);
+  }
+}
+
+/** Rows of a query tile (the forward and the dq pass) and of a key tile (the dk/dv pass): 4 warps × 16 rows. */
+export const packedTileRows = 64;
+
+/**
+ * The kernels' instantiation for a head size (head_dim padded with zeros to a multiple of the mma's k of 16) and their
+ * dynamic shared memory, in bf16 rows of HD + 8: the forward holds a query tile and a key tile of K and V; the dq pass
+ * a query tile of Q and dO and a key tile of K and V; the dk/dv pass a key tile of K and V and a query chunk of Q and
+ * dO (64 rows, 32 at head size 128) with its rows' log-sum-exp and Δ in f32.
+ */
+export function packedAttentionKernels(headDim: number): { hd: 16 | 32 | 64 | 128; forwardBytes: number; dqBytes: number; dkdvBytes: number } {
   checkPackedHeadDim(headDim);
-  const hd = ([16, 32, 64, 128, 256] as const).find((size) => headDim <= size)!;
-  const keyTile = hd === 256 ? 32 : 64;
-  return { hd, sharedBytes: (packedQueryTile + 2 * keyTile) * (hd + 8) * 2 };
+  const hd = ([16, 32, 64, 128] as const).find((size) => headDim <= size)!;
+  const row = (hd + 8) * 2, tile = packedTileRows, chunk = hd === 128 ? 32 : 64;
+  return { hd, forwardBytes: 3 * tile * row, dqBytes: 4 * tile * row, dkdvBytes: (2 * tile + 2 * chunk) * row + 2 * chunk * 4 };
 }
 
 /**
- * The forward's query tiles: each segment's rows, at most `packedQueryTile` at a time, as {first row, rows, segment
- * start, prefix start, prefix length} (a tile never spans two segments, so its rows share their keys).
+ * The query tiles of the forward and the dq pass: each segment's rows, at most `packedTileRows` at a time, as {first
+ * row, rows, segment start, prefix start, prefix length} (a tile never spans two segments, so its rows share their keys).
  */
 export function packedQueryTiles(segments: readonly PackedSegment[]): Int32Array {
   const tiles: number[] = [];
   for (const { start, length, prefix } of segments) {
-    for (let first = start; first < start + length; first += packedQueryTile) {
-      tiles.push(first, Math.min(packedQueryTile, start + length - first), start, prefix?.start ?? 0, prefix?.length ?? 0);
+    for (let first = start; first < start + length; first += packedTileRows) {
+      tiles.push(first, Math.min(packedTileRows, start + length - first), start, prefix?.start ?? 0, prefix?.length ?? 0);
     }
   }
   return Int32Array.from(tiles);
 }
 
-/** Per row: its segment's first row, its prefix's first row, its prefix's length (see packed_attention_forward). */
-export function packedRowKeys(segments: readonly PackedSegment[], rows: number): Int32Array {
-  const keys = new Int32Array(rows * 3);
-  for (const segment of segments) {
-    for (let row = segment.start; row < segment.start + segment.length; row++) {
-      keys.set([segment.start, segment.prefix?.start ?? 0, segment.prefix?.length ?? 0], row * 3);
+/**
+ * The key tiles of the dk/dv pass and the query rows that see them. Each segment's rows, at most `packedTileRows` at
+ * a time, are a tile {first key row, keys, first range, ranges}; its ranges of query rows are {first row, end, prefix
+ * start, prefix end, causal}: the rest of its own segment from the tile on (causal: a row sees the keys at or before
+ * it), then every segment whose prefix overlaps the tile (its rows see the keys in [prefix start, prefix end)).
+ */
+export function packedKeyTiles(segments: readonly PackedSegment[]): { tiles: Int32Array; ranges: Int32Array } {
+  const tiles: number[] = [], ranges: number[] = [];
+  for (const { start, length } of segments) {
+    for (let first = start; first < start + length; first += packedTileRows) {
+      const keys = Math.min(packedTileRows, start + length - first), rangesBefore = ranges.length / 5;
+      ranges.push(first, start + length, 0, 0, 1);
+      for (const reader of segments) {
+        const prefix = reader.prefix;
+        if (prefix && reader.length > 0 && prefix.start < first + keys && prefix.start + prefix.length > first) {
+          ranges.push(reader.start, reader.start + reader.length, prefix.start, prefix.start + prefix.length, 0);
+        }
+      }
+      tiles.push(first, keys, rangesBefore, ranges.length / 5 - rangesBefore);
     }
   }
-  return keys;
-}
-
-/**
- * For every key row, the query rows that attend to it, as [first, end) ranges in CSR form (offsets[key] ..
- * offsets[key + 1] index the pairs in `ranges`): the rows of its own segment from the key on (causal), and every
- * row of each segment that reads it as part of a shared prefix.
- */
-export function keyQueryRanges(segments: readonly PackedSegment[], rows: number): { offsets: Int32Array; ranges: Int32Array } {
-  const perKey: number[][] = Array.from({ length: rows }, () => []);
-  for (const { start, length, prefix } of segments) {
-    const end = start + length;
-    for (let key = start; key < end; key++) perKey[key].push(key, end);
-    if (prefix) for (let key = prefix.start; key < prefix.start + prefix.length; key++) perKey[key].push(start, end);
-  }
-  const offsets = new Int32Array(rows + 1);
-  perKey.forEach((pairs, key) => (offsets[key + 1] = offsets[key] + pairs.length / 2));
-  return { offsets, ranges: Int32Array.from(perKey.flat()) };
+  return { tiles: Int32Array.from(tiles), ranges: Int32Array.from(ranges) };
 }

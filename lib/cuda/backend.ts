@@ -21,7 +21,7 @@ import {
 } from "../model/backend.ts";
 import {
   attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkPackedHeadDim,
-  checkRowsInCache, keyQueryRanges, packedAttentionWarps, packedForwardKernel, packedQueryTiles, packedRowKeys, planSplits, planTiles,
+  checkRowsInCache, packedAttentionKernels, packedKeyTiles, packedQueryTiles, packedTileRows, planSplits, planTiles,
 } from "./attention-plan.ts";
 import { type DecodeGraphStats, DecodeGraphs, type DeferredUpload } from "./decode-graphs.ts";
 import type { GemmType } from "./blas.ts";
@@ -557,40 +557,44 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const { rows, heads, kvHeads } = packedShape(qs, ks, headDim);
     expectSize("attention v", vs, ks.size);
     expectSize("attention out", o, qs.size);
-    checkPackedHeadDim(headDim);
+    const { hd, forwardBytes } = packedAttentionKernels(headDim);
     o.version++;
     const lse = cuda(this.zeros([rows, heads]));
     const tiles = packedQueryTiles(segments);
     if (tiles.length === 0) return lse;
-    const { hd, sharedBytes } = packedForwardKernel(headDim);
-    this.#withIndices(tiles, (index) => this.#launch(`packed_attention_forward_hd${hd}`, [tiles.length / 5, heads], [128],
+    this.#withIndices(tiles, (index) => this.#launch(`packed_attention_forward_hd${hd}`, [tiles.length / 5, heads], [2 * packedTileRows],
       [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", index], ["ptr", o.address], ["ptr", lse.address],
-        ["i32", heads], ["i32", kvHeads], ["i32", headDim]], sharedBytes));
+        ["i32", heads], ["i32", kvHeads], ["i32", headDim]], forwardBytes));
     return lse;
   }
 
-  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
+  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
     dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor): void {
-    const qs = f32("attention q", q), ks = f32("attention k", k), vs = f32("attention v", v), lse = f32("attention log-sum-exp", saved);
+    const qs = f32("attention q", q), ks = f32("attention k", k), vs = f32("attention v", v), o = f32("attention out", out);
+    const lse = f32("attention log-sum-exp", saved);
     const g = f32("attention output gradient", dOut), dqs = f32("attention dq", dq), dks = f32("attention dk", dk), dvs = f32("attention dv", dv);
     const { rows, heads, kvHeads } = packedShape(qs, ks, headDim);
-    checkPackedHeadDim(headDim);
+    for (const [name, tensor, size] of [["out", o, qs.size], ["output gradient", g, qs.size], ["dq", dqs, qs.size], ["dk", dks, ks.size],
+      ["dv", dvs, ks.size], ["log-sum-exp", lse, rows * heads]] as const) expectSize(`attention ${name}`, tensor, size);
+    const { hd, dqBytes, dkdvBytes } = packedAttentionKernels(headDim);
+    const queryTiles = packedQueryTiles(segments);
+    if (queryTiles.length === 0) return;
     dqs.version++;
     dks.version++;
     dvs.version++;
-    // Δ = Σ p·dP per (row, head), written by the dq pass for the dk/dv pass.
+    // Δ = Σ dOut·out per (row, head), written by the dq pass for the dk/dv pass.
     const delta = cuda(this.zeros([rows, heads]));
-    const pairs = rows * heads;
     try {
-      this.#withIndices(packedRowKeys(segments, rows), (index) => this.#launch("packed_attention_backward_dq",
-        [Math.ceil(pairs / packedAttentionWarps)], [packedAttentionWarps * 32], [["ptr", dqs.address], ["ptr", delta.address], ["ptr", g.address],
-          ["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", lse.address], ["ptr", index], ["i32", heads], ["i32", kvHeads],
-          ["i32", headDim], ["i32", pairs]]));
-      const { offsets, ranges } = keyQueryRanges(segments, rows);
-      this.#withIndices(offsets, (offsetIndex) => this.#withIndices(ranges, (rangeIndex) =>
-        this.#launch("packed_attention_backward_dkdv", [rows, kvHeads], [packedAttentionWarps * 32], [["ptr", dks.address], ["ptr", dvs.address],
-          ["ptr", g.address], ["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", lse.address], ["ptr", delta.address],
-          ["ptr", offsetIndex], ["ptr", rangeIndex], ["i32", heads], ["i32", kvHeads], ["i32", headDim]], 2 * packedAttentionWarps * headDim * 4)));
+      this.#withIndices(queryTiles, (index) => this.#launch(`packed_attention_backward_dq_hd${hd}`, [queryTiles.length / 5, heads],
+        [2 * packedTileRows], [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", o.address], ["ptr", g.address],
+          ["ptr", lse.address], ["ptr", index], ["ptr", dqs.address], ["ptr", delta.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim]],
+        dqBytes));
+      const keyTiles = packedKeyTiles(segments);
+      this.#withIndices(keyTiles.tiles, (tileIndex) => this.#withIndices(keyTiles.ranges, (rangeIndex) =>
+        this.#launch(`packed_attention_backward_dkdv_hd${hd}`, [keyTiles.tiles.length / 4, kvHeads], [2 * packedTileRows],
+          [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", g.address], ["ptr", lse.address], ["ptr", delta.address],
+            ["ptr", tileIndex], ["ptr", rangeIndex], ["ptr", dks.address], ["ptr", dvs.address], ["i32", heads], ["i32", kvHeads],
+            ["i32", headDim]], dkdvBytes)));
     } finally {
       this.free(delta);
     }

@@ -21,7 +21,11 @@ import type { KernelArg, KernelArgType } from "./kernel-args.ts";
  */
 const ptr = "ptr", i32 = "i32", f32 = "f32", i64 = "i64";
 const attentionParameters = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32] as const;
-const packedForwardParameters = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32] as const;
+const packedAttentionKernels = Object.fromEntries([16, 32, 64, 128].flatMap((hd) => [
+  [`packed_attention_forward_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32]],
+  [`packed_attention_backward_dq_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32]],
+  [`packed_attention_backward_dkdv_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32]],
+])) as Record<string, readonly KernelArgType[]>;
 export const kernelModules = {
   convert: { f32_to_bf16: [ptr, ptr, i64], bf16_to_f32: [ptr, ptr, i64] },
   elementwise: {
@@ -43,13 +47,7 @@ export const kernelModules = {
     attention_dpl4: attentionParameters, attention_dpl8: attentionParameters,
     attention_combine: [ptr, ptr, ptr, ptr, i32, i32, i32, i32],
   },
-  packed_attention: {
-    packed_attention_forward_hd16: packedForwardParameters, packed_attention_forward_hd32: packedForwardParameters,
-    packed_attention_forward_hd64: packedForwardParameters, packed_attention_forward_hd128: packedForwardParameters,
-    packed_attention_forward_hd256: packedForwardParameters,
-    packed_attention_backward_dq: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32],
-    packed_attention_backward_dkdv: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
-  },
+  packed_attention: packedAttentionKernels,
   sampling: {
     log_softmax: [ptr, ptr, i32],
     sample: [ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr],

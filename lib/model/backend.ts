@@ -279,10 +279,11 @@ export interface Backend {
   /**
    * Causal grouped-query attention within each segment of a packed batch (a segment's rows also see every row of its
    * prefix): out = softmax(q·k / sqrt(headDim)) v. Shapes as in `attention`. Returns what the backward needs besides
-   * q, k and v (its layout is the backend's own); the caller frees it.
+   * q, k, v and out (its layout is the backend's own); the caller frees it.
    */
   packedAttention(q: Tensor, k: Tensor, v: Tensor, segments: readonly PackedSegment[], headDim: number, out: Tensor): Tensor;
-  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
+  /** Its backward: dq, dk, dv += the gradients for dOut, given the forward's inputs, output and saved tensor. */
+  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
     dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor): void;
   /** dTable[ids[i]] += dOut[i]. */
   embeddingBackward(ids: Int32Array, dOut: Tensor, dTable: Tensor): void;

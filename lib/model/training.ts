@@ -407,7 +407,7 @@ export class DifferentiableTransformer {
     const dq = b.zeros([n, h * hd]);
     const dk = b.zeros([n, kv * hd]);
     const dv = b.zeros([n, kv * hd]);
-    b.packedAttentionBackward(acts.q, acts.k, acts.v, acts.attnSaved!, batch.segments, hd, dAttn, dq, dk, dv);
+    b.packedAttentionBackward(acts.q, acts.k, acts.v, acts.attn, acts.attnSaved!, batch.segments, hd, dAttn, dq, dk, dv);
     b.free(dAttn);
     b.ropeBackward(dq, batch.positions, invFreq, hd);
     b.ropeBackward(dk, batch.positions, invFreq, hd);

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { attentionDimsPerLane, attentionKeyWindow, attentionSharedBytes, planSplits, planTiles } from "../../lib/cuda/attention-plan.ts";
-import { keyQueryRanges, packedForwardKernel, packedQueryTiles } from "../../lib/cuda/attention-plan.ts";
+import { packedAttentionKernels, packedKeyTiles, packedQueryTiles } from "../../lib/cuda/attention-plan.ts";
 
 describe("attention launch planning", () => {
   it("tiles consecutive prefill rows of one slot, up to 16 query vectors per block", () => {
@@ -45,35 +45,39 @@ describe("attention launch planning", () => {
   });
 });
 
-describe("training attention forward: query tiles and the kernel per head size", () => {
-  it("tiles each segment's rows 64 at a time, never across segments, each tile carrying its segment's keys", () => {
-    const segments = [{ start: 0, length: 130 }, { start: 130, length: 5, prefix: { start: 0, length: 100 } }, { start: 135, length: 0 }];
+describe("training attention: tiles and kernels", () => {
+  // rows 0-129: a prompt stored once; 130-134 read its first 100 rows; 135-139 all of it; an empty segment; 140-144 alone.
+  const segments = [{ start: 0, length: 130 }, { start: 130, length: 5, prefix: { start: 0, length: 100 } },
+    { start: 135, length: 5, prefix: { start: 0, length: 130 } }, { start: 140, length: 0 }, { start: 140, length: 5 }];
+
+  it("query tiles: each segment's rows 64 at a time, never across segments, each tile carrying its segment's keys", () => {
     expect([...packedQueryTiles(segments)]).toEqual([
-      0, 64, 0, 0, 0, 64, 64, 0, 0, 0, 128, 2, 0, 0, 0, // a 130-row segment: 64 + 64 + 2 rows
-      130, 5, 130, 0, 100, // a completion reading 100 prefix rows
+      0, 64, 0, 0, 0, 64, 64, 0, 0, 0, 128, 2, 0, 0, 0, // the prompt: 64 + 64 + 2 rows
+      130, 5, 130, 0, 100, 135, 5, 135, 0, 130, 140, 5, 140, 0, 0,
     ]);
   });
 
-  it("pads head sizes to the next instantiation and sizes shared memory for Q and one key tile of K and V", () => {
-    expect([8, 16, 17, 64, 80, 128, 256].map((size) => packedForwardKernel(size).hd)).toEqual([16, 16, 32, 64, 128, 128, 256]);
-    expect(packedForwardKernel(64).sharedBytes).toBe((64 + 2 * 64) * 72 * 2);
-    expect(packedForwardKernel(256).sharedBytes).toBe((64 + 2 * 32) * 264 * 2); // smaller key tiles keep it under 96 KiB
-    expect(() => packedForwardKernel(320)).toThrowError(/head size 320 is over 256/);
+  it("key tiles: each segment's rows 64 at a time, with the rest of their segment (causal) and every segment whose prefix overlaps them", () => {
+    const { tiles, ranges } = packedKeyTiles(segments);
+    const of = (tile: number) => {
+      const [, , first, count] = tiles.subarray(4 * tile, 4 * tile + 4);
+      return Array.from({ length: count }, (_, i) => [...ranges.subarray(5 * (first + i), 5 * (first + i) + 5)]);
+    };
+    expect(tiles.length / 4).toBe(6);
+    expect([...tiles.subarray(0, 2)]).toEqual([0, 64]);
+    expect(of(0)).toEqual([[0, 130, 0, 0, 1], [130, 135, 0, 100, 0], [135, 140, 0, 130, 0]]);
+    expect(of(1)).toEqual([[64, 130, 0, 0, 1], [130, 135, 0, 100, 0], [135, 140, 0, 130, 0]]);
+    expect([...tiles.subarray(8, 10)]).toEqual([128, 2]);
+    expect(of(2)).toEqual([[128, 130, 0, 0, 1], [135, 140, 0, 130, 0]]); // past the first reader's 100 rows
+    expect(of(3)).toEqual([[130, 135, 0, 0, 1]]);
+    expect(of(5)).toEqual([[140, 145, 0, 0, 1]]);
   });
-});
 
-describe("training attention backward: the query rows of each key row", () => {
-  it("lists its own segment's rows from the key on, and every row of each segment reading it as a shared prefix", () => {
-    // rows 0-2: a prompt stored once; rows 3-4 and 5-7: two completions that read it; row 8: a sequence of its own.
-    const segments = [{ start: 0, length: 3 }, { start: 3, length: 2, prefix: { start: 0, length: 3 } },
-      { start: 5, length: 3, prefix: { start: 0, length: 2 } }, { start: 8, length: 1 }];
-    const { offsets, ranges } = keyQueryRanges(segments, 9);
-    const of = (key: number) => Array.from(ranges.subarray(2 * offsets[key], 2 * offsets[key + 1]));
-    expect(of(0)).toEqual([0, 3, 3, 5, 5, 8]);
-    expect(of(2)).toEqual([2, 3, 3, 5]); // the second completion reads only 2 prompt rows
-    expect(of(4)).toEqual([4, 5]);
-    expect(of(5)).toEqual([5, 8]);
-    expect(of(8)).toEqual([8, 9]);
-    expect(offsets[9]).toBe(ranges.length / 2);
+  it("pads head sizes to the next instantiation, sizes shared memory, and refuses heads over 128", () => {
+    expect([8, 16, 17, 64, 80, 128].map((size) => packedAttentionKernels(size).hd)).toEqual([16, 16, 32, 64, 128, 128]);
+    const row = 72 * 2; // head size 64: rows of 64 + 8 bf16
+    expect(packedAttentionKernels(64)).toMatchObject({ forwardBytes: 3 * 64 * row, dqBytes: 4 * 64 * row, dkdvBytes: 4 * 64 * row + 2 * 64 * 4 });
+    expect(packedAttentionKernels(128).dkdvBytes).toBe((2 * 64 + 2 * 32) * 136 * 2 + 2 * 32 * 4); // query chunks of 32
+    expect(() => packedAttentionKernels(256)).toThrowError(/head size 256 is over 128/);
   });
 });

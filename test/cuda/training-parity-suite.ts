@@ -74,26 +74,29 @@ describe.skipIf(skip)(title, () => {
     expect(error(x)).toBeLessThan(2e-3);
   });
 
-  // The forward runs on tensor cores in bf16 (q, k, v and the probabilities rounded to bf16, sums in f32); the backward
-  // reads q, k and v rounded as the forward did. With inputs that are bf16 values already, what is left is the
-  // probabilities' rounding in o = P·V (measured ≤ 9.9e-4 relative) and the order of sums in the backward (≤ 9.4e-7);
-  // with f32 inputs, their rounding too (≤ 4.3e-3 in every output). Head sizes: each of the forward's instantiations.
-  for (const [headDim, bf16Inputs] of [[8, true], [16, false], [64, true], [64, false], [128, true], [256, true]] as const) {
-    it(`attention over packed segments with a shared prefix, head size ${headDim}, ${bf16Inputs ? "bf16" : "f32"} inputs: output and dq, dk, dv (GQA 4/2)`, () => {
-      const heads = 4, kvHeads = 2;
-      // a plain sequence, a prompt stored once, two completions attending to it: more than one query and key tile
+  // Forward and backward run on tensor cores: q, k, v, dout, the probabilities and dS rounded to bf16, sums in f32.
+  // With inputs that are bf16 values already, what is left is the rounding of the probabilities and dS (measured:
+  // output within 9.6e-4 relative, gradients within 2.8e-3); with f32 inputs, the inputs' rounding too (output within
+  // 3.6e-3, gradients within 4.8e-3). A key masked off by one in either pass puts a gradient off by 8e-2 or more.
+  // Head sizes: each instantiation.
+  for (const [headDim, kvHeads, bf16Inputs] of [[8, 2, true], [16, 1, false], [64, 2, true], [64, 4, false], [128, 2, true], [128, 1, false]] as const) {
+    const heads = 4;
+    it(`attention over packed segments with a shared prefix, head size ${headDim}, GQA ${heads}/${kvHeads}, ${bf16Inputs ? "bf16" : "f32"} inputs: output and dq, dk, dv`, () => {
+      // a plain sequence, a prompt stored once, two completions reading all of it and one reading its first 40 rows:
+      // several query and key tiles, a prefix ending inside a warp's keys
       const segments: PackedSegment[] = [{ start: 0, length: 5 }, { start: 5, length: 70 },
-        { start: 75, length: 80, prefix: { start: 5, length: 70 } }, { start: 155, length: 3, prefix: { start: 5, length: 70 } }];
-      const rows = 158, qw = heads * headDim, kw = kvHeads * headDim;
+        { start: 75, length: 80, prefix: { start: 5, length: 70 } }, { start: 155, length: 3, prefix: { start: 5, length: 70 } },
+        { start: 158, length: 20, prefix: { start: 5, length: 40 } }];
+      const rows = 178, qw = heads * headDim, kw = kvHeads * headDim;
       const inputs = (n: number, seed: number) => (bf16Inputs ? bf16Values(random(n, seed)) : random(n, seed));
       const q = both(inputs(rows * qw, 6), [rows, qw]), k = both(inputs(rows * kw, 7), [rows, kw]), v = both(inputs(rows * kw, 8), [rows, kw]);
       const out = zeros([rows, qw]);
       const saved = [cpu.packedAttention(q[0], k[0], v[0], segments, headDim, out[0]), gpu.packedAttention(q[1], k[1], v[1], segments, headDim, out[1])];
-      expect(error(out)).toBeLessThan(bf16Inputs ? 3e-3 : 1e-2);
-      const dOut = both(random(rows * qw, 9), [rows, qw]);
+      const dOut = both(inputs(rows * qw, 9), [rows, qw]);
       const dq = zeros([rows, qw]), dk = zeros([rows, kw]), dv = zeros([rows, kw]);
-      run((b, i) => b.packedAttentionBackward(q[i], k[i], v[i], saved[i], segments, headDim, dOut[i], dq[i], dk[i], dv[i]));
-      for (const grad of [dq, dk, dv]) expect(error(grad)).toBeLessThan(bf16Inputs ? 3e-6 : 1e-2);
+      run((b, i) => b.packedAttentionBackward(q[i], k[i], v[i], out[i], saved[i], segments, headDim, dOut[i], dq[i], dk[i], dv[i]));
+      expect(error(out)).toBeLessThan(bf16Inputs ? 2e-3 : 8e-3);
+      for (const grad of [dq, dk, dv]) expect(error(grad)).toBeLessThan(bf16Inputs ? 6e-3 : 1e-2);
     });
   }
 
@@ -183,11 +186,11 @@ describe.skipIf(skip)(title, () => {
       const sequences = [sequence([1, 5, 9, 2, 7, 3], 3, 1, 0), sequence([1, 5, 9, 4, 4], 3, -1, 1), sequence([6, 2, 8, 11, 3, 19, 0], 2, 0.5, 2)];
       const trainers = models.map((model) => new Trainer(model, { learningRate: 1e-2, microBatchSize: 3 }));
       const [c, g] = trainers.map((trainer) => trainer.computeGradients(sequences));
-      // The device's attention runs in bf16 (q, k, v and the probabilities rounded; measured on these checkpoints:
-      // entropy within 3.7e-3, every LoRA gradient within 2.3e-2 relative, the gradient norm within 7e-4).
+      // The device's attention runs in bf16 (q, k, v, dout, the probabilities and dS rounded; measured on these
+      // checkpoints: entropy within 3.7e-3, every LoRA gradient within 4.2e-2 relative, the gradient norm within 1.3e-3).
       expect(Math.abs(c.loss - g.loss)).toBeLessThan(1e-5 * Math.max(1, Math.abs(c.loss)));
       expect(Math.abs(c.entropy - g.entropy)).toBeLessThan(1e-2);
-      for (const [name, grad] of c.gradients) expect(relativeError(grad, g.gradients.get(name)!), name).toBeLessThan(5e-2);
+      for (const [name, grad] of c.gradients) expect(relativeError(grad, g.gradients.get(name)!), name).toBeLessThan(8e-2);
       const before = models[1].parameterTensors().map((p) => gpu.download(p.value));
       const [stepC, stepG] = trainers.map((trainer) => trainer.trainStep(sequences));
       expect(Math.abs(stepC.gradNorm - stepG.gradNorm) / stepC.gradNorm).toBeLessThan(3e-3);

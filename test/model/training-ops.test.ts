@@ -125,9 +125,9 @@ describe("the CPU backend's training ops match PyTorch autograd and finite diffe
       return valuesOf(out, t);
     }, ({ q, k, v }, up) => {
       const qs = tensor(q, shapes.q), ks = tensor(k, shapes.k), vs = tensor(v, shapes.v);
-      const saved = cpu.packedAttention(qs, ks, vs, segments, headDim, cpu.zeros(shapes.q));
+      const out = cpu.zeros(shapes.q), saved = cpu.packedAttention(qs, ks, vs, segments, headDim, out);
       return gradients({ q: { data: q, shape: shapes.q }, k: { data: k, shape: shapes.k }, v: { data: v, shape: shapes.v } },
-        (d) => cpu.packedAttentionBackward(qs, ks, vs, saved, segments, headDim, tensor(up, shapes.q), d.q, d.k, d.v));
+        (d) => cpu.packedAttentionBackward(qs, ks, vs, out, saved, segments, headDim, tensor(up, shapes.q), d.q, d.k, d.v));
     });
   });
 
@@ -178,7 +178,7 @@ describe("the CPU backend's training ops match PyTorch autograd and finite diffe
       const saved = cpu.packedAttention(qs, ks, vs, segments, headDim, out);
       const dq = tensor(new Float32Array(rows * qStride).fill(1), [rows, qStride]);
       const dk = tensor(new Float32Array(k.length).fill(1), [rows, kvStride]), dv = tensor(new Float32Array(v.length).fill(1), [rows, kvStride]);
-      cpu.packedAttentionBackward(qs, ks, vs, saved, segments, headDim, tensor(padded(dout), [rows, qStride]), dq, dk, dv);
+      cpu.packedAttentionBackward(qs, ks, vs, out, saved, segments, headDim, tensor(padded(dout), [rows, qStride]), dq, dk, dv);
       const maxDiff = (a: Float32Array, b: Float64Array, base = 0) => Math.max(...a.map((x, i) => Math.abs(x - base - b[i])));
       expect(maxDiff(cpu.download(out).subarray(offset * qStride), out64)).toBeLessThan(1e-5);
       // The gradients accumulate onto what the buffers held (1 here).

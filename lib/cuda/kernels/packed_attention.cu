@@ -1,122 +1,157 @@
 // Attention within the packed sequences of a training batch (PackedSegment in lib/model/backend.ts): causal
 // grouped-query attention whose rows see their own segment up to themselves, after every row of the segment's shared
-// prefix when it has one; the forward keeps the log-sum-exp per (row, head), and the backward recomputes the
+// prefix when it has one. Forward and backward run on tensor cores, FlashAttention-2 style: bf16 tiles of q, k, v
+// (and dout) in shared memory, products with mma.sync m16n8k16 into f32 accumulators, softmax statistics in f32, and
+// no score matrix in global memory. The forward keeps the log-sum-exp per (row, head); the backward rebuilds the
 // probabilities from it. The CPU reference is packedAttention in lib/model/cpu/attention.ts.
+//
+// Layout: q, out, dout, dq are [rows, heads · head_dim], k, v, dk, dv [rows, kv_heads · head_dim], f32; lse and delta
+// [rows, heads]. Kernels come per HD, the head size padded with zeros to a multiple of the mma's k of 16 (≤ 128).
+// Shared tiles hold rows of HD + 8 bf16: the padding spreads a warp's fragment loads over the banks.
 #include "common.cuh"
 
-// The keys of a training row: row_keys[3·row] = its segment's first row, [+1] = the first row of the segment's shared
-// prefix, [+2] = the prefix's length (0: none). The row sees every prefix row, then its segment's rows up to itself.
-__device__ __forceinline__ int key_count(const int* row_keys, int row) {
-  return row_keys[3 * row + 2] + row - row_keys[3 * row] + 1;
-}
-__device__ __forceinline__ long long key_row(const int* row_keys, int row, int j) {
-  const int prefix_length = row_keys[3 * row + 2];
-  return j < prefix_length ? row_keys[3 * row + 1] + j : row_keys[3 * row] + (j - prefix_length);
+// ---- mma fragments (layouts in common.cuh, g = lane / 4, t = lane % 4) --------------------------------------------
+
+// A = tile[row0 .. row0+15][k0 .. k0+15] of a row-major bf16 tile.
+__device__ __forceinline__ void load_a(unsigned (&a)[4], const bf16* tile, int stride, int row0, int k0, int g, int t) {
+  const bf16* p = tile + (row0 + g) * stride + k0 + 2 * t;
+  a[0] = *reinterpret_cast<const unsigned*>(p);
+  a[1] = *reinterpret_cast<const unsigned*>(p + 8 * stride);
+  a[2] = *reinterpret_cast<const unsigned*>(p + 8);
+  a[3] = *reinterpret_cast<const unsigned*>(p + 8 * stride + 8);
 }
 
-// The backward kernels give each (row, head) pair to one warp, each lane the dimensions lane, lane + 32, … (head size
-// ≤ 32 · DIMS_PER_LANE): a key's dot product is a warp sum and nothing depends on the number of keys but the loop, so
-// any sequence length fits. Pairs run head-fastest, so a block's warps share a row and, under grouped-query attention,
-// mostly its keys (loaded once into L1). They read q, k and v rounded to bf16, as the tensor-core forward does, so
-// they differentiate the very function the forward computed (up to the order of its sums) and their probabilities,
-// rebuilt from the forward's log-sum-exp, sum to one.
-constexpr int DIMS_PER_LANE = 8;
+// B[kk][n] = tile[n0 + n][k0 + kk]: the tile's rows are B's columns (as K in Q·Kᵀ); pairs along k are contiguous.
+__device__ __forceinline__ void load_b_transposed(unsigned (&b)[2], const bf16* tile, int stride, int n0, int k0, int g, int t) {
+  const bf16* p = tile + (n0 + g) * stride + k0 + 2 * t;
+  b[0] = *reinterpret_cast<const unsigned*>(p);
+  b[1] = *reinterpret_cast<const unsigned*>(p + 8);
+}
 
-// Loads the lane's dimensions of a head_dim vector (zeros past its end).
-__device__ __forceinline__ void load_lane_dims(float (&dims)[DIMS_PER_LANE], const float* vector, int lane, int head_dim) {
+// B[kk][n] = tile[k0 + kk][n0 + n] (as V in P·V): pairs along k are two rows.
+__device__ __forceinline__ void load_b(unsigned (&b)[2], const bf16* tile, int stride, int k0, int n0, int g, int t) {
+  const bf16* p = tile + (k0 + 2 * t) * stride + n0 + g;
+  b[0] = (unsigned)__bfloat16_as_ushort(p[0]) | ((unsigned)__bfloat16_as_ushort(p[stride]) << 16);
+  b[1] = (unsigned)__bfloat16_as_ushort(p[8 * stride]) | ((unsigned)__bfloat16_as_ushort(p[9 * stride]) << 16);
+}
+
+// Two accumulator fragments of adjacent 8-column blocks (columns c0 .. c0+15 of a 16-row product) are, rounded to
+// bf16, the A fragment of those 16 columns: the step from P = softmax(Q·Kᵀ) to P·V without leaving registers.
+__device__ __forceinline__ void accumulators_as_a(unsigned (&a)[4], const float (&low)[4], const float (&high)[4]) {
+  a[0] = pack_bf16x2(low[0], low[1]);
+  a[1] = pack_bf16x2(low[2], low[3]);
+  a[2] = pack_bf16x2(high[0], high[1]);
+  a[3] = pack_bf16x2(high[2], high[3]);
+}
+
+// c[n] = A·B for an A of 16 rows × HD (row0.. of tile a) and B = the rows n·8 .. of tile b, transposed: 16 × N scores.
+template <int HD, int N>
+__device__ __forceinline__ void product_transposed(float (&c)[N / 8][4], const bf16* a_tile, int row0, const bf16* b_tile, int g, int t) {
+  constexpr int STRIDE = HD + 8;
 #pragma unroll
-  for (int t = 0; t < DIMS_PER_LANE; t++) dims[t] = lane + 32 * t < head_dim ? vector[lane + 32 * t] : 0.0f;
-}
-
-// The same, each value rounded to bf16 (the forward's operands).
-__device__ __forceinline__ void load_lane_dims_bf16(float (&dims)[DIMS_PER_LANE], const float* vector, int lane, int head_dim) {
+  for (int n = 0; n < N / 8; n++) {
+    c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
 #pragma unroll
-  for (int t = 0; t < DIMS_PER_LANE; t++) {
-    dims[t] = lane + 32 * t < head_dim ? __bfloat162float(__float2bfloat16_rn(vector[lane + 32 * t])) : 0.0f;
+    for (int kc = 0; kc < HD / 16; kc++) {
+      unsigned a[4], b[2];
+      load_a(a, a_tile, STRIDE, row0, kc * 16, g, t);
+      load_b_transposed(b, b_tile, STRIDE, n * 8, kc * 16, g, t);
+      mma_bf16_16816(c[n], a, b, c[n]);
+    }
   }
 }
 
-__device__ __forceinline__ float lane_dot(const float (&a)[DIMS_PER_LANE], const float (&b)[DIMS_PER_LANE]) {
-  float dot = 0.0f;
+// acc += P·tile for P (16 × K, accumulator fragments) and tile rows 0 .. K − 1: 16 × HD.
+template <int HD, int K>
+__device__ __forceinline__ void accumulate_product(float (&acc)[HD / 8][4], const float (&p)[K / 8][4], const bf16* tile, int g, int t) {
+  constexpr int STRIDE = HD + 8;
 #pragma unroll
-  for (int t = 0; t < DIMS_PER_LANE; t++) dot += a[t] * b[t];
-  return warp_sum(dot);
+  for (int kc = 0; kc < K / 16; kc++) {
+    unsigned a[4];
+    accumulators_as_a(a, p[2 * kc], p[2 * kc + 1]);
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+      unsigned b[2];
+      load_b(b, tile, STRIDE, kc * 16, n * 8, g, t);
+      mma_bf16_16816(acc[n], a, b, acc[n]);
+    }
+  }
 }
 
-// The forward on tensor cores, FlashAttention-2 style. A block takes one query tile (at most 64 rows of one segment,
-// 16 per warp; the host's packedQueryTiles) and one query head. Q of the tile, then K and V of each key tile, are
-// rounded to bf16 into shared memory (head_dim padded with zeros to HD); each warp computes S = Q·Kᵀ for its 16 rows
-// with mma, keeps each row's running max and sum (online softmax, in f32 and base 2), and accumulates O += P·V with
-// mma, P rounded to bf16. Scores, statistics and O stay in registers and f32; no score matrix goes to memory.
-// lse[row, head] = log Σ exp(q·k/√d) is what the backward needs. A tile's keys are its segment's prefix, then its
-// segment's rows up to the tile's last row: "virtual" key j is prefix row j, or segment row j − prefix length, and row
-// r of the segment sees virtual keys 0 .. prefix length + r.
-// tiles: per tile {first row, rows, segment start, prefix start, prefix length}. Grid: (tiles, heads). Block: 128.
-// Dynamic shared memory: (64 + 2·KEY_TILE) rows of HD + 8 bf16 (the padding spreads a warp's fragment loads over the banks).
-constexpr int PACKED_QUERY_TILE = 64;
+// Rows 0 .. TILE − 1 of a shared tile from one head's columns of an f32 tensor, rounded to bf16: row r is
+// source row row_of(r), or zeros where that is negative; columns past head_dim are zeros.
+template <int HD, int TILE, typename RowOf>
+__device__ __forceinline__ void load_tile(bf16* tile, const float* source, long long row_stride, int column, int head_dim, RowOf row_of) {
+  for (int i = threadIdx.x; i < TILE * HD; i += blockDim.x) {
+    const int r = i / HD, c = i % HD;
+    const long long row = row_of(r);
+    tile[r * (HD + 8) + c] = __float2bfloat16_rn(row >= 0 && c < head_dim ? source[row * row_stride + column + c] : 0.0f);
+  }
+}
 
+// ---- query tiles: the forward and the dq pass ---------------------------------------------------------------------
+// A block takes one query tile (at most 64 rows of one segment, 16 per warp: the host's packedQueryTiles, per tile
+// {first row, rows, segment start, prefix start, prefix length}) and one query head. The tile's keys are its segment's
+// prefix, then its segment's rows up to the tile's last row: "virtual" key j is prefix row j, or segment row
+// j − prefix length, and segment row r sees virtual keys 0 .. prefix length + r.
+constexpr int QUERY_TILE = 64;
+
+struct QueryTile {
+  int first_row, rows, segment_start, prefix_start, prefix_length;
+  __device__ QueryTile(const int* tiles, int index) {
+    const int* tile = tiles + 5 * index;
+    first_row = tile[0], rows = tile[1], segment_start = tile[2], prefix_start = tile[3], prefix_length = tile[4];
+  }
+  // Virtual keys row `local` of the tile sees (padding rows past the tile see what its last row does).
+  __device__ int seen(int local) const { return prefix_length + first_row + min(local, rows - 1) - segment_start + 1; }
+  __device__ int keys() const { return seen(rows - 1); }
+  __device__ long long key_row(int j) const { return j < prefix_length ? prefix_start + j : segment_start + (j - prefix_length); }
+};
+
+// Loads key tile `key0` of K and (`second`) V into shared memory; keys past the tile's are zeros.
+template <int HD, int KEY_TILE>
+__device__ __forceinline__ void load_key_tile(bf16* first_tile, bf16* second_tile, const float* first, const float* second,
+                                              const QueryTile& tile, int key0, long long kv_stride, int column, int head_dim) {
+  const int keys = tile.keys();
+  const auto row_of = [&](int r) { return key0 + r < keys ? tile.key_row(key0 + r) : -1LL; };
+  load_tile<HD, KEY_TILE>(first_tile, first, kv_stride, column, head_dim, row_of);
+  load_tile<HD, KEY_TILE>(second_tile, second, kv_stride, column, head_dim, row_of);
+}
+
+// Forward: each warp computes S = Q·Kᵀ for its 16 rows and a key tile, keeps each row's running max and sum (online
+// softmax, base 2), and accumulates O += P·V with P rounded to bf16. lse[row, head] = log Σ exp(q·k/√d).
+// Grid: (query tiles, heads). Block: 128. Dynamic shared memory: (64 + 2·KEY_TILE) rows of HD + 8 bf16.
 template <int HD, int KEY_TILE>
 __device__ void packed_attention_forward(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                          const int* __restrict__ tiles, float* __restrict__ out, float* __restrict__ lse,
                                          int heads, int kv_heads, int head_dim) {
   extern __shared__ float shared[];
-  constexpr int STRIDE = HD + 8;  // bf16 elements per shared row
+  constexpr int STRIDE = HD + 8;
   bf16* qs = reinterpret_cast<bf16*>(shared);
-  bf16* ks = qs + PACKED_QUERY_TILE * STRIDE;
+  bf16* ks = qs + QUERY_TILE * STRIDE;
   bf16* vs = ks + KEY_TILE * STRIDE;
-  const int* tile = tiles + 5 * blockIdx.x;
-  const int first_row = tile[0], rows = tile[1], segment_start = tile[2], prefix_start = tile[3], prefix_length = tile[4];
+  const QueryTile tile(tiles, blockIdx.x);
   const int head = blockIdx.y, kv_head = head / (heads / kv_heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const long long q_stride = (long long)heads * head_dim, kv_stride = (long long)kv_heads * head_dim;
 
-  for (int i = threadIdx.x; i < PACKED_QUERY_TILE * HD; i += blockDim.x) {
-    const int r = i / HD, c = i % HD;
-    const float x = r < rows && c < head_dim ? q[(first_row + r) * q_stride + head * head_dim + c] : 0.0f;
-    qs[r * STRIDE + c] = __float2bfloat16_rn(x);
-  }
-  // The virtual keys each of this warp's two rows (g and g + 8) sees; padding rows past the tile see what its last does.
-  const int local0 = min(warp * 16 + g, rows - 1), local1 = min(warp * 16 + g + 8, rows - 1);
-  const int seen0 = prefix_length + first_row + local0 - segment_start + 1, seen1 = prefix_length + first_row + local1 - segment_start + 1;
-  const int warp_seen = prefix_length + first_row + min(warp * 16 + 15, rows - 1) - segment_start + 1;
-  const int keys = prefix_length + first_row + rows - segment_start;
+  load_tile<HD, QUERY_TILE>(qs, q, q_stride, head * head_dim, head_dim,
+                            [&](int r) { return r < tile.rows ? (long long)tile.first_row + r : -1LL; });
+  const int row0 = warp * 16 + g, row1 = row0 + 8;
+  const int seen0 = tile.seen(row0), seen1 = tile.seen(row1), warp_seen = tile.seen(warp * 16 + 15);
   const float scale = rsqrtf((float)head_dim) * 1.4426950408889634f;  // scores in base 2: exp2f
   float max0 = -INFINITY, max1 = -INFINITY, sum0 = 0.0f, sum1 = 0.0f;
-  float o[HD / 8][4];
-#pragma unroll
-  for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float o[HD / 8][4] = {};
 
-  for (int key0 = 0; key0 < keys; key0 += KEY_TILE) {
+  for (int key0 = 0; key0 < tile.keys(); key0 += KEY_TILE) {
     __syncthreads();  // the previous tile's K and V are no longer read
-    for (int i = threadIdx.x; i < KEY_TILE * HD; i += blockDim.x) {
-      const int r = i / HD, c = i % HD, j = key0 + r;
-      float kx = 0.0f, vx = 0.0f;
-      if (j < keys && c < head_dim) {
-        const long long row = j < prefix_length ? prefix_start + j : segment_start + (j - prefix_length);
-        kx = k[row * kv_stride + kv_head * head_dim + c];
-        vx = v[row * kv_stride + kv_head * head_dim + c];
-      }
-      ks[r * STRIDE + c] = __float2bfloat16_rn(kx);
-      vs[r * STRIDE + c] = __float2bfloat16_rn(vx);
-    }
+    load_key_tile<HD, KEY_TILE>(ks, vs, k, v, tile, key0, kv_stride, kv_head * head_dim, head_dim);
     __syncthreads();
-    if (key0 >= warp_seen) continue;  // every key of this tile lies past this warp's rows (uniform over the warp)
+    // Every key of this tile lies past this warp's rows, or the warp has no rows (uniform over the warp).
+    if (key0 >= warp_seen || warp * 16 >= tile.rows) continue;
 
-    // S = Q·Kᵀ: A = the warp's 16 rows of Q, B[kk][n] = K[n][kk] (K rows are B's columns: pairs along k are contiguous).
     float s[KEY_TILE / 8][4];
-#pragma unroll
-    for (int n = 0; n < KEY_TILE / 8; n++) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-      for (int kc = 0; kc < HD / 16; kc++) {
-        const bf16* qa = qs + (warp * 16 + g) * STRIDE + kc * 16 + 2 * t;
-        const unsigned a[4] = {*reinterpret_cast<const unsigned*>(qa), *reinterpret_cast<const unsigned*>(qa + 8 * STRIDE),
-                               *reinterpret_cast<const unsigned*>(qa + 8), *reinterpret_cast<const unsigned*>(qa + 8 * STRIDE + 8)};
-        const bf16* kb = ks + (n * 8 + g) * STRIDE + kc * 16 + 2 * t;
-        const unsigned b[2] = {*reinterpret_cast<const unsigned*>(kb), *reinterpret_cast<const unsigned*>(kb + 8)};
-        mma_bf16_16816(s[n], a, b, s[n]);
-      }
-    }
+    product_transposed<HD, KEY_TILE>(s, qs, warp * 16, ks, g, t);
     // Scale, mask the keys a row does not see, and fold the tile into the running max and sum.
     float tile_max0 = -INFINITY, tile_max1 = -INFINITY;
 #pragma unroll
@@ -154,152 +189,216 @@ __device__ void packed_attention_forward(const float* __restrict__ q, const floa
       sum0 += s[n][0] + s[n][1];
       sum1 += s[n][2] + s[n][3];
     }
-    // O += P·V: two 8-key column blocks of S are one A fragment of P (rows g and g + 8, keys 2t.. and 2t + 8..);
-    // B[kk][n] = V[key kk][dim n]: pairs along k are two V rows.
-#pragma unroll
-    for (int kc = 0; kc < KEY_TILE / 16; kc++) {
-      const unsigned a[4] = {pack_bf16x2(s[2 * kc][0], s[2 * kc][1]), pack_bf16x2(s[2 * kc][2], s[2 * kc][3]),
-                             pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]), pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-#pragma unroll
-      for (int n = 0; n < HD / 8; n++) {
-        const bf16* vb = vs + (kc * 16 + 2 * t) * STRIDE + n * 8 + g;
-        const unsigned b[2] = {
-          (unsigned)__bfloat16_as_ushort(vb[0]) | ((unsigned)__bfloat16_as_ushort(vb[STRIDE]) << 16),
-          (unsigned)__bfloat16_as_ushort(vb[8 * STRIDE]) | ((unsigned)__bfloat16_as_ushort(vb[9 * STRIDE]) << 16)};
-        mma_bf16_16816(o[n], a, b, o[n]);
-      }
-    }
+    accumulate_product<HD, KEY_TILE>(o, s, vs, g, t);
   }
   sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
   sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
   sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
   sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
-  const int row0 = warp * 16 + g, row1 = row0 + 8;
 #pragma unroll
   for (int n = 0; n < HD / 8; n++) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
       const int r = i < 2 ? row0 : row1, c = n * 8 + 2 * t + (i & 1);
-      if (r < rows && c < head_dim) out[(first_row + r) * q_stride + head * head_dim + c] = o[n][i] / (i < 2 ? sum0 : sum1);
+      if (r < tile.rows && c < head_dim) out[(tile.first_row + r) * q_stride + head * head_dim + c] = o[n][i] / (i < 2 ? sum0 : sum1);
     }
   }
   if (t == 0) {
     const float ln2 = 0.6931471805599453f;
-    if (row0 < rows) lse[(long long)(first_row + row0) * heads + head] = (max0 + log2f(sum0)) * ln2;
-    if (row1 < rows) lse[(long long)(first_row + row1) * heads + head] = (max1 + log2f(sum1)) * ln2;
+    if (row0 < tile.rows) lse[(long long)(tile.first_row + row0) * heads + head] = (max0 + log2f(sum0)) * ln2;
+    if (row1 < tile.rows) lse[(long long)(tile.first_row + row1) * heads + head] = (max1 + log2f(sum1)) * ln2;
   }
 }
 
-#define PACKED_ATTENTION_FORWARD(HD, KEY_TILE)                                                                          \
-  extern "C" __global__ void __launch_bounds__(128, 2) packed_attention_forward_hd##HD(                                 \
-      const float* q, const float* k, const float* v, const int* tiles, float* out, float* lse, int heads, int kv_heads, \
-      int head_dim) {                                                                                                    \
-    packed_attention_forward<HD, KEY_TILE>(q, k, v, tiles, out, lse, heads, kv_heads, head_dim);                        \
-  }
-PACKED_ATTENTION_FORWARD(16, 64)
-PACKED_ATTENTION_FORWARD(32, 64)
-PACKED_ATTENTION_FORWARD(64, 64)
-PACKED_ATTENTION_FORWARD(128, 64)
-PACKED_ATTENTION_FORWARD(256, 32)
+// Backward, first pass: dq, per query tile and head as the forward. With p = exp(q·k/√d − lse), dP = dout·vᵀ and
+// Δ = Σ_c dout·out per (row, head) (= Σ_j p_j dP_j), dS = p (dP − Δ) and dq += dS·k / √d. Each warp recomputes S and
+// p for its 16 rows and a key tile, dP = dO·Vᵀ likewise, and accumulates dS·K. Δ goes to `delta` for the second pass.
+// Grid: (query tiles, heads). Block: 128. Dynamic shared memory: (2·64 + 2·KEY_TILE) rows of HD + 8 bf16.
+template <int HD, int KEY_TILE>
+__device__ void packed_attention_backward_dq(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                                             const float* __restrict__ out, const float* __restrict__ dout,
+                                             const float* __restrict__ lse, const int* __restrict__ tiles, float* __restrict__ dq,
+                                             float* __restrict__ delta, int heads, int kv_heads, int head_dim) {
+  extern __shared__ float shared[];
+  constexpr int STRIDE = HD + 8;
+  bf16* qs = reinterpret_cast<bf16*>(shared);
+  bf16* dos = qs + QUERY_TILE * STRIDE;
+  bf16* ks = dos + QUERY_TILE * STRIDE;
+  bf16* vs = ks + KEY_TILE * STRIDE;
+  const QueryTile tile(tiles, blockIdx.x);
+  const int head = blockIdx.y, kv_head = head / (heads / kv_heads);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const long long q_stride = (long long)heads * head_dim, kv_stride = (long long)kv_heads * head_dim;
+  const auto query_row = [&](int r) { return r < tile.rows ? (long long)tile.first_row + r : -1LL; };
+  load_tile<HD, QUERY_TILE>(qs, q, q_stride, head * head_dim, head_dim, query_row);
+  load_tile<HD, QUERY_TILE>(dos, dout, q_stride, head * head_dim, head_dim, query_row);
 
-// Backward of packed_attention_forward, first half: dq, one (row, head) pair per warp. With p_j = exp(q·k_j/√d − lse),
-// dP_j = dout · v_j and Δ = Σ p dP, dq = Σ p_j (dP_j − Δ) k_j / √d = (Σ p_j dP_j k_j − Δ Σ p_j k_j) / √d: both sums
-// and Δ come out of one pass over the keys. Δ goes to `delta` for the second half (packed_attention_backward_dkdv),
-// which owns every key row and so needs no atomics.
-extern "C" __global__ void packed_attention_backward_dq(float* __restrict__ dq, float* __restrict__ delta,
-                                                       const float* __restrict__ dout, const float* __restrict__ q,
-                                                       const float* __restrict__ k, const float* __restrict__ v,
-                                                       const float* __restrict__ lse, const int* __restrict__ row_keys,
-                                                       int heads, int kv_heads, int head_dim, int pairs) {
-  constexpr int D = DIMS_PER_LANE;
-  const int pair = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (pair >= pairs) return;
-  const int row = pair / heads, kv_head = pair % heads / (heads / kv_heads);
-  const float scale = rsqrtf((float)head_dim), row_lse = lse[pair];
-  float query[D], grad_out[D], key[D], value[D], weighted_keys[D], prob_keys[D];
-  load_lane_dims_bf16(query, q + (long long)pair * head_dim, lane, head_dim);
-  load_lane_dims(grad_out, dout + (long long)pair * head_dim, lane, head_dim);
+  // Δ of the warp's 16 rows from the f32 dout and out (a warp sum per row); lanes g keep rows g and g + 8.
+  const int row0 = warp * 16 + g, row1 = row0 + 8;
+  float delta0 = 0.0f, delta1 = 0.0f;
+  for (int r = warp * 16; r < warp * 16 + 16; r++) {
+    float dot = 0.0f;
+    if (r < tile.rows) {
+      const long long offset = (tile.first_row + r) * q_stride + head * head_dim;
+      for (int c = lane; c < head_dim; c += 32) dot += dout[offset + c] * out[offset + c];
+    }
+    dot = warp_sum(dot);
+    if (r == row0) delta0 = dot;
+    if (r == row1) delta1 = dot;
+    if (lane == 0 && r < tile.rows) delta[(tile.first_row + r) * heads + head] = dot;
+  }
+  const float log2e = 1.4426950408889634f, scale = rsqrtf((float)head_dim), scale2 = scale * log2e;
+  const float lse0 = row0 < tile.rows ? lse[(tile.first_row + row0) * heads + head] * log2e : 0.0f;
+  const float lse1 = row1 < tile.rows ? lse[(tile.first_row + row1) * heads + head] * log2e : 0.0f;
+  const int seen0 = row0 < tile.rows ? tile.seen(row0) : 0, seen1 = row1 < tile.rows ? tile.seen(row1) : 0;
+  const int warp_seen = tile.seen(warp * 16 + 15);
+  float grad[HD / 8][4] = {};
+
+  for (int key0 = 0; key0 < tile.keys(); key0 += KEY_TILE) {
+    __syncthreads();
+    load_key_tile<HD, KEY_TILE>(ks, vs, k, v, tile, key0, kv_stride, kv_head * head_dim, head_dim);
+    __syncthreads();
+    if (key0 >= warp_seen || warp * 16 >= tile.rows) continue;
+
+    float s[KEY_TILE / 8][4], dp[KEY_TILE / 8][4];
+    product_transposed<HD, KEY_TILE>(s, qs, warp * 16, ks, g, t);
+    product_transposed<HD, KEY_TILE>(dp, dos, warp * 16, vs, g, t);
 #pragma unroll
-  for (int t = 0; t < D; t++) weighted_keys[t] = prob_keys[t] = 0.0f;
-  float weighted = 0.0f;
-  const int keys = key_count(row_keys, row);
-  for (int j = 0; j < keys; j++) {
-    const long long kv_offset = (key_row(row_keys, row, j) * kv_heads + kv_head) * head_dim;
-    load_lane_dims_bf16(key, k + kv_offset, lane, head_dim);
-    load_lane_dims_bf16(value, v + kv_offset, lane, head_dim);
-    const float p = expf(lane_dot(query, key) * scale - row_lse);
-    const float dp = lane_dot(grad_out, value);
-    weighted += p * dp;
+    for (int n = 0; n < KEY_TILE / 8; n++) {
 #pragma unroll
-    for (int t = 0; t < D; t++) {
-      weighted_keys[t] += p * dp * key[t];
-      prob_keys[t] += p * key[t];
+      for (int i = 0; i < 4; i++) {
+        const int j = key0 + n * 8 + 2 * t + (i & 1);
+        const bool low = i < 2;
+        const float p = j < (low ? seen0 : seen1) ? exp2f(s[n][i] * scale2 - (low ? lse0 : lse1)) : 0.0f;
+        s[n][i] = p * (dp[n][i] - (low ? delta0 : delta1));  // dS
+      }
+    }
+    accumulate_product<HD, KEY_TILE>(grad, s, ks, g, t);
+  }
+#pragma unroll
+  for (int n = 0; n < HD / 8; n++) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int r = i < 2 ? row0 : row1, c = n * 8 + 2 * t + (i & 1);
+      if (r < tile.rows && c < head_dim) dq[(tile.first_row + r) * q_stride + head * head_dim + c] += grad[n][i] * scale;
     }
   }
-  float* g = dq + (long long)pair * head_dim;
-#pragma unroll
-  for (int t = 0; t < D; t++) if (lane + 32 * t < head_dim) g[lane + 32 * t] += (weighted_keys[t] - weighted * prob_keys[t]) * scale;
-  if (lane == 0) delta[pair] = weighted;
 }
 
-// Backward of packed_attention_forward, second half: dk and dv of one (key row, kv head) per block, from every
-// (query row, query head) pair that sees the key: the query rows come as ranges from the host (query_offsets[key]
-// .. query_offsets[key + 1] index pairs [first, end) in query_ranges), the heads are the kv head's group. A warp
-// takes one pair at a time, each lane the dimensions lane, lane + 32, …: p = exp(q·k/√d − lse), dS = p (dout·v − Δ)/√d,
-// dk += dS q, dv += p dout, in registers; the warps' sums meet in shared memory. The block owns its key row, so
-// nothing is added atomically.
-// Dynamic shared memory: 2 · warps · head_dim floats.
-extern "C" __global__ void packed_attention_backward_dkdv(float* __restrict__ dk, float* __restrict__ dv,
-                                                         const float* __restrict__ dout, const float* __restrict__ q,
-                                                         const float* __restrict__ k, const float* __restrict__ v,
-                                                         const float* __restrict__ lse, const float* __restrict__ delta,
-                                                         const int* __restrict__ query_offsets,
-                                                         const int* __restrict__ query_ranges, int heads, int kv_heads,
-                                                         int head_dim) {
+// ---- key tiles: the dk/dv pass ------------------------------------------------------------------------------------
+// Backward, second pass: dk and dv of one key tile (at most 64 rows of one segment, 16 per warp: the host's
+// packedKeyTiles, per tile {first key row, keys, first range, ranges}) and one kv head, from every query row that
+// sees those keys, for every query head of the kv head's group. The query rows come as ranges {first row, end,
+// prefix start, prefix end, causal}: a causal range (the key's own segment) sees a key at or before the row; a prefix
+// range (a segment reading the keys' segment as its prefix) sees the keys in [prefix start, prefix end). The ranges
+// are read QUERY_CHUNK rows at a time. Each warp computes Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for its 16 keys, then
+// dv += Pᵀ·dO and dk += dSᵀ·Q / √d with dSᵀ = Pᵀ (dPᵀ − Δ), in registers. The block owns its key rows: no atomics.
+// Grid: (key tiles, kv heads). Block: 128. Dynamic shared memory: (2·64 + 2·QUERY_CHUNK) rows of HD + 8 bf16, then
+// 2·QUERY_CHUNK floats.
+constexpr int KEY_TILE = 64;
+
+template <int HD, int QUERY_CHUNK>
+__device__ void packed_attention_backward_dkdv(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                                               const float* __restrict__ dout, const float* __restrict__ lse,
+                                               const float* __restrict__ delta, const int* __restrict__ key_tiles,
+                                               const int* __restrict__ ranges, float* __restrict__ dk, float* __restrict__ dv,
+                                               int heads, int kv_heads, int head_dim) {
   extern __shared__ float shared[];
-  constexpr int D = DIMS_PER_LANE;
-  const int key = blockIdx.x, kv_head = blockIdx.y, group = heads / kv_heads;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  const float scale = rsqrtf((float)head_dim);
-  const long long kv_offset = ((long long)key * kv_heads + kv_head) * head_dim;
-  float key_dims[D], value_dims[D], query[D], grad_out[D], dk_sum[D], dv_sum[D];
-  load_lane_dims_bf16(key_dims, k + kv_offset, lane, head_dim);
-  load_lane_dims_bf16(value_dims, v + kv_offset, lane, head_dim);
+  constexpr int STRIDE = HD + 8;
+  bf16* ks = reinterpret_cast<bf16*>(shared);
+  bf16* vs = ks + KEY_TILE * STRIDE;
+  bf16* qs = vs + KEY_TILE * STRIDE;
+  bf16* dos = qs + QUERY_CHUNK * STRIDE;
+  float* chunk_lse = reinterpret_cast<float*>(dos + QUERY_CHUNK * STRIDE);  // in base 2
+  float* chunk_delta = chunk_lse + QUERY_CHUNK;
+  const int* tile = key_tiles + 4 * blockIdx.x;
+  const int first_key = tile[0], keys = tile[1], first_range = tile[2], range_count = tile[3];
+  const int kv_head = blockIdx.y, group = heads / kv_heads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const long long q_stride = (long long)heads * head_dim, kv_stride = (long long)kv_heads * head_dim;
+  const auto key_row = [&](int r) { return r < keys ? (long long)first_key + r : -1LL; };
+  load_tile<HD, KEY_TILE>(ks, k, kv_stride, kv_head * head_dim, head_dim, key_row);
+  load_tile<HD, KEY_TILE>(vs, v, kv_stride, kv_head * head_dim, head_dim, key_row);
+  // This lane's two keys (rows g and g + 8 of the warp's 16) and the warp's key rows.
+  const int key_lo = first_key + warp * 16, key0 = key_lo + g, key1 = key0 + 8;
+  const int key_hi = first_key + min(warp * 16 + 16, keys);  // past the warp's last real key
+  const float log2e = 1.4426950408889634f, scale = rsqrtf((float)head_dim), scale2 = scale * log2e;
+  float grad_k[HD / 8][4] = {}, grad_v[HD / 8][4] = {};
+
+  for (int member = 0; member < group; member++) {
+    const int head = kv_head * group + member;
+    for (int range = first_range; range < first_range + range_count; range++) {
+      const int* bounds = ranges + 5 * range;
+      const int first = bounds[0], end = bounds[1], prefix_start = bounds[2], prefix_end = bounds[3];
+      const bool causal = bounds[4] != 0;
+      for (int chunk = first; chunk < end; chunk += QUERY_CHUNK) {
+        __syncthreads();  // the previous chunk is no longer read
+        const auto query_row = [&](int r) { return chunk + r < end ? (long long)chunk + r : -1LL; };
+        load_tile<HD, QUERY_CHUNK>(qs, q, q_stride, head * head_dim, head_dim, query_row);
+        load_tile<HD, QUERY_CHUNK>(dos, dout, q_stride, head * head_dim, head_dim, query_row);
+        for (int r = threadIdx.x; r < QUERY_CHUNK; r += blockDim.x) {
+          const bool real = chunk + r < end;
+          chunk_lse[r] = real ? lse[(long long)(chunk + r) * heads + head] * log2e : 0.0f;
+          chunk_delta[r] = real ? delta[(long long)(chunk + r) * heads + head] : 0.0f;
+        }
+        __syncthreads();
+        // Skip when no row of the chunk sees any of the warp's keys (uniform over the warp).
+        const int chunk_last = min(chunk + QUERY_CHUNK, end) - 1;
+        const bool any = key_lo < key_hi && (causal ? key_lo <= chunk_last : key_lo < prefix_end && key_hi > prefix_start);
+        if (!any) continue;
+
+        float p[QUERY_CHUNK / 8][4], ds[QUERY_CHUNK / 8][4];
+        product_transposed<HD, QUERY_CHUNK>(p, ks, warp * 16, qs, g, t);   // Sᵀ
+        product_transposed<HD, QUERY_CHUNK>(ds, vs, warp * 16, dos, g, t);  // dPᵀ
 #pragma unroll
-  for (int t = 0; t < D; t++) dk_sum[t] = dv_sum[t] = 0.0f;
-  for (int range = query_offsets[key]; range < query_offsets[key + 1]; range++) {
-    const int first = query_ranges[2 * range], pairs = (query_ranges[2 * range + 1] - first) * group;
-    for (int pair = warp; pair < pairs; pair += warps) {
-      const long long row_head = (long long)(first + pair / group) * heads + kv_head * group + pair % group;
-      load_lane_dims_bf16(query, q + row_head * head_dim, lane, head_dim);
-      load_lane_dims(grad_out, dout + row_head * head_dim, lane, head_dim);
-      const float p = expf(lane_dot(query, key_dims) * scale - lse[row_head]);
-      const float ds = p * (lane_dot(grad_out, value_dims) - delta[row_head]) * scale;
+        for (int n = 0; n < QUERY_CHUNK / 8; n++) {
 #pragma unroll
-      for (int t = 0; t < D; t++) {
-        dk_sum[t] += ds * query[t];
-        dv_sum[t] += p * grad_out[t];
+          for (int i = 0; i < 4; i++) {
+            const int local = n * 8 + 2 * t + (i & 1), query = chunk + local, key = i < 2 ? key0 : key1;
+            const bool seen = query < end && key < key_hi && (causal ? key <= query : key >= prefix_start && key < prefix_end);
+            p[n][i] = seen ? exp2f(p[n][i] * scale2 - chunk_lse[local]) : 0.0f;
+            ds[n][i] = p[n][i] * (ds[n][i] - chunk_delta[local]);
+          }
+        }
+        accumulate_product<HD, QUERY_CHUNK>(grad_v, p, dos, g, t);
+        accumulate_product<HD, QUERY_CHUNK>(grad_k, ds, qs, g, t);
       }
     }
   }
-  float* partial_k = shared;
-  float* partial_v = shared + warps * head_dim;
 #pragma unroll
-  for (int t = 0; t < D; t++) {
-    const int i = lane + 32 * t;
-    if (i < head_dim) {
-      partial_k[warp * head_dim + i] = dk_sum[t];
-      partial_v[warp * head_dim + i] = dv_sum[t];
+  for (int n = 0; n < HD / 8; n++) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int key = i < 2 ? key0 : key1, c = n * 8 + 2 * t + (i & 1);
+      if (key < key_hi && c < head_dim) {
+        const long long offset = key * kv_stride + kv_head * head_dim + c;
+        dk[offset] += grad_k[n][i] * scale;
+        dv[offset] += grad_v[n][i];
+      }
     }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-    float sum_k = 0.0f, sum_v = 0.0f;
-    for (int w = 0; w < warps; w++) {
-      sum_k += partial_k[w * head_dim + i];
-      sum_v += partial_v[w * head_dim + i];
-    }
-    dk[kv_offset + i] += sum_k;
-    dv[kv_offset + i] += sum_v;
   }
 }
+
+// Instantiations per head size: the forward and dq passes with key tiles of 64, the dk/dv pass with query chunks of
+// 64, or 32 at head size 128, where its two 16 × 128 accumulators per warp take 128 registers per thread.
+#define PACKED_ATTENTION(HD, QUERY_CHUNK)                                                                               \
+  extern "C" __global__ void __launch_bounds__(128) packed_attention_forward_hd##HD(                                    \
+      const float* q, const float* k, const float* v, const int* tiles, float* out, float* lse, int heads, int kv_heads, \
+      int head_dim) {                                                                                                    \
+    packed_attention_forward<HD, 64>(q, k, v, tiles, out, lse, heads, kv_heads, head_dim);                              \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dq_hd##HD(                                \
+      const float* q, const float* k, const float* v, const float* out, const float* dout, const float* lse,            \
+      const int* tiles, float* dq, float* delta, int heads, int kv_heads, int head_dim) {                               \
+    packed_attention_backward_dq<HD, 64>(q, k, v, out, dout, lse, tiles, dq, delta, heads, kv_heads, head_dim);         \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dkdv_hd##HD(                              \
+      const float* q, const float* k, const float* v, const float* dout, const float* lse, const float* delta,          \
+      const int* key_tiles, const int* ranges, float* dk, float* dv, int heads, int kv_heads, int head_dim) {           \
+    packed_attention_backward_dkdv<HD, QUERY_CHUNK>(q, k, v, dout, lse, delta, key_tiles, ranges, dk, dv, heads,       \
+                                                    kv_heads, head_dim);                                                 \
+  }
+PACKED_ATTENTION(16, 64)
+PACKED_ATTENTION(32, 64)
+PACKED_ATTENTION(64, 64)
+PACKED_ATTENTION(128, 32)

@@ -350,7 +350,8 @@ export class CpuBackend implements Backend {
     return new CpuTensor([probs.length], "f32", probs);
   }
 
-  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
+  /** The saved probabilities carry all the output would tell: `out` is not read. */
+  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, _out: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
     dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor): void {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
     packedAttentionBackward(cpu(q).data, cpu(k).data, cpu(v).data, cpu(saved).data, segments, heads, kvHeads, headDim,
