@@ -309,6 +309,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.#release(t.release());
   }
 
+  availableMemory(): number {
+    return this.context.memoryInfo().freeBytes + this.context.pool.stats().cachedBytes;
+  }
+
   /** Device memory statistics (pool, graph arena, driver) for benchmarks and diagnostics. */
   memoryStats() {
     return { pool: this.context.pool.stats(), graphArena: this.#graphs?.arena.stats() ?? null, device: this.context.memoryInfo() };

@@ -5,6 +5,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import { DEFAULT_LORA, PROJECTIONS, type LoraConfig } from "../model/lora.ts";
+import type { RecomputeActivations } from "../model/training.ts";
 
 /** "ppo": token-level clipped surrogate; "cispo": clipped, detached ratio times A·logp (ART's later default). */
 export type PolicyLoss = "ppo" | "cispo";
@@ -42,8 +43,11 @@ export interface TrainConfig {
   sharePrompts: boolean;
   /** longer sequences are truncated, with a warning */
   maxSequenceLength: number;
-  /** keep only each layer's input and recompute the layer in the backward (memory ∝ one layer) */
-  recomputeActivations: boolean;
+  /**
+   * recompute each layer in the backward from its input instead of keeping its activations: true (memory ∝ one
+   * layer), false, or "auto": keep them while the backend's memory has room (DifferentiableTransformer)
+   */
+  recomputeActivations: RecomputeActivations;
   seed: number;
 }
 
@@ -73,7 +77,7 @@ export function resolveTrainConfig(init: TrainConfigInit = {}): TrainConfig {
     microBatchSize: init.microBatchSize ?? 4,
     sharePrompts: init.sharePrompts ?? true,
     maxSequenceLength: init.maxSequenceLength ?? 8192,
-    recomputeActivations: init.recomputeActivations ?? false,
+    recomputeActivations: init.recomputeActivations ?? "auto",
     seed: init.seed ?? 0,
   };
   validate(config);
@@ -102,6 +106,9 @@ function validate(c: TrainConfig): void {
   }
   if (!Number.isInteger(c.microBatchSize) || c.microBatchSize < 1) bad("microBatchSize", "an integer >= 1", c.microBatchSize);
   if (!Number.isInteger(c.maxSequenceLength) || c.maxSequenceLength < 2) bad("maxSequenceLength", "an integer >= 2", c.maxSequenceLength);
+  if (c.recomputeActivations !== true && c.recomputeActivations !== false && c.recomputeActivations !== "auto") {
+    bad("recomputeActivations", 'true, false or "auto"', c.recomputeActivations);
+  }
   if (c.policyLoss !== "ppo" && c.policyLoss !== "cispo") bad("policyLoss", '"ppo" or "cispo"', c.policyLoss);
   if (c.importanceSampling !== "token" && c.importanceSampling !== "sequence") {
     bad("importanceSampling", '"token" or "sequence"', c.importanceSampling);

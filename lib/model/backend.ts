@@ -205,6 +205,11 @@ export interface Backend {
    * GPU (each block is a product and a few launches, so many small blocks would be launch-bound).
    */
   readonly logitChunks: ChunkSizes;
+  /**
+   * Bytes the backend could still allocate (on a GPU: the device's free memory and the blocks its pool caches), or
+   * absent where that is not known (the CPU). Training uses it to decide which layers' activations to keep.
+   */
+  availableMemory?(): number;
 
   // Memory and host transfers.
   /**

@@ -9,9 +9,10 @@
  * engine as those very tensors, so a sampler sees every optimiser update at once.
  *
  * Two modes: LoRA (base frozen, gradients only for A/B of the chosen projections) and full-parameter (every weight
- * has a gradient; for SFT of small models, on backends that have those gradients). With `recomputeActivations` only
- * each layer's input is kept and the layer is recomputed during the backward, so activation memory is one layer's
- * worth plus N×D per layer.
+ * has a gradient; for SFT of small models, on backends that have those gradients). A layer whose activations are
+ * recomputed keeps only its input, and the backward runs its forward again: activation memory is then one layer's
+ * worth plus N×D per layer. `recomputeActivations` says which layers: none, all, or ("auto") those that would not
+ * fit in the memory the backend reports (the later ones, so the longest sequences still train).
  */
 import { ArtError } from "../core/errors.ts";
 import { seededRandom } from "../core/random.ts";
@@ -95,10 +96,22 @@ export interface ForwardPass {
   logsumexp: Float32Array;
 }
 
+/**
+ * Which layers' activations the backward recomputes instead of keeping: none (false), all (true), or "auto": a
+ * layer's are kept while, with them, the backend's available memory still holds twice a layer's activations and a
+ * logits block besides (the next layer's forward, and the backward's recomputed layer and gradients); on a backend
+ * that reports no memory (the CPU) "auto" keeps them all.
+ */
+export type RecomputeActivations = boolean | "auto";
+
+/** Memory "auto" leaves free beyond what it accounts for (allocator rounding, cuBLAS, small tensors). */
+const recomputeMarginBytes = 512 << 20;
+
 export interface DifferentiableTransformerOptions {
   /** null: full-parameter training (every weight gets a gradient) */
   lora: LoraConfig | null;
-  recomputeActivations?: boolean;
+  /** default "auto" */
+  recomputeActivations?: RecomputeActivations;
   /** seed of the LoRA A initialisation (B starts at zero, so a new adapter leaves the model unchanged) */
   seed?: number;
   /** start from this adapter (its rank, alpha and target modules replace `lora`) */
@@ -114,7 +127,7 @@ export class DifferentiableTransformer {
   readonly config: ModelConfig;
   readonly lora: LoraConfig | null;
   readonly loras: LoraParams[] = [];
-  recomputeActivations: boolean;
+  recomputeActivations: RecomputeActivations;
   chunks: ChunkSizes;
   private readonly embedding: Param;
   private readonly lmHead: Param;
@@ -128,7 +141,7 @@ export class DifferentiableTransformer {
     const config = this.config = transformer.config;
     const weights = transformer.weights;
     this.lora = options.adapter?.lora ?? options.lora;
-    this.recomputeActivations = options.recomputeActivations ?? false;
+    this.recomputeActivations = options.recomputeActivations ?? "auto";
     this.chunks = options.chunks ?? backend.logitChunks;
     const full = this.lora === null;
     if (full && !backend.fullParameterTraining) {
@@ -258,11 +271,11 @@ export class DifferentiableTransformer {
       if (!keep) {
         this.freeActivations(acts);
         b.free(x);
-      } else if (this.recomputeActivations) {
+      } else if (this.keepsActivations(acts)) {
+        layers.push({ input: x, acts });
+      } else {
         this.freeActivations(acts);
         layers.push({ input: x, acts: null });
-      } else {
-        layers.push({ input: x, acts });
       }
       x = output;
     }
@@ -284,6 +297,17 @@ export class DifferentiableTransformer {
     return pass;
   }
 
+  /** Whether a layer's activations, just computed, stay for the backward (see RecomputeActivations). */
+  private keepsActivations(acts: LayerActivations): boolean {
+    if (this.recomputeActivations !== "auto") return !this.recomputeActivations;
+    const available = this.backend.availableMemory?.();
+    if (available === undefined) return true;
+    let layerBytes = 0;
+    for (const tensor of activationTensors(acts)) layerBytes += tensor.size * (tensor.dtype === "bf16" ? 2 : 4);
+    const logitsBlock = this.chunks.rowChunk * this.chunks.vocabChunk * 4;
+    return available >= 2 * layerBytes + logitsBlock + recomputeMarginBytes;
+  }
+
   /** Frees what a forward pass holds on the backend (backward does this itself). */
   release(pass: ForwardPass): void {
     for (const saved of pass.layers) {
@@ -296,10 +320,7 @@ export class DifferentiableTransformer {
 
   /** Frees what a layer's forward kept for its backward (attnOut and mlpOut went when the forward ended). */
   private freeActivations(acts: LayerActivations): void {
-    const { attnOut: _attnOut, mlpOut: _mlpOut, loraDown, ...kept } = acts;
-    const tensors = new Set<Tensor>(Object.values(loraDown));
-    for (const tensor of Object.values(kept)) if (tensor) tensors.add(tensor);
-    for (const tensor of tensors) this.backend.free(tensor);
+    for (const tensor of activationTensors(acts)) this.backend.free(tensor);
   }
 
   /** One layer through Transformer.layerForward with buffers of its own; returns them and the layer's output. */
@@ -431,4 +452,12 @@ export class DifferentiableTransformer {
     b.free(dAttnInput);
     return dInput;
   }
+}
+
+/** The tensors a layer's forward keeps for its backward, each once (attnOut and mlpOut went when the forward ended). */
+function activationTensors(acts: LayerActivations): Set<Tensor> {
+  const { attnOut: _attnOut, mlpOut: _mlpOut, loraDown, ...kept } = acts;
+  const tensors = new Set<Tensor>(Object.values(loraDown));
+  for (const tensor of Object.values(kept)) if (tensor) tensors.add(tensor);
+  return tensors;
 }

@@ -155,6 +155,16 @@ describe("CUDA backend host logic (recording device)", () => {
     expect(device.outstandingBytes).toBe(0);
   });
 
+  it("reports as available the device's free memory and the pool's cached blocks", () => {
+    const { device, backend } = recordingBackend();
+    device.limitBytes = 1 << 30;
+    const x = backend.zeros([1024, 256]); // 1 MiB
+    expect(backend.availableMemory()).toBe((1 << 30) - device.outstandingBytes);
+    backend.free(x); // cached by the pool: still the backend's to hand out
+    expect(backend.availableMemory()).toBe((1 << 30) - device.outstandingBytes + (1 << 20));
+    backend.dispose();
+  });
+
   it("names wrong shapes, foreign tensors, bad token ids and too many query heads per kv head", () => {
     const { backend } = recordingBackend();
     const x = backend.zeros([2, 8]), w = backend.upload(new Float32Array(6 * 8), [6, 8], "bf16"), out = backend.zeros([2, 5]);

@@ -6,7 +6,7 @@
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { freemem, tmpdir, totalmem } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { CudaBackend, type CudaBackendOptions, type DeviceQueue, type GemmRunner } from "../../lib/cuda/backend.ts";
@@ -189,8 +189,9 @@ class EmulatedDevice implements DeviceQueue {
     if (this.#captured) throw new Error(`emulator: ${what} while capturing a graph`);
   }
 
+  /** The emulator's device memory is the host's. */
   memoryInfo() {
-    return { freeBytes: 0, totalBytes: 0 };
+    return { freeBytes: freemem(), totalBytes: totalmem() };
   }
 
   dispose(): void {

@@ -144,8 +144,10 @@ export class RecordingDevice implements DeviceQueue {
     if (this.#captured) throw new Error(`${what} while capturing a graph`);
   }
 
+  /** What the limit leaves (with no limit, more than any test asks for). */
   memoryInfo() {
-    return { freeBytes: 0, totalBytes: 0 };
+    const totalBytes = Number.isFinite(this.limitBytes) ? this.limitBytes : 2 ** 50;
+    return { freeBytes: totalBytes - this.outstandingBytes, totalBytes };
   }
 
   dispose(): void {

@@ -49,6 +49,30 @@ describe.each(ARCHITECTURES)("%s: backward through the whole transformer", (arch
     });
   }
 
+  it('"auto" recomputes the layers whose activations would not fit, with the same gradients as keeping them all', () => {
+    const gradientsOf = (model: DifferentiableTransformer) => {
+      model.zeroGradients();
+      const pass = model.forward(batch);
+      const kept = pass.layers.map((layer) => layer.acts !== null);
+      model.backward(pass, upstream);
+      return { kept, grads: model.parameterTensors().map((p) => backend.download(p.grad)) };
+    };
+    const reference = gradientsOf(loraModel(false));
+    const auto = loraModel(false);
+    auto.recomputeActivations = "auto";
+    expect(gradientsOf(auto).kept).toEqual([true, true]); // the CPU reports no memory figure: everything stays
+    // Room for the first layer's activations only: the second is recomputed in the backward.
+    let decisions = 0;
+    backend.availableMemory = () => (decisions++ === 0 ? 2 ** 40 : 0);
+    try {
+      const mixed = gradientsOf(auto);
+      expect(mixed.kept).toEqual([true, false]);
+      expect(mixed.grads).toEqual(reference.grads); // recomputing runs the very same ops: bit for bit
+    } finally {
+      delete backend.availableMemory;
+    }
+  });
+
   it("every weight gradient in full-parameter mode matches PyTorch and finite differences", () => {
     const model = new DifferentiableTransformer(transformer, { lora: null });
     model.zeroGradients();
