@@ -3,27 +3,29 @@
 // same run (bench/peers/hf_generate.py). Prints JSON.
 //
 // Usage: node bench/cuda-decode.ts [--peer hf.json] [--shapes qwen2.5-0.5b,qwen2.5-1.5b] [--batches 1,8,64]
-//        [--prompt 128] [--steps 128] [--prefill 512]
+//        [--prompt 128] [--steps 128] [--prefill 1x512,8x512,1x4096]
 // Decode: every sequence prefills `prompt` tokens (untimed), then `steps` decode steps are timed (forward + on-device
 // greedy sampling + the ids back to the host, i.e. what generation does), once with decode passes replayed as CUDA
 // graphs (the default) and once eagerly, on two backends of the same process. With graphs, the first decode pass
 // is untimed (a new shape runs eagerly once) and the timed ones include the recording and, at the key-window
-// change, one more eager pass and recording: what generation pays. Prefill: one forward of `prefill` tokens
-// per sequence at batch 1 and 8, logits for the last row only. Roofline per decode pass: all weight bytes plus the
+// change, one more eager pass and recording: what generation pays. Prefill: one forward per size (sequences x
+// tokens), logits for the last row of each sequence only, and where its GPU time goes (bench/cuda-profile.ts). Roofline per decode pass: all weight bytes plus the
 // KV cache read, at the bandwidth of a device-to-device copy measured here.
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { createCudaBackend } from "../lib/cuda/mod.ts";
 import { decode, type DecodeSequence } from "../lib/model/generate.ts";
 import { Transformer } from "../lib/model/transformer.ts";
+import { type OpProfile, profileBackend } from "./cuda-profile.ts";
 import { measureBandwidth, randomWeights, shapeConfig } from "./cuda-random-model.ts";
 
 const { values } = parseArgs({ options: {
   peer: { type: "string" }, shapes: { type: "string", default: "qwen2.5-0.5b,qwen2.5-1.5b" },
   batches: { type: "string", default: "1,8,64" }, prompt: { type: "string", default: "128" },
-  steps: { type: "string", default: "128" }, prefill: { type: "string", default: "512" },
+  steps: { type: "string", default: "128" }, prefill: { type: "string", default: "1x512,8x512,1x4096" },
 } });
-const promptLength = Number(values.prompt), steps = Number(values.steps), prefillLength = Number(values.prefill);
+const promptLength = Number(values.prompt), steps = Number(values.steps);
+const prefillSizes = values.prefill!.split(",").map((size) => size.split("x").map(Number) as [number, number]);
 const batches = values.batches!.split(",").map(Number);
 const peer = values.peer ? JSON.parse(readFileSync(values.peer, "utf8")) as PeerResults : null;
 
@@ -53,21 +55,26 @@ function decodeRun(model: Transformer, batch: number): { tokensPerSecond: number
   return { tokensPerSecond: (batch * (steps - 1)) / seconds, kvBytesPerStep };
 }
 
-function prefillRun(model: Transformer, batch: number): number {
+/** Prefill tokens/s of `batch` sequences of `length` tokens, then one more prefill through the per-op profile. */
+function prefillRun(model: Transformer, profiled: Transformer, batch: number, length: number): { tokensPerSecond: number; profileMs: Record<string, OpProfile> } {
   const c = model.config;
-  const cache = model.createKvCache(batch, prefillLength);
-  const prompt = Array.from({ length: prefillLength }, (_, i) => (i * 104729) % c.vocabSize);
+  const cache = model.createKvCache(batch, length);
+  const prompt = Array.from({ length }, (_, i) => (i * 104729) % c.vocabSize);
   const rows = Array.from({ length: batch }, (_, slot) => ({ slot, startPosition: 0, tokens: prompt, sample: greedy }));
   decode(model, cache, rows); // warm-up
   const repeats = 3;
   const started = performance.now();
   for (let r = 0; r < repeats; r++) decode(model, cache, rows);
   const seconds = (performance.now() - started) / 1000;
+  profile.start();
+  decode(profiled, cache, rows);
+  const profileMs = profile.report();
   cache.free();
-  return (repeats * batch * prefillLength) / seconds;
+  return { tokensPerSecond: (repeats * batch * length) / seconds, profileMs };
 }
 
 const backend = createCudaBackend({ log: (m) => console.error(m) });
+const profile = profileBackend(backend, backend.context);
 const eagerBackend = createCudaBackend({ log: (m) => console.error(m), graphs: false });
 const bandwidth = measureBandwidth(backend);
 const results: Record<string, unknown> = {};
@@ -94,10 +101,14 @@ for (const name of values.shapes!.split(",")) {
     };
   }
   const prefill: Record<string, unknown> = {};
-  for (const batch of [1, 8]) {
-    const tokensPerSecond = prefillRun(model, batch);
-    const hf = peer?.results[name]?.prefill[String(batch)];
-    prefill[batch] = { tokensPerSecond: Math.round(tokensPerSecond), ...(hf ? { hfTokensPerSecond: hf, ratioToHf: +(tokensPerSecond / hf).toFixed(2) } : {}) };
+  const profiled = new Transformer(profile.backend, config, weights); // the same weights, through the profile
+  for (const [batch, length] of prefillSizes) {
+    const key = `${batch}x${length}`;
+    const { tokensPerSecond, profileMs } = prefillRun(model, profiled, batch, length);
+    const hf = peer?.results[name]?.prefill[key];
+    prefill[key] = {
+      tokensPerSecond: Math.round(tokensPerSecond), ...(hf ? { hfTokensPerSecond: hf, ratioToHf: +(tokensPerSecond / hf).toFixed(2) } : {}), profileMs,
+    };
   }
   results[name] = { weightBytes, decode, prefill, pool: backend.memoryStats().pool, graphs: backend.decodeGraphStats() };
   model.free();
@@ -106,9 +117,10 @@ for (const name of values.shapes!.split(",")) {
 console.log(JSON.stringify({
   device: backend.context.device.name,
   measuredBandwidthGBps: +(bandwidth / 1e9).toFixed(0),
-  settings: { promptLength, steps, prefillLength, sampling: "greedy on device", decode: "CUDA graphs (tokensPerSecond) and eager (eagerTokensPerSecond)" },
+  settings: { promptLength, steps, prefill: values.prefill, sampling: "greedy on device", decode: "CUDA graphs (tokensPerSecond) and eager (eagerTokensPerSecond)" },
   command: `node bench/cuda-decode.ts ${process.argv.slice(2).join(" ")}`.trim(),
   results,
 }, null, 2));
+profile.dispose();
 backend.dispose();
 eagerBackend.dispose();

@@ -36,7 +36,8 @@ export function randomWeights(backend: CudaBackend, c: ModelConfig): { weights: 
     },
   }));
   const embedding = tensor([c.vocabSize, d]);
-  return { weights: { embedding, layers, finalNorm: tensor([d]), lmHead: embedding }, bytes };
+  const lmHead = c.tieWordEmbeddings ? embedding : tensor([c.vocabSize, d]);
+  return { weights: { embedding, layers, finalNorm: tensor([d]), lmHead }, bytes };
 }
 
 /** Bandwidth of a device-to-device copy (bytes read + written per second). */

@@ -11,13 +11,17 @@
 #                  within a stretch between two barriers)
 #   hf-fixtures.tar.gz  test/fixtures/hf as scripts/reference/hf_fixtures.py wrote it (transformers + PEFT)
 #   bench.tar      bench/: roofline.json (bench/peers/gpu_roofline.py), hf.json (bench/peers/hf_generate.py),
-#                  decode.json (bench/cuda-decode.ts, the peer's numbers beside ours when hf.json is valid),
-#                  hf-train.json (bench/peers/hf_train_step.py), train.json (bench/cuda-train.ts, likewise)
+#                  decode.json (bench/cuda-decode.ts: decode and prefill, the peer's numbers beside ours when hf.json
+#                  is valid), hf-train.json (bench/peers/hf_train_step.py), train.json (bench/cuda-train.ts: the
+#                  LoRA step at Qwen2.5 0.5B-7B shapes, 8 x 1024 and 2 x 4096 tokens, beside the peer, with MFU
+#                  against roofline.json's GEMM ceiling and where the GPU time goes)
 #   summary.json   every step with its status ("ok", "failed (exit N)", "timed out after N s", "skipped: why",
 #                  "running", "pending"), rewritten after each step, so a call cut short still leaves valid JSON
 #   log.txt        every step's command and stderr
 # Prepare here first: bash scripts/cuda-device-bundle.sh; then run on the device, carrying ".device" and
 # "lib/cuda/build":  bash scripts/cuda-gpu-check.sh
+# All steps take longer than one device call (600 s): steps that no longer fit are "skipped: out of time"; run them in
+# the next calls, e.g. ART_GPU_CHECK_STEPS="roofline hf_peer bench", then "roofline hf_train_peer train_bench".
 # ART_GPU_CHECK_STEPS picks steps (default: all, in the order below); ART_GPU_CHECK_SECONDS is the whole budget
 # (default 570, under the device command's 600 s); every step's limit is cut to what is left of it.
 set -uo pipefail
@@ -103,10 +107,11 @@ step hf_peer 240 bench/hf.json python3 bench/peers/hf_generate.py
 peer=""
 [[ ${status[hf_peer]:-} == ok* ]] && peer="--peer $OUT/bench/hf.json"
 step bench 150 bench/decode.json node bench/cuda-decode.ts $peer
-step hf_train_peer 120 bench/hf-train.json python3 bench/peers/hf_train_step.py
+step hf_train_peer 240 bench/hf-train.json python3 bench/peers/hf_train_step.py
 peer=""
 [[ ${status[hf_train_peer]:-} == ok* ]] && peer="--peer $OUT/bench/hf-train.json"
-step train_bench 150 bench/train.json node bench/cuda-train.ts $peer
+[[ ${status[roofline]:-} == ok* ]] && peer+=" --roofline $OUT/bench/roofline.json"
+step train_bench 300 bench/train.json node bench/cuda-train.ts $peer
 # The device tool returns at most 8 files: the bench results travel as one archive.
 tar -cf "$OUT/bench.tar" -C "$OUT" bench && rm -rf "$OUT/bench"
 cat "$OUT/summary.json"

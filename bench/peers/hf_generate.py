@@ -3,7 +3,7 @@ bf16 weights on the GPU, decode tokens/s at the same batches and lengths (greedy
 Prints JSON that bench/cuda-decode.ts reads with --peer.
 
 Usage: python3 bench/peers/hf_generate.py [--shapes qwen2.5-0.5b,qwen2.5-1.5b] [--batches 1,8,64]
-       [--prompt 128] [--steps 128] [--prefill 512]
+       [--prompt 128] [--steps 128] [--prefill 1x512,8x512,1x4096]
 Decode time = generate(prompt, steps new tokens) minus generate(prompt, 1 new token), so prefill is excluded, as in
 the art-ts bench. decodeLoop is the same greedy decode as a plain loop of model forwards over the KV cache, without
 generate's machinery: the fastest this stack decodes without torch.compile.
@@ -21,7 +21,7 @@ parser.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b")
 parser.add_argument("--batches", default="1,8,64")
 parser.add_argument("--prompt", type=int, default=128)
 parser.add_argument("--steps", type=int, default=128)
-parser.add_argument("--prefill", type=int, default=512)
+parser.add_argument("--prefill", default="1x512,8x512,1x4096", help="sequences x tokens per prefill, comma-separated")
 args = parser.parse_args()
 
 with open(os.path.join(os.path.dirname(__file__), "..", "cuda-shapes.json")) as f:
@@ -74,11 +74,11 @@ for name in args.shapes.split(","):
             full, first = timed(run(args.steps)), timed(run(1))
             decode[str(batch)] = round(batch * (args.steps - 1) / (full - first), 1)
             decode_loop[str(batch)] = round(batch * (args.steps - 1) / forward_loop(ids, args.steps - 1), 1)
-        for batch in (1, 8):
-            ids = torch.randint(0, config.vocab_size, (batch, args.prefill), device="cuda")
+        for batch, length in (tuple(int(x) for x in size.split("x")) for size in args.prefill.split(",")):
+            ids = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
             model(input_ids=ids, logits_to_keep=1)  # warm-up
             seconds = timed(lambda: model(input_ids=ids, logits_to_keep=1), repeats=3)
-            prefill[str(batch)] = round(batch * args.prefill / seconds)
+            prefill[f"{batch}x{length}"] = round(batch * length / seconds)
     results[name] = {"decode": decode, "decodeLoop": decode_loop, "prefill": prefill}
     del model
     torch.cuda.empty_cache()
