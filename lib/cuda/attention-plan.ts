@@ -1,7 +1,8 @@
 /**
  * Host-side planning of attention launches (pure functions, tested without a GPU). Over the KV cache (attention.cu):
- * which batch rows share a block (a tile), which kernel instantiation fits the head size, and how to split long key
- * ranges across blocks. Over packed sequences (packed_attention.cu): each row's keys, and each key's query rows.
+ * which rows go to the tensor-core prefill and which to the decode kernel, which batch rows share a block (a tile),
+ * which kernel instantiation fits the head size, and how to split long key ranges across blocks. Over packed
+ * sequences (packed_attention.cu): query tiles with their keys, key tiles with the query rows that see them.
  * The constants mirror the kernels.
  */
 import { ArtError } from "../core/errors.ts";
@@ -12,28 +13,42 @@ export const attentionChunk = 32;
 /** Query vectors per block (tile rows × query heads per kv head). */
 export const attentionQueryVectors = 16;
 
-export interface AttentionTiles {
+/** Shortest run of a slot's consecutive positions that the tensor-core prefill (attention_prefill_hdN) takes. */
+export const prefillMinRun = 16;
+
+export interface AttentionPlan {
+  /** attention_dplN's tiles: each tile's first row and row count. */
   tileStart: Int32Array;
   tileRows: Int32Array;
+  /** attention_prefill_hdN's tiles: per tile {first row, rows, slot, first position}. */
+  prefill: Int32Array;
 }
 
 /**
- * Groups consecutive rows of one slot (positions increasing by one: a prefill chunk) into tiles of at most
- * floor(16 / group) rows, so a block's keys serve every row of its tile. Decode rows become tiles of one row.
+ * Splits the rows of an attention call between the two kernels. A run of consecutive rows of one slot (positions
+ * increasing by one: a prefill chunk) of at least `prefillMinRun` rows goes to the tensor-core prefill in tiles of
+ * `tensorCoreTileRows`, when the head size allows (at most 128); the other rows (decode rows, short chunks) go to
+ * attention_dplN in tiles of at most floor(16 / group) consecutive rows, so a block's keys serve every row of its tile.
  */
-export function planTiles(slots: Int32Array, positions: Int32Array, group: number): AttentionTiles {
+export function planAttention(slots: Int32Array, positions: Int32Array, group: number, headDim: number): AttentionPlan {
   const maxRows = Math.max(1, Math.floor(attentionQueryVectors / group));
-  const starts: number[] = [], counts: number[] = [];
-  for (let i = 0; i < slots.length; i++) {
-    const last = starts.length - 1;
-    const extends_ = last >= 0 && counts[last] < maxRows && slots[i] === slots[i - 1] && positions[i] === positions[i - 1] + 1;
-    if (extends_) counts[last]++;
-    else {
-      starts.push(i);
-      counts.push(1);
+  const starts: number[] = [], counts: number[] = [], prefill: number[] = [];
+  for (let first = 0; first < slots.length;) {
+    let end = first + 1;
+    while (end < slots.length && slots[end] === slots[first] && positions[end] === positions[end - 1] + 1) end++;
+    const tensorCores = end - first >= prefillMinRun && flashHeadSize(headDim) !== null;
+    const tileRows = tensorCores ? tensorCoreTileRows : maxRows;
+    for (let start = first; start < end; start += tileRows) {
+      const rows = Math.min(tileRows, end - start);
+      if (tensorCores) prefill.push(start, rows, slots[start], positions[start]);
+      else {
+        starts.push(start);
+        counts.push(rows);
+      }
     }
+    first = end;
   }
-  return { tileStart: Int32Array.from(starts), tileRows: Int32Array.from(counts) };
+  return { tileStart: Int32Array.from(starts), tileRows: Int32Array.from(counts), prefill: Int32Array.from(prefill) };
 }
 
 /** Throws ArtError unless every row names a slot and position of the cache; returns the last position named. */
@@ -94,38 +109,51 @@ export function checkPackedHeadDim(headDim: number): void {
   }
 }
 
-/** Rows of a query tile (the forward and the dq pass) and of a key tile (the dk/dv pass): 4 warps × 16 rows. */
-export const packedTileRows = 64;
-
 /**
- * The kernels' instantiation for a head size (head_dim padded with zeros to a multiple of the mma's k of 16) and their
- * dynamic shared memory, in bf16 rows of HD + 8: the forward holds a query tile and a key tile of K and V; the dq pass
- * a query tile of Q and dO and a key tile of K and V; the dk/dv pass a key tile of K and V and a query chunk of Q and
- * dO (64 rows, 32 at head size 128) with its rows' log-sum-exp and Δ in f32.
+ * Rows of a tile of the tensor-core kernels (flash.cuh, 4 warps × 16 rows): the training attention's query tiles
+ * (forward and dq pass) and key tiles (dk/dv pass), and the prefill's query tiles.
  */
-export function packedAttentionKernels(headDim: number): { hd: 16 | 32 | 64 | 128; forwardBytes: number; dqBytes: number; dkdvBytes: number } {
-  checkPackedHeadDim(headDim);
-  const hd = ([16, 32, 64, 128] as const).find((size) => headDim <= size)!;
-  const row = (hd + 8) * 2, tile = packedTileRows, chunk = hd === 128 ? 32 : 64;
-  return { hd, forwardBytes: 3 * tile * row, dqBytes: 4 * tile * row, dkdvBytes: (2 * tile + 2 * chunk) * row + 2 * chunk * 4 };
+export const tensorCoreTileRows = 64;
+
+/** The instantiation of flash.cuh's kernels for a head size: padded with zeros to a multiple of 16; none past 128. */
+export function flashHeadSize(headDim: number): 16 | 32 | 64 | 128 | null {
+  return ([16, 32, 64, 128] as const).find((size) => headDim <= size) ?? null;
+}
+
+/** Dynamic shared memory of flash.cuh's forward: a query tile and a key tile of K and V, bf16 rows of HD + 8. */
+export function flashForwardBytes(hd: number): number {
+  return 3 * tensorCoreTileRows * (hd + 8) * 2;
 }
 
 /**
- * The query tiles of the forward and the dq pass: each segment's rows, at most `packedTileRows` at a time, as {first
+ * The training attention's instantiation for a head size (flashHeadSize) and its kernels' dynamic shared memory, in
+ * bf16 rows of HD + 8: the forward holds a query tile and a key tile of K and V; the dq pass a query tile of Q and dO
+ * and a key tile of K and V; the dk/dv pass a key tile of K and V and a query chunk of Q and dO (64 rows, 32 at head
+ * size 128) with its rows' log-sum-exp and Δ in f32.
+ */
+export function packedAttentionKernels(headDim: number): { hd: 16 | 32 | 64 | 128; forwardBytes: number; dqBytes: number; dkdvBytes: number } {
+  checkPackedHeadDim(headDim);
+  const hd = flashHeadSize(headDim)!;
+  const row = (hd + 8) * 2, tile = tensorCoreTileRows, chunk = hd === 128 ? 32 : 64;
+  return { hd, forwardBytes: flashForwardBytes(hd), dqBytes: 4 * tile * row, dkdvBytes: (2 * tile + 2 * chunk) * row + 2 * chunk * 4 };
+}
+
+/**
+ * The query tiles of the forward and the dq pass: each segment's rows, at most `tensorCoreTileRows` at a time, as {first
  * row, rows, segment start, prefix start, prefix length} (a tile never spans two segments, so its rows share their keys).
  */
 export function packedQueryTiles(segments: readonly PackedSegment[]): Int32Array {
   const tiles: number[] = [];
   for (const { start, length, prefix } of segments) {
-    for (let first = start; first < start + length; first += packedTileRows) {
-      tiles.push(first, Math.min(packedTileRows, start + length - first), start, prefix?.start ?? 0, prefix?.length ?? 0);
+    for (let first = start; first < start + length; first += tensorCoreTileRows) {
+      tiles.push(first, Math.min(tensorCoreTileRows, start + length - first), start, prefix?.start ?? 0, prefix?.length ?? 0);
     }
   }
   return Int32Array.from(tiles);
 }
 
 /**
- * The key tiles of the dk/dv pass and the query rows that see them. Each segment's rows, at most `packedTileRows` at
+ * The key tiles of the dk/dv pass and the query rows that see them. Each segment's rows, at most `tensorCoreTileRows` at
  * a time, are a tile {first key row, keys, first range, ranges}; its ranges of query rows are {first row, end, prefix
  * start, prefix end, causal}: the rest of its own segment from the tile on (causal: a row sees the keys at or before
  * it), then every segment whose prefix overlaps the tile (its rows see the keys in [prefix start, prefix end)).
@@ -133,8 +161,8 @@ export function packedQueryTiles(segments: readonly PackedSegment[]): Int32Array
 export function packedKeyTiles(segments: readonly PackedSegment[]): { tiles: Int32Array; ranges: Int32Array } {
   const tiles: number[] = [], ranges: number[] = [];
   for (const { start, length } of segments) {
-    for (let first = start; first < start + length; first += packedTileRows) {
-      const keys = Math.min(packedTileRows, start + length - first), rangesBefore = ranges.length / 5;
+    for (let first = start; first < start + length; first += tensorCoreTileRows) {
+      const keys = Math.min(tensorCoreTileRows, start + length - first), rangesBefore = ranges.length / 5;
       ranges.push(first, start + length, 0, 0, 1);
       for (const reader of segments) {
         const prefix = reader.prefix;

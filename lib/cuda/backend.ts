@@ -21,7 +21,8 @@ import {
 } from "../model/backend.ts";
 import {
   attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkPackedHeadDim,
-  checkRowsInCache, packedAttentionKernels, packedKeyTiles, packedQueryTiles, packedTileRows, planSplits, planTiles,
+  type AttentionPlan, checkRowsInCache, flashForwardBytes, flashHeadSize, packedAttentionKernels, packedKeyTiles, packedQueryTiles, planAttention, planSplits,
+  tensorCoreTileRows,
 } from "./attention-plan.ts";
 import { type DecodeGraphStats, DecodeGraphs, type DeferredUpload } from "./decode-graphs.ts";
 import type { GemmType } from "./blas.ts";
@@ -208,8 +209,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   #bf16Copy: { tensor: CudaTensor; version: number; address: bigint } | null = null;
   /** Whether a bf16 matrix was uploaded: then producers of GEMM inputs write bf16 copies (#bf16Output). */
   #bf16Matrices = false;
-  /** The last attention tiling, reused by every layer of a pass (same arrays, so their device copies are reused too). */
-  #lastTiles: { slots: Int32Array; positions: Int32Array; group: number; tiles: ReturnType<typeof planTiles> } | null = null;
+  /** The last attention plan, reused by every layer of a pass (same arrays, so their device copies are reused too). */
+  #lastPlan: { slots: Int32Array; positions: Int32Array; group: number; headDim: number; plan: AttentionPlan } | null = null;
   readonly #graphs: DecodeGraphs | null;
   #recording: Recording | null = null;
   #nextCacheId = 1;
@@ -473,17 +474,24 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.#launch("kv_write", [n], [rowThreads(kvWidth)], [["ptr", ks.address], ["ptr", vs.address], ["ptr", cache.keys(layer)],
       ["ptr", cache.values(layer)], ["ptr", slots], ["ptr", positions], ["i32", numKvHeads], ["i32", headDim], ["i32", maxPositions]]);
 
-    const tiles = this.#tiles(rows, group);
-    const tileCount = tiles.tileStart.length;
+    const plan = this.#attentionPlan(rows, group, headDim);
+    const outBf16 = this.#bf16Output(o); // o_proj's operand, written by whichever kernel writes the output
+    if (plan.prefill.length > 0) {
+      const hd = flashHeadSize(headDim)!;
+      this.#launch(`attention_prefill_hd${hd}`, [plan.prefill.length / 4, numHeads], [2 * tensorCoreTileRows], [["ptr", qs.address],
+        ["ptr", cache.keys(layer)], ["ptr", cache.values(layer)], ["ptr", this.#indices(plan.prefill)], ["ptr", o.address], ["ptr", outBf16],
+        ["i32", numHeads], ["i32", numKvHeads], ["i32", headDim], ["i32", maxPositions]], flashForwardBytes(hd));
+    }
+    const tileCount = plan.tileStart.length;
+    if (tileCount === 0) return;
     const keyWindow = attentionKeyWindow(maxPosition + 1, maxPositions);
     const { splits, splitLength } = planSplits(tileCount, numKvHeads, keyWindow, this.context.device.multiprocessors);
     const dpl = attentionDimsPerLane(headDim);
     const partialO = splits > 1 ? this.#transient().allocate(splits * n * numHeads * headDim * 4) : 0n;
     const partialMl = splits > 1 ? this.#transient().allocate(splits * n * numHeads * 2 * 4) : 0n;
-    const outBf16 = this.#bf16Output(o); // o_proj's operand, written by whichever kernel writes the output
     this.#launch(`attention_dpl${dpl}`, [tileCount, numKvHeads, splits], [attentionWarps * 32], [
       ["ptr", qs.address], ["ptr", cache.keys(layer)], ["ptr", cache.values(layer)], ["ptr", slots], ["ptr", positions],
-      ["ptr", this.#indices(tiles.tileStart)], ["ptr", this.#indices(tiles.tileRows)], ["i32", numHeads], ["i32", numKvHeads],
+      ["ptr", this.#indices(plan.tileStart)], ["ptr", this.#indices(plan.tileRows)], ["i32", numHeads], ["i32", numKvHeads],
       ["i32", headDim], ["i32", maxPositions], ["i32", splitLength], ["ptr", o.address], ["ptr", splits > 1 ? 0n : outBf16],
       ["ptr", partialO], ["ptr", partialMl], ["i32", n]], attentionSharedBytes(dpl));
     if (splits > 1) {
@@ -566,7 +574,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const lse = cuda(this.zeros([rows, heads]));
     const tiles = packedQueryTiles(segments);
     if (tiles.length === 0) return lse;
-    this.#withIndices(tiles, (index) => this.#launch(`packed_attention_forward_hd${hd}`, [tiles.length / 5, heads], [2 * packedTileRows],
+    this.#withIndices(tiles, (index) => this.#launch(`packed_attention_forward_hd${hd}`, [tiles.length / 5, heads], [2 * tensorCoreTileRows],
       [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", index], ["ptr", o.address], ["ptr", lse.address],
         ["i32", heads], ["i32", kvHeads], ["i32", headDim]], forwardBytes));
     return lse;
@@ -590,12 +598,12 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const delta = cuda(this.zeros([rows, heads]));
     try {
       this.#withIndices(queryTiles, (index) => this.#launch(`packed_attention_backward_dq_hd${hd}`, [queryTiles.length / 5, heads],
-        [2 * packedTileRows], [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", o.address], ["ptr", g.address],
+        [2 * tensorCoreTileRows], [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", o.address], ["ptr", g.address],
           ["ptr", lse.address], ["ptr", index], ["ptr", dqs.address], ["ptr", delta.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim]],
         dqBytes));
       const keyTiles = packedKeyTiles(segments);
       this.#withIndices(keyTiles.tiles, (tileIndex) => this.#withIndices(keyTiles.ranges, (rangeIndex) =>
-        this.#launch(`packed_attention_backward_dkdv_hd${hd}`, [keyTiles.tiles.length / 4, kvHeads], [2 * packedTileRows],
+        this.#launch(`packed_attention_backward_dkdv_hd${hd}`, [keyTiles.tiles.length / 4, kvHeads], [2 * tensorCoreTileRows],
           [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", g.address], ["ptr", lse.address], ["ptr", delta.address],
             ["ptr", tileIndex], ["ptr", rangeIndex], ["ptr", dks.address], ["ptr", dvs.address], ["i32", heads], ["i32", kvHeads],
             ["i32", headDim]], dkdvBytes)));
@@ -929,14 +937,14 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     return { graph, output, deferred };
   }
 
-  #tiles(rows: RowPlacement, group: number) {
-    const last = this.#lastTiles;
-    if (last && last.group === group && sameContent(last.slots, rows.slots) && sameContent(last.positions, rows.positions)) {
-      return last.tiles;
+  #attentionPlan(rows: RowPlacement, group: number, headDim: number): AttentionPlan {
+    const last = this.#lastPlan;
+    if (last && last.group === group && last.headDim === headDim && sameContent(last.slots, rows.slots) && sameContent(last.positions, rows.positions)) {
+      return last.plan;
     }
-    const tiles = planTiles(rows.slots, rows.positions, group);
-    this.#lastTiles = { slots: Int32Array.from(rows.slots), positions: Int32Array.from(rows.positions), group, tiles };
-    return tiles;
+    const plan = planAttention(rows.slots, rows.positions, group, headDim);
+    this.#lastPlan = { slots: Int32Array.from(rows.slots), positions: Int32Array.from(rows.positions), group, headDim, plan };
+    return plan;
   }
 
   /**

@@ -21,6 +21,7 @@ import type { KernelArg, KernelArgType } from "./kernel-args.ts";
  */
 const ptr = "ptr", i32 = "i32", f32 = "f32", i64 = "i64";
 const attentionParameters = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32] as const;
+const prefillParameters = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32] as const;
 const packedAttentionKernels = Object.fromEntries([16, 32, 64, 128].flatMap((hd) => [
   [`packed_attention_forward_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32]],
   [`packed_attention_backward_dq_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32]],
@@ -46,6 +47,8 @@ export const kernelModules = {
     attention_dpl1: attentionParameters, attention_dpl2: attentionParameters, attention_dpl3: attentionParameters,
     attention_dpl4: attentionParameters, attention_dpl8: attentionParameters,
     attention_combine: [ptr, ptr, ptr, ptr, i32, i32, i32, i32],
+    attention_prefill_hd16: prefillParameters, attention_prefill_hd32: prefillParameters, attention_prefill_hd64: prefillParameters,
+    attention_prefill_hd128: prefillParameters,
   },
   packed_attention: packedAttentionKernels,
   sampling: {
@@ -218,11 +221,13 @@ export function kernelCacheDirectory(sourceHash: string, sm: number, env: Record
   return join(base, `${sourceHash.slice(0, 16)}-sm${sm}`);
 }
 
-/** Every module's source with common.cuh, for NVRTC (which gets the header by name). */
-export function kernelSources(sourceDir: string = kernelSourceDirectory()): { header: string; modules: Record<KernelModuleName, string> } {
+/** Every module's source and every header (.cuh) by name, for NVRTC (which gets the headers by name). */
+export function kernelSources(sourceDir: string = kernelSourceDirectory()): { headers: Record<string, string>; modules: Record<KernelModuleName, string> } {
   const modules = {} as Record<KernelModuleName, string>;
   for (const module of Object.keys(kernelModules) as KernelModuleName[]) {
     modules[module] = readFileSync(join(sourceDir, `${module}.cu`), "utf8");
   }
-  return { header: readFileSync(join(sourceDir, "common.cuh"), "utf8"), modules };
+  const headers = Object.fromEntries(readdirSync(sourceDir).filter((name) => name.endsWith(".cuh")).sort()
+    .map((name) => [name, readFileSync(join(sourceDir, name), "utf8")]));
+  return { headers, modules };
 }

@@ -41,10 +41,10 @@ export function loadKernels(context: CudaContext, inputs: DiscoveryInputs = syst
     const nvcc = forced === "nvrtc" ? null : findNvcc(inputs.env);
     if ("nvrtc" in nvrtc) {
       const compiler = new Nvrtc(nvrtc.nvrtc, nvrtc.builtins);
-      const { header, modules } = kernelSources();
+      const { headers, modules } = kernelSources();
       images = {} as Record<KernelModuleName, Uint8Array>;
       for (const module of Object.keys(kernelModules) as KernelModuleName[]) {
-        images[module] = compiler.compile(module, modules[module], { "common.cuh": header }, sm, cudaIncludeDirs(inputs));
+        images[module] = compiler.compile(module, modules[module], headers, sm, cudaIncludeDirs(inputs));
       }
       source = `NVRTC (sm_${sm}, ${prebuilt.stale})`;
     } else if (nvcc) {

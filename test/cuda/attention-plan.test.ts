@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { attentionDimsPerLane, attentionKeyWindow, attentionSharedBytes, planSplits, planTiles } from "../../lib/cuda/attention-plan.ts";
+import { attentionDimsPerLane, attentionKeyWindow, attentionSharedBytes, planAttention, planSplits, prefillMinRun } from "../../lib/cuda/attention-plan.ts";
 import { packedAttentionKernels, packedKeyTiles, packedQueryTiles } from "../../lib/cuda/attention-plan.ts";
 
 describe("attention launch planning", () => {
@@ -7,18 +7,32 @@ describe("attention launch planning", () => {
     // slot 0 prefills positions 0..4, slot 1 decodes at 9, slot 2 prefills 3..4
     const slots = Int32Array.from([0, 0, 0, 0, 0, 1, 2, 2]);
     const positions = Int32Array.from([0, 1, 2, 3, 4, 9, 3, 4]);
-    const group7 = planTiles(slots, positions, 7); // 2 rows per tile
+    const group7 = planAttention(slots, positions, 7, 64); // 2 rows per tile
     expect([...group7.tileStart]).toEqual([0, 2, 4, 5, 6]);
     expect([...group7.tileRows]).toEqual([2, 2, 1, 1, 2]);
-    const group1 = planTiles(slots, positions, 1); // 16 rows per tile
+    const group1 = planAttention(slots, positions, 1, 64); // 16 rows per tile
     expect([...group1.tileStart]).toEqual([0, 5, 6]);
     expect([...group1.tileRows]).toEqual([5, 1, 2]);
+    expect(group1.prefill.length).toBe(0); // no run is long enough for the tensor-core prefill
   });
 
   it("starts a new tile where positions jump (a slot seen again, not one chunk)", () => {
-    const tiles = planTiles(Int32Array.from([3, 3, 3]), Int32Array.from([5, 7, 8]), 2);
+    const tiles = planAttention(Int32Array.from([3, 3, 3]), Int32Array.from([5, 7, 8]), 2, 64);
     expect([...tiles.tileStart]).toEqual([0, 1]);
     expect([...tiles.tileRows]).toEqual([1, 2]);
+  });
+
+  it("sends runs of at least prefillMinRun rows to the tensor-core prefill in 64-row tiles, the rest to the decode kernel", () => {
+    // slot 4 prefills positions 10..159 (150 rows), slot 1 decodes at 7, slot 2 prefills a short chunk
+    const slots = Int32Array.from([...Array(150).fill(4), 1, ...Array(prefillMinRun - 1).fill(2)]);
+    const positions = Int32Array.from([...Array.from({ length: 150 }, (_, i) => 10 + i), 7, ...Array.from({ length: prefillMinRun - 1 }, (_, i) => i)]);
+    const plan = planAttention(slots, positions, 2, 128);
+    expect([...plan.prefill]).toEqual([0, 64, 4, 10, 64, 64, 4, 74, 128, 22, 4, 138]); // {first row, rows, slot, first position}
+    expect([...plan.tileStart]).toEqual([150, 151, 159]);
+    expect([...plan.tileRows]).toEqual([1, 8, 7]);
+    const wide = planAttention(slots, positions, 2, 256); // no tensor-core instantiation for head size 256
+    expect(wide.prefill.length).toBe(0);
+    expect(wide.tileRows.reduce((a, b) => a + b, 0)).toBe(slots.length);
   });
 
   it("picks the kernel instantiation by head size and refuses heads over 256", () => {

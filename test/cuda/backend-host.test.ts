@@ -36,7 +36,7 @@ describe("CUDA backend host logic (recording device)", () => {
     });
   }
 
-  it("splits long key ranges in decode and merges them; prefill of a long prompt stays in one split", () => {
+  it("splits long key ranges in decode and merges them; a long prompt's prefill goes to the tensor-core kernel", () => {
     const { device, backend } = recordingBackend();
     const spec = { numLayers: 1, numKvHeads: 2, headDim: 64, numSlots: 2, maxPositions: 2048 };
     const cache = backend.createKvCache(spec);
@@ -54,7 +54,7 @@ describe("CUDA backend host logic (recording device)", () => {
     device.launches.length = 0;
     pass(Array(512).fill(1), Array.from({ length: 512 }, (_, i) => i));
     const prefill = device.launches.filter((l) => l.name.startsWith("attention"));
-    expect(prefill.map((l) => [l.name, l.grid])).toEqual([["attention_dpl2", [256, 2, 1]]]);
+    expect(prefill.map((l) => [l.name, l.grid])).toEqual([["attention_prefill_hd64", [8, 14, 1]]]); // 64-row tiles × query heads
     cache.free();
     backend.dispose();
     expect(device.outstandingBytes).toBe(0);

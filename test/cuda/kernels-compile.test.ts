@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, describe, expect, it } from "vitest";
 import type { KernelArgType } from "../../lib/cuda/kernel-args.ts";
-import { findNvcc, kernelModules, kernelSourceDirectory, nvccArguments } from "../../lib/cuda/kernel-build.ts";
+import { findNvcc, kernelModules, kernelSourceDirectory, kernelSources, nvccArguments } from "../../lib/cuda/kernel-build.ts";
 
 /** PTX parameter type of each launch argument type (PTX does not tell a pointer from a 64-bit integer). */
 const ptxType = { ptr: ".u64", i64: ".u64", i32: ".u32", u32: ".u32", f32: ".f32" } as const;
@@ -51,4 +51,14 @@ describe.skipIf(!nvcc)(`kernels compile with nvcc${nvcc ? "" : " (skipped: nvcc 
       expect(ptxEntries(ptx)).toEqual(declared);
     });
   }
+});
+
+describe("kernel sources for NVRTC", () => {
+  it("carry every header a module or header includes, by the name it is included as", () => {
+    const { headers, modules } = kernelSources();
+    expect(Object.keys(headers)).toEqual(expect.arrayContaining(["common.cuh", "flash.cuh"]));
+    for (const source of [...Object.values(modules), ...Object.values(headers)]) {
+      for (const [, name] of source.matchAll(/#include "([^"]+)"/g)) expect(headers, name).toHaveProperty([name]);
+    }
+  });
 });

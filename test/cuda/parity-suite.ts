@@ -120,13 +120,15 @@ describe.skipIf(skip)(title, () => {
         return error(out);
       };
       const range = (from: number, count: number) => Array.from({ length: count }, (_, i) => from + i);
-      // Two prompts prefill together; then a mixed pass (two decode rows + a third prompt); then slot 0 fills up to
-      // maxContext and decodes there, where the keys are split across blocks.
+      // Two prompts prefill together (the first long enough for the tensor-core prefill, the second not); then a mixed
+      // pass (two decode rows + a third prompt); then slot 0 fills up to maxContext (several tensor-core tiles) and
+      // decodes there, where the keys are split across blocks. The bf16 KV cache (and, in the tensor-core prefill, bf16
+      // q and probabilities) puts the output within 3.9e-3 of the CPU's on the emulator.
       const [a, b] = [Math.floor(maxContext / 5), Math.floor(maxContext / 27)];
-      expect(pass([...Array(a).fill(0), ...Array(b).fill(1)], [...range(0, a), ...range(0, b)])).toBeLessThan(2e-2);
-      expect(pass([0, 1, 2, 2, 2, 2, 2], [a, b, ...range(0, 5)])).toBeLessThan(2e-2);
-      expect(pass(Array(maxContext - a - 1).fill(0), range(a + 1, maxContext - a - 1))).toBeLessThan(2e-2);
-      expect(pass([0], [maxContext])).toBeLessThan(2e-2);
+      expect(pass([...Array(a).fill(0), ...Array(b).fill(1)], [...range(0, a), ...range(0, b)])).toBeLessThan(1e-2);
+      expect(pass([0, 1, 2, 2, 2, 2, 2], [a, b, ...range(0, 5)])).toBeLessThan(1e-2);
+      expect(pass(Array(maxContext - a - 1).fill(0), range(a + 1, maxContext - a - 1))).toBeLessThan(1e-2);
+      expect(pass([0], [maxContext])).toBeLessThan(1e-2);
       caches.forEach((c) => c.free());
     });
   }

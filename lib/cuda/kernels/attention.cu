@@ -14,7 +14,12 @@
 // split writes (m, l, o) and attention_combine merges them: o = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s. Whichever
 // writes the output also writes it rounded to bf16 into out_bf16 when that is not null (o_proj's GEMM operand).
 // DPL = ceil(head_dim / 32) dims per lane; instantiated for head_dim up to 32, 64, 96, 128, 256.
-#include "common.cuh"
+//
+// attention_prefill_hdN: the prefill's long runs of rows (a slot's consecutive positions, at least the host's
+// prefillMinRun of them) go to the tensor-core forward of flash.cuh instead, 64 rows and one query head per block,
+// the keys loaded from the cache's bf16 rows as they are. Head sizes up to 128; decode rows and short runs stay on
+// attention_dplN (and its key splits, which decode needs to fill the GPU).
+#include "flash.cuh"
 
 #define ATTN_WARPS 4
 #define ATTN_CHUNK 32
@@ -206,3 +211,47 @@ extern "C" __global__ void attention_combine(const float* __restrict__ partial_o
     if (out_bf16) out_bf16[row_head * head_dim + j] = __float2bfloat16_rn(value);
   }
 }
+
+// A prefill tile's keys (flash.cuh's Keys): positions 0 .. of one slot and kv head of the cache, as bf16 rows.
+struct CacheKeys {
+  const bf16* k;  // the slot's and kv head's [max_positions, head_dim]
+  const bf16* v;
+  int head_dim, first_position, rows;
+  __device__ int seen(int local) const { return first_position + min(local, rows - 1) + 1; }
+  __device__ int count() const { return first_position + rows; }
+  template <int HD, int KEY_TILE>
+  __device__ void load(bf16* k_tile, bf16* v_tile, int key0) const {
+    const int keys = count();
+    for (int i = threadIdx.x; i < KEY_TILE * HD; i += blockDim.x) {
+      const int r = i / HD, c = i % HD;
+      const bool real = key0 + r < keys && c < head_dim;
+      const long long at = (long long)(key0 + r) * head_dim + c;
+      k_tile[r * (HD + 8) + c] = real ? k[at] : __float2bfloat16_rn(0.0f);
+      v_tile[r * (HD + 8) + c] = real ? v[at] : __float2bfloat16_rn(0.0f);
+    }
+  }
+};
+
+// tiles: per tile {first row, rows (at most 64), slot, first position}; row first_row + r is at position
+// first_position + r. Grid: (tiles, heads). Block: 128. Dynamic shared memory: 3 · 64 rows of HD + 8 bf16.
+template <int HD>
+__device__ void attention_prefill(const float* __restrict__ q, const bf16* __restrict__ cache_k, const bf16* __restrict__ cache_v,
+                                  const int* __restrict__ tiles, float* __restrict__ out, bf16* __restrict__ out_bf16,
+                                  int heads, int kv_heads, int head_dim, int max_positions) {
+  const int* tile = tiles + 4 * blockIdx.x;
+  const int head = blockIdx.y, kv_head = head / (heads / kv_heads);
+  const long long base = ((long long)tile[2] * kv_heads + kv_head) * max_positions * head_dim;
+  const CacheKeys keys{cache_k + base, cache_v + base, head_dim, tile[3], tile[1]};
+  flash_forward<HD, FLASH_TILE_ROWS>(q, keys, tile[0], tile[1], head, heads, head_dim, out, out_bf16, nullptr);
+}
+
+#define ATTENTION_PREFILL(HD)                                                                                           \
+  extern "C" __global__ void __launch_bounds__(128) attention_prefill_hd##HD(                                           \
+      const float* q, const bf16* cache_k, const bf16* cache_v, const int* tiles, float* out, bf16* out_bf16, int heads, \
+      int kv_heads, int head_dim, int max_positions) {                                                                   \
+    attention_prefill<HD>(q, cache_k, cache_v, tiles, out, out_bf16, heads, kv_heads, head_dim, max_positions);          \
+  }
+ATTENTION_PREFILL(16)
+ATTENTION_PREFILL(32)
+ATTENTION_PREFILL(64)
+ATTENTION_PREFILL(128)

@@ -1,0 +1,195 @@
+// Tensor-core attention tiles, FlashAttention-2 style, shared by the training attention (packed_attention.cu) and
+// the engine's prefill (attention.cu): bf16 tiles in shared memory, products with mma.sync m16n8k16 (common.cuh)
+// into f32 accumulators, the online softmax in f32 registers, and no score matrix in global memory.
+//
+// A block of 128 threads takes a query tile of at most 64 rows (16 per warp) and one query head. Shared tiles hold
+// rows of HD + 8 bf16, HD the head size padded with zeros to a multiple of the mma's k of 16: the padding spreads a
+// warp's fragment loads over the banks.
+#pragma once
+#include "common.cuh"
+
+constexpr int FLASH_TILE_ROWS = 64;
+
+// ---- mma fragments (layouts in common.cuh, g = lane / 4, t = lane % 4) ---------------------------------------------
+
+// A = tile[row0 .. row0+15][k0 .. k0+15] of a row-major bf16 tile.
+__device__ __forceinline__ void load_a(unsigned (&a)[4], const bf16* tile, int stride, int row0, int k0, int g, int t) {
+  const bf16* p = tile + (row0 + g) * stride + k0 + 2 * t;
+  a[0] = *reinterpret_cast<const unsigned*>(p);
+  a[1] = *reinterpret_cast<const unsigned*>(p + 8 * stride);
+  a[2] = *reinterpret_cast<const unsigned*>(p + 8);
+  a[3] = *reinterpret_cast<const unsigned*>(p + 8 * stride + 8);
+}
+
+// B[kk][n] = tile[n0 + n][k0 + kk]: the tile's rows are B's columns (as K in Q·Kᵀ); pairs along k are contiguous.
+__device__ __forceinline__ void load_b_transposed(unsigned (&b)[2], const bf16* tile, int stride, int n0, int k0, int g, int t) {
+  const bf16* p = tile + (n0 + g) * stride + k0 + 2 * t;
+  b[0] = *reinterpret_cast<const unsigned*>(p);
+  b[1] = *reinterpret_cast<const unsigned*>(p + 8);
+}
+
+// B[kk][n] = tile[k0 + kk][n0 + n] (as V in P·V): pairs along k are two rows.
+__device__ __forceinline__ void load_b(unsigned (&b)[2], const bf16* tile, int stride, int k0, int n0, int g, int t) {
+  const bf16* p = tile + (k0 + 2 * t) * stride + n0 + g;
+  b[0] = (unsigned)__bfloat16_as_ushort(p[0]) | ((unsigned)__bfloat16_as_ushort(p[stride]) << 16);
+  b[1] = (unsigned)__bfloat16_as_ushort(p[8 * stride]) | ((unsigned)__bfloat16_as_ushort(p[9 * stride]) << 16);
+}
+
+// Two accumulator fragments of adjacent 8-column blocks (columns c0 .. c0+15 of a 16-row product) are, rounded to
+// bf16, the A fragment of those 16 columns: the step from P = softmax(Q·Kᵀ) to P·V without leaving registers.
+__device__ __forceinline__ void accumulators_as_a(unsigned (&a)[4], const float (&low)[4], const float (&high)[4]) {
+  a[0] = pack_bf16x2(low[0], low[1]);
+  a[1] = pack_bf16x2(low[2], low[3]);
+  a[2] = pack_bf16x2(high[0], high[1]);
+  a[3] = pack_bf16x2(high[2], high[3]);
+}
+
+// c[n] = A·B for an A of 16 rows × HD (row0.. of tile a) and B = the rows n·8 .. of tile b, transposed: 16 × N scores.
+template <int HD, int N>
+__device__ __forceinline__ void product_transposed(float (&c)[N / 8][4], const bf16* a_tile, int row0, const bf16* b_tile, int g, int t) {
+  constexpr int STRIDE = HD + 8;
+#pragma unroll
+  for (int n = 0; n < N / 8; n++) {
+    c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < HD / 16; kc++) {
+      unsigned a[4], b[2];
+      load_a(a, a_tile, STRIDE, row0, kc * 16, g, t);
+      load_b_transposed(b, b_tile, STRIDE, n * 8, kc * 16, g, t);
+      mma_bf16_16816(c[n], a, b, c[n]);
+    }
+  }
+}
+
+// acc += P·tile for P (16 × K, accumulator fragments) and tile rows 0 .. K − 1: 16 × HD.
+template <int HD, int K>
+__device__ __forceinline__ void accumulate_product(float (&acc)[HD / 8][4], const float (&p)[K / 8][4], const bf16* tile, int g, int t) {
+  constexpr int STRIDE = HD + 8;
+#pragma unroll
+  for (int kc = 0; kc < K / 16; kc++) {
+    unsigned a[4];
+    accumulators_as_a(a, p[2 * kc], p[2 * kc + 1]);
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+      unsigned b[2];
+      load_b(b, tile, STRIDE, kc * 16, n * 8, g, t);
+      mma_bf16_16816(acc[n], a, b, acc[n]);
+    }
+  }
+}
+
+// Rows 0 .. TILE − 1 of a shared tile from one head's columns of an f32 tensor, rounded to bf16: row r is
+// source row row_of(r), or zeros where that is negative; columns past head_dim are zeros.
+template <int HD, int TILE, typename RowOf>
+__device__ __forceinline__ void load_tile(bf16* tile, const float* source, long long row_stride, int column, int head_dim, RowOf row_of) {
+  for (int i = threadIdx.x; i < TILE * HD; i += blockDim.x) {
+    const int r = i / HD, c = i % HD;
+    const long long row = row_of(r);
+    tile[r * (HD + 8) + c] = __float2bfloat16_rn(row >= 0 && c < head_dim ? source[row * row_stride + column + c] : 0.0f);
+  }
+}
+
+
+// ---- the forward -----------------------------------------------------------------------------------------------------
+// Keys: where a query tile's keys come from (packed training rows, or a slot of the KV cache). It provides
+//   int count() const           the tile's keys (those of its last row)
+//   int seen(int local) const   the keys row `local` of the tile sees (a row past the tile: those of its last row)
+//   template <int HD, int KEY_TILE> void load(bf16* k_tile, bf16* v_tile, int key0) const
+//                               keys key0 .. key0 + KEY_TILE − 1 into the shared tiles, zeros past count() and past
+//                               head_dim, by every thread of the block
+// Rows see a prefix of the keys, so a key tile past a warp's last row is skipped whole.
+
+// Each warp computes S = Q·Kᵀ for its 16 rows and a key tile, keeps each row's running max and sum (online softmax,
+// base 2), and accumulates O += P·V with P rounded to bf16. out (and out_bf16, when not null) get O / sum, rows
+// [first_row, first_row + rows) and the head's columns of [rows, heads · head_dim]; lse (when not null) gets
+// log Σ exp(q·k/√d) at [row, head]. Dynamic shared memory: (64 + 2·KEY_TILE) rows of HD + 8 bf16.
+template <int HD, int KEY_TILE, typename Keys>
+__device__ void flash_forward(const float* __restrict__ q, const Keys& keys, int first_row, int rows, int head, int heads,
+                              int head_dim, float* __restrict__ out, bf16* __restrict__ out_bf16, float* __restrict__ lse) {
+  extern __shared__ float shared[];
+  constexpr int STRIDE = HD + 8;
+  bf16* qs = reinterpret_cast<bf16*>(shared);
+  bf16* ks = qs + FLASH_TILE_ROWS * STRIDE;
+  bf16* vs = ks + KEY_TILE * STRIDE;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const long long q_stride = (long long)heads * head_dim;
+
+  load_tile<HD, FLASH_TILE_ROWS>(qs, q, q_stride, head * head_dim, head_dim,
+                                 [&](int r) { return r < rows ? (long long)first_row + r : -1LL; });
+  const int row0 = warp * 16 + g, row1 = row0 + 8;
+  const int seen0 = keys.seen(row0), seen1 = keys.seen(row1), warp_seen = keys.seen(warp * 16 + 15);
+  const float scale = rsqrtf((float)head_dim) * 1.4426950408889634f;  // scores in base 2: exp2f
+  float max0 = -INFINITY, max1 = -INFINITY, sum0 = 0.0f, sum1 = 0.0f;
+  float o[HD / 8][4] = {};
+
+  for (int key0 = 0; key0 < keys.count(); key0 += KEY_TILE) {
+    __syncthreads();  // the previous tile's K and V are no longer read
+    keys.template load<HD, KEY_TILE>(ks, vs, key0);
+    __syncthreads();
+    // Every key of this tile lies past this warp's rows, or the warp has no rows (uniform over the warp).
+    if (key0 >= warp_seen || warp * 16 >= rows) continue;
+
+    float s[KEY_TILE / 8][4];
+    product_transposed<HD, KEY_TILE>(s, qs, warp * 16, ks, g, t);
+    // Scale, mask the keys a row does not see, and fold the tile into the running max and sum.
+    float tile_max0 = -INFINITY, tile_max1 = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < KEY_TILE / 8; n++) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int j = key0 + n * 8 + 2 * t + (i & 1);
+        s[n][i] = j < (i < 2 ? seen0 : seen1) ? s[n][i] * scale : -INFINITY;
+      }
+      tile_max0 = fmaxf(tile_max0, fmaxf(s[n][0], s[n][1]));
+      tile_max1 = fmaxf(tile_max1, fmaxf(s[n][2], s[n][3]));
+    }
+    // A row's 8-key columns are spread over the 4 lanes of its group (lanes differing in bits 0 and 1).
+    tile_max0 = fmaxf(tile_max0, __shfl_xor_sync(0xffffffffu, tile_max0, 1));
+    tile_max0 = fmaxf(tile_max0, __shfl_xor_sync(0xffffffffu, tile_max0, 2));
+    tile_max1 = fmaxf(tile_max1, __shfl_xor_sync(0xffffffffu, tile_max1, 1));
+    tile_max1 = fmaxf(tile_max1, __shfl_xor_sync(0xffffffffu, tile_max1, 2));
+    const float new_max0 = fmaxf(max0, tile_max0), new_max1 = fmaxf(max1, tile_max1);
+    // A row that has seen no key yet keeps max −inf: its factors are 1 and its p 0, never NaN.
+    const float base0 = new_max0 == -INFINITY ? 0.0f : new_max0, base1 = new_max1 == -INFINITY ? 0.0f : new_max1;
+    const float rescale0 = exp2f(max0 - base0), rescale1 = exp2f(max1 - base1);
+    max0 = new_max0;
+    max1 = new_max1;
+    sum0 *= rescale0;
+    sum1 *= rescale1;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+      o[n][0] *= rescale0; o[n][1] *= rescale0;
+      o[n][2] *= rescale1; o[n][3] *= rescale1;
+    }
+#pragma unroll
+    for (int n = 0; n < KEY_TILE / 8; n++) {
+      s[n][0] = exp2f(s[n][0] - base0); s[n][1] = exp2f(s[n][1] - base0);
+      s[n][2] = exp2f(s[n][2] - base1); s[n][3] = exp2f(s[n][3] - base1);
+      sum0 += s[n][0] + s[n][1];
+      sum1 += s[n][2] + s[n][3];
+    }
+    accumulate_product<HD, KEY_TILE>(o, s, vs, g, t);
+  }
+  sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+  sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+  sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+  sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+#pragma unroll
+  for (int n = 0; n < HD / 8; n++) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int r = i < 2 ? row0 : row1, c = n * 8 + 2 * t + (i & 1);
+      if (r < rows && c < head_dim) {
+        const long long at = (first_row + r) * q_stride + head * head_dim + c;
+        const float value = o[n][i] / (i < 2 ? sum0 : sum1);
+        out[at] = value;
+        if (out_bf16) out_bf16[at] = __float2bfloat16_rn(value);
+      }
+    }
+  }
+  if (lse && t == 0) {
+    const float ln2 = 0.6931471805599453f;
+    if (row0 < rows) lse[(long long)(first_row + row0) * heads + head] = (max0 + log2f(sum0)) * ln2;
+    if (row1 < rows) lse[(long long)(first_row + row1) * heads + head] = (max1 + log2f(sum1)) * ln2;
+  }
+}
