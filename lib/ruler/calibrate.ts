@@ -40,18 +40,18 @@ export async function calibrateRuler(groups: TrajectoryGroup[], options: RulerOp
   return calibrationReport(judged.map((group) => group!));
 }
 
-/** The same report for groups rulerScoreGroup has already judged (reads metrics.independentReward and rulerScore). */
+/** The same report for groups rulerScoreGroup has already judged (reads metrics.independent_reward and ruler_score). */
 export function calibrationReport(judgedGroups: TrajectoryGroup[]): CalibrationReport {
   const perGroup = judgedGroups.map((group): GroupCalibration => {
     const rulerScores: number[] = [];
     const rewards: number[] = [];
     for (const t of group.trajectories) {
-      const { rulerScore, independentReward } = t.metrics;
-      if (typeof rulerScore !== "number" || typeof independentReward !== "number") {
-        throw new ArtError("ruler_calibration", "RULER calibration: a trajectory lacks metrics.rulerScore or metrics.independentReward; judge the groups with rulerScoreGroup first.");
+      const { ruler_score: score, independent_reward: reward } = t.metrics;
+      if (typeof score !== "number" || typeof reward !== "number") {
+        throw new ArtError("ruler_calibration", "RULER calibration: a trajectory lacks metrics.ruler_score or metrics.independent_reward; judge the groups with rulerScoreGroup first.");
       }
-      rulerScores.push(rulerScore);
-      rewards.push(independentReward);
+      rulerScores.push(score);
+      rewards.push(reward);
     }
     return { rulerScores, rewards, spearman: spearman(rulerScores, rewards), kendall: kendallTau(rulerScores, rewards) };
   });

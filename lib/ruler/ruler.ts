@@ -157,8 +157,8 @@ export interface RulerGroupOptions extends RulerOptions {
 
 /**
  * Judges a group and returns a judged copy (the input is left alone): reward becomes the judge's score,
- * metrics gain independentReward (the old reward), rulerScore, rulerClamped, per-judge scores
- * (rulerScore/<judge>, with several judges) and sub-scores (rulerSubScore/<name>); the explanation goes to logs.
+ * metrics gain independent_reward (the old reward), ruler_score, ruler_clamped, per-judge scores
+ * (ruler_score/<judge>, with several judges) and sub-scores (ruler_sub_score/<name>); the explanation goes to logs.
  */
 export async function rulerScoreGroup(group: TrajectoryGroup, options: RulerGroupOptions): Promise<TrajectoryGroup | null> {
   let result: RulerResult;
@@ -175,14 +175,14 @@ export async function rulerScoreGroup(group: TrajectoryGroup, options: RulerGrou
   const judged = new TrajectoryGroup(group.trajectories.map((t) => t.clone()), { exceptions: group.exceptions, metadata: group.metadata });
   judged.trajectories.forEach((trajectory, i) => {
     const score = result.scores[i];
-    trajectory.metrics.independentReward = trajectory.reward;
-    trajectory.metrics.rulerScore = score.score;
-    trajectory.metrics.rulerClamped = score.clamped;
+    trajectory.metrics.independent_reward = trajectory.reward;
+    trajectory.metrics.ruler_score = score.score;
+    trajectory.metrics.ruler_clamped = score.clamped;
     if (Object.keys(score.judgeScores).length > 1) {
-      for (const [judge, value] of Object.entries(score.judgeScores)) trajectory.metrics[`rulerScore/${judge}`] = value;
+      for (const [judge, value] of Object.entries(score.judgeScores)) trajectory.metrics[`ruler_score/${judge}`] = value;
     }
-    if (result.agreement !== null) trajectory.metrics.rulerJudgeAgreement = result.agreement;
-    for (const [name, value] of Object.entries(score.subScores)) trajectory.metrics[`rulerSubScore/${name}`] = value;
+    if (result.agreement !== null) trajectory.metrics.ruler_judge_agreement = result.agreement;
+    for (const [name, value] of Object.entries(score.subScores)) trajectory.metrics[`ruler_sub_score/${name}`] = value;
     trajectory.reward = score.score;
     trajectory.log(`RULER explanation: ${score.explanation}`);
   });

@@ -51,6 +51,6 @@ describe("calibrateRuler", () => {
   });
 
   it("explains what is missing when given groups that were never judged", () => {
-    expect(() => calibrationReport([group(1, 2)])).toThrow(/lacks metrics.rulerScore or metrics.independentReward; judge the groups with rulerScoreGroup first/);
+    expect(() => calibrationReport([group(1, 2)])).toThrow(/lacks metrics.ruler_score or metrics.independent_reward; judge the groups with rulerScoreGroup first/);
   });
 });

@@ -38,7 +38,7 @@ describe("RULER as gather's afterEach", () => {
     expect(groups).toHaveLength(3);
     for (const group of groups) {
       expect(group.rewards).toEqual([0.2, 0.5]);
-      expect(group.trajectories[0].metrics.independentReward).toBe(1);
+      expect(group.trajectories[0].metrics.independent_reward).toBe(1);
     }
     expect(peak).toBeLessThanOrEqual(2);
   });

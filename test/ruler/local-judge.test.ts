@@ -42,8 +42,8 @@ describe("local judge (in-process art-ts model)", () => {
       for (const trajectory of judged!.trajectories) {
         expect(trajectory.reward).toBeGreaterThanOrEqual(0);
         expect(trajectory.reward).toBeLessThanOrEqual(1);
-        expect(trajectory.metrics.rulerScore).toBe(trajectory.reward);
-        expect(trajectory.metrics.independentReward).toBe(group.trajectories[judged!.trajectories.indexOf(trajectory)].reward);
+        expect(trajectory.metrics.ruler_score).toBe(trajectory.reward);
+        expect(trajectory.metrics.independent_reward).toBe(group.trajectories[judged!.trajectories.indexOf(trajectory)].reward);
       }
       expect(judged!.trajectories[0].reward).toBe(judged!.trajectories[3].reward); // identical trajectories, judged once
     } finally {

@@ -273,8 +273,8 @@ describe("rulerScoreGroup", () => {
     const judged = (await rulerScoreGroup(original, options()))!;
     expect(judged.rewards).toEqual([0.1, 0.8]);
     expect(judged.trajectories.map((t) => t.metrics)).toEqual([
-      { independentReward: 10, rulerScore: 0.1, rulerClamped: 0 },
-      { independentReward: 20, rulerScore: 0.8, rulerClamped: 0 },
+      { independent_reward: 10, ruler_score: 0.1, ruler_clamped: 0 },
+      { independent_reward: 20, ruler_score: 0.8, ruler_clamped: 0 },
     ]);
     expect(judged.trajectories[1].logs).toEqual(["RULER explanation: reason 2"]);
     expect(original.rewards).toEqual([10, 20]);
@@ -311,7 +311,7 @@ describe("several judges", () => {
     server.script = (body) => ({ content: answer(byModel[body.model].slice(0, 2)) });
     const group = new TrajectoryGroup([new Trajectory({ messagesAndChoices: conversation("a") }), new Trajectory({ messagesAndChoices: conversation("b") })]);
     const judged = (await rulerScoreGroup(group, options({ judge: [server.endpoint("alpha"), server.endpoint("beta")] })))!;
-    expect(judged.trajectories[1].metrics).toMatchObject({ "rulerScore/alpha": 0.6, "rulerScore/beta": 0.8, rulerScore: 0.7, rulerJudgeAgreement: 1 });
+    expect(judged.trajectories[1].metrics).toMatchObject({ "ruler_score/alpha": 0.6, "ruler_score/beta": 0.8, ruler_score: 0.7, ruler_judge_agreement: 1 });
   });
 
   it("keeps going when one judge fails, and reports it", async () => {
@@ -341,7 +341,7 @@ describe("sub-scores", () => {
     const subScores = [{ name: "legality", description: "Every move is legal." }, { name: "speed", description: "Wins quickly." }];
     const group = new TrajectoryGroup([new Trajectory({ messagesAndChoices: conversation("a") }), new Trajectory({ messagesAndChoices: conversation("b") })]);
     const judged = (await rulerScoreGroup(group, options({ subScores })))!;
-    expect(judged.trajectories.map((t) => [t.metrics["rulerSubScore/legality"], t.metrics["rulerSubScore/speed"], t.metrics.rulerClamped])).toEqual([
+    expect(judged.trajectories.map((t) => [t.metrics["ruler_sub_score/legality"], t.metrics["ruler_sub_score/speed"], t.metrics.ruler_clamped])).toEqual([
       [1, 0.25, 0],
       [1, 0.5, 1],
     ]);
