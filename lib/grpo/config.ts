@@ -1,7 +1,8 @@
 /**
- * TrainConfig: every knob of a training step, with ART's defaults (src/art/unsloth/train.py, src/art/dev/*):
- * lr 5e-6, LoRA rank 8 / alpha 16 on all seven projections, AdamW betas (0.9, 0.99), weight decay 0.1,
- * max grad norm 0.1, constant schedule, PPO clip eps 0.2 (CISPO: 1.0 / 4.0), no KL.
+ * TrainConfig: every knob of a training step, with ART's defaults (src/art/loss.py, src/art/unsloth/train.py,
+ * src/art/dev/*): lr 5e-6, LoRA rank 8 / alpha 16 on all seven projections, AdamW betas (0.9, 0.99), weight decay
+ * 0.1, max grad norm 0.1, constant schedule, the CISPO loss with eps 1.0 / 4.0 (PPO: 0.2), token-level ratios, no
+ * KL, one optimizer step per packed row of at most 32,768 tokens.
  */
 import { ArtError } from "../core/errors.ts";
 import { DEFAULT_LORA, PROJECTIONS, type LoraConfig } from "../model/lora.ts";
@@ -9,8 +10,13 @@ import type { RecomputeActivations } from "../model/training.ts";
 
 /** "ppo": token-level clipped surrogate; "cispo": clipped, detached ratio times A·logp (ART's later default). */
 export type PolicyLoss = "ppo" | "cispo";
-/** "token": one ratio per token; "sequence": the geometric mean over a trajectory's trained tokens (GSPO). */
-export type ImportanceSampling = "token" | "sequence";
+/**
+ * "token": one ratio per token; "sequence": the geometric mean over a sequence's trained tokens (GSPO); "average":
+ * the mean of the two; "geometric_average": their geometric mean.
+ */
+export type ImportanceSampling = "token" | "sequence" | "average" | "geometric_average";
+/** "packed_rows": one AdamW step per packed row (ART's local backend); "one": one per train call (its hosted ones). */
+export type OptimizerSteps = "packed_rows" | "one";
 
 export interface Schedule {
   kind: "constant" | "cosine";
@@ -28,8 +34,12 @@ export interface TrainConfig {
   importanceSampling: ImportanceSampling;
   epsilon: number;
   epsilonHigh: number;
-  /** KL(k3) coefficient to the base model (adapter disabled); 0 skips the reference pass. */
+  /** cap on the (detached) ratio that multiplies each token's loss; null: none */
+  truncatedImportanceSampling: number | null;
+  /** KL(k3) coefficient to the base model (adapter disabled); 0 (and klPenaltyCoef 0) skips the reference pass. */
   klCoef: number;
+  /** ART's KL penalty on advantages against the base model: A += coef · (mean KL − token KL); 0: off */
+  klPenaltyCoef: number;
   scaleRewards: boolean;
   beta1: number;
   beta2: number;
@@ -37,12 +47,18 @@ export interface TrainConfig {
   weightDecay: number;
   maxGradNorm: number;
   schedule: Schedule;
-  /** sequences per micro-batch; gradients of all micro-batches of a step accumulate before one update */
+  /** see OptimizerSteps */
+  optimizerSteps: OptimizerSteps;
+  /** tokens per packed row; null: the longest sequence rounded up to a multiple of 2048, at most maxSequenceLength */
+  packedSequenceLength: number | null;
+  /** sequences per micro-batch; gradients of all micro-batches of a row accumulate before its update */
   microBatchSize: number;
   /** store a prompt shared by several sequences of a micro-batch once (a GRPO group's prompt) */
   sharePrompts: boolean;
-  /** longer sequences are truncated, with a warning */
+  /** longer sequences are dropped, with a warning naming their trajectory */
   maxSequenceLength: number;
+  /** train sampled turns that carry no logprobs as on-policy (ratio 1); otherwise they are an error */
+  allowTrainingWithoutLogprobs: boolean;
   /**
    * recompute each layer in the backward from its input instead of keeping its activations: true (memory ∝ one
    * layer), false, or "auto": keep them while the backend's memory has room (DifferentiableTransformer)
@@ -57,7 +73,7 @@ export type TrainConfigInit = Partial<Omit<TrainConfig, "lora" | "schedule">> & 
 };
 
 export function resolveTrainConfig(init: TrainConfigInit = {}): TrainConfig {
-  const policyLoss = init.policyLoss ?? "ppo";
+  const policyLoss = init.policyLoss ?? "cispo";
   const epsilon = init.epsilon ?? (policyLoss === "cispo" ? 1.0 : 0.2);
   const config: TrainConfig = {
     learningRate: init.learningRate ?? 5e-6,
@@ -66,7 +82,9 @@ export function resolveTrainConfig(init: TrainConfigInit = {}): TrainConfig {
     importanceSampling: init.importanceSampling ?? "token",
     epsilon,
     epsilonHigh: init.epsilonHigh ?? (policyLoss === "cispo" ? 4.0 : epsilon),
+    truncatedImportanceSampling: init.truncatedImportanceSampling ?? null,
     klCoef: init.klCoef ?? 0,
+    klPenaltyCoef: init.klPenaltyCoef ?? 0,
     scaleRewards: init.scaleRewards ?? true,
     beta1: init.beta1 ?? 0.9,
     beta2: init.beta2 ?? 0.99,
@@ -74,9 +92,12 @@ export function resolveTrainConfig(init: TrainConfigInit = {}): TrainConfig {
     weightDecay: init.weightDecay ?? 0.1,
     maxGradNorm: init.maxGradNorm ?? 0.1,
     schedule: { kind: "constant", warmupSteps: 0, totalSteps: 0, minLearningRate: 0, ...init.schedule },
+    optimizerSteps: init.optimizerSteps ?? "packed_rows",
+    packedSequenceLength: init.packedSequenceLength ?? null,
     microBatchSize: init.microBatchSize ?? 4,
     sharePrompts: init.sharePrompts ?? true,
-    maxSequenceLength: init.maxSequenceLength ?? 8192,
+    maxSequenceLength: init.maxSequenceLength ?? 32768,
+    allowTrainingWithoutLogprobs: init.allowTrainingWithoutLogprobs ?? false,
     recomputeActivations: init.recomputeActivations ?? "auto",
     seed: init.seed ?? 0,
   };
@@ -98,6 +119,8 @@ function validate(c: TrainConfig): void {
   nonNegative("epsilon", c.epsilon);
   nonNegative("epsilonHigh", c.epsilonHigh);
   nonNegative("klCoef", c.klCoef);
+  nonNegative("klPenaltyCoef", c.klPenaltyCoef);
+  if (c.truncatedImportanceSampling !== null) positive("truncatedImportanceSampling", c.truncatedImportanceSampling);
   nonNegative("weightDecay", c.weightDecay);
   positive("maxGradNorm", c.maxGradNorm);
   positive("adamEps", c.adamEps);
@@ -110,8 +133,12 @@ function validate(c: TrainConfig): void {
     bad("recomputeActivations", 'true, false or "auto"', c.recomputeActivations);
   }
   if (c.policyLoss !== "ppo" && c.policyLoss !== "cispo") bad("policyLoss", '"ppo" or "cispo"', c.policyLoss);
-  if (c.importanceSampling !== "token" && c.importanceSampling !== "sequence") {
-    bad("importanceSampling", '"token" or "sequence"', c.importanceSampling);
+  if (!["token", "sequence", "average", "geometric_average"].includes(c.importanceSampling)) {
+    bad("importanceSampling", '"token", "sequence", "average" or "geometric_average"', c.importanceSampling);
+  }
+  if (c.optimizerSteps !== "packed_rows" && c.optimizerSteps !== "one") bad("optimizerSteps", '"packed_rows" or "one"', c.optimizerSteps);
+  if (c.packedSequenceLength !== null && (!Number.isInteger(c.packedSequenceLength) || c.packedSequenceLength < 2)) {
+    bad("packedSequenceLength", "an integer >= 2 or null", c.packedSequenceLength);
   }
   if (c.schedule.kind !== "constant" && c.schedule.kind !== "cosine") bad("schedule.kind", '"constant" or "cosine"', c.schedule.kind);
   if (c.schedule.kind === "cosine" && !(c.schedule.totalSteps > c.schedule.warmupSteps)) {

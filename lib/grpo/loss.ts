@@ -1,10 +1,14 @@
 /**
  * GRPO as ART trains it, one definition per piece: advantages within a group, per-trajectory token weights,
- * and the per-token policy loss (PPO clip, sequence-level ratio, CISPO) plus optional k3 KL to the base model.
+ * and the per-token policy loss (CISPO or PPO's clip, ratios per token, per sequence or both, truncated importance
+ * sampling) plus optional k3 KL to the base model and ART's KL penalty on advantages.
  * Each loss returns its value and its gradient with respect to the new logprobs; the model's backward takes it
  * from there. Also the SFT cross-entropy on assistant tokens.
  */
-import type { TrainConfig } from "./config.ts";
+import type { ImportanceSampling, TrainConfig } from "./config.ts";
+
+/** What the policy loss reads of a TrainConfig. */
+export type PolicyLossConfig = Pick<TrainConfig, "policyLoss" | "importanceSampling" | "epsilon" | "epsilonHigh" | "klCoef" | "truncatedImportanceSampling">;
 
 /** reward − group mean, divided by (population std + 1e-6) when scaleRewards. */
 export function groupAdvantages(rewards: number[], scaleRewards: boolean): number[] {
@@ -29,12 +33,13 @@ export function trajectoryTokenWeights(trainedTokens: number[]): number[] {
 /** The logprobs of one sequence's trained tokens and what the loss needs beside them. */
 export interface PolicyTokens {
   newLogprobs: Float32Array;
-  /** the sampler's logprobs; NaN where unknown (the ratio is then 1: the new logprob, detached) */
+  /** the sampler's logprobs; NaN where unknown (the ratio is then 1, with the new logprob's gradient, as in ART) */
   oldLogprobs: Float32Array;
   /** base-model logprobs (adapter disabled), only when klCoef > 0 */
   refLogprobs: Float32Array | null;
-  advantage: number;
-  /** multiplies every token's loss (the trajectory weight / tokens in the whole step) */
+  /** per token: the trajectory's advantage, shaped by the KL penalty when klPenaltyCoef > 0 */
+  advantages: Float32Array;
+  /** multiplies every token's loss (the token weight / trained tokens of the optimizer step) */
   weight: number;
 }
 
@@ -42,7 +47,7 @@ export interface PolicyLossResult {
   loss: number;
   /** d loss / d newLogprobs[i] */
   dNewLogprobs: Float32Array;
-  /** tokens whose ratio was clipped (no gradient through the ratio) */
+  /** tokens whose ratio was clipped (PPO: the clipped branch was taken; CISPO: the ratio lay outside the range) */
   clippedTokens: number;
   /** Σ weight · k3 (0 without KL) */
   kl: number;
@@ -50,57 +55,64 @@ export interface PolicyLossResult {
 
 const clamp = (x: number, lo: number, hi: number) => Math.min(Math.max(x, lo), hi);
 
-export function policyLoss(tokens: PolicyTokens, config: TrainConfig): PolicyLossResult {
-  const { newLogprobs, oldLogprobs, refLogprobs, advantage: a, weight } = tokens;
+/**
+ * The importance ratio of each token at a level, and its derivative: dρ_i/dnew_j = self_i·[i = j] + shared_i / n.
+ * With r_i = exp(new_i − old_i) and s = exp(mean_j (new_j − old_j)) (GSPO's sequence ratio): "token" ρ = r,
+ * "sequence" ρ = s, "average" ρ = (r + s) / 2, "geometric_average" ρ = √(r·s).
+ */
+function importanceRatios(newLogprobs: Float32Array, oldLogprobs: Float32Array, level: ImportanceSampling) {
+  const n = newLogprobs.length;
+  const logRatio = Float64Array.from(newLogprobs, (lp, i) => (Number.isNaN(oldLogprobs[i]) ? 0 : lp - oldLogprobs[i]));
+  const s = n > 0 ? Math.exp(logRatio.reduce((a, b) => a + b, 0) / n) : 1;
+  const ratio = new Float64Array(n), self = new Float64Array(n), shared = new Float64Array(n);
+  for (let i = 0; i < n; i++) {
+    const r = Math.exp(logRatio[i]);
+    if (level === "token") [ratio[i], self[i], shared[i]] = [r, r, 0];
+    else if (level === "sequence") [ratio[i], self[i], shared[i]] = [s, 0, s];
+    else if (level === "average") [ratio[i], self[i], shared[i]] = [(r + s) / 2, r / 2, s / 2];
+    else {
+      const g = Math.sqrt(r * s);
+      [ratio[i], self[i], shared[i]] = [g, g / 2, g / 2];
+    }
+  }
+  return { ratio, self, shared };
+}
+
+/**
+ * The policy loss of one sequence's trained tokens, ART's loss_fn term by term: the ratio at the configured level;
+ * PPO's clipped surrogate −min(ρA, clip(ρ)A) (gradient through ρ) or CISPO's −clip(ρ)·A·logp (ρ detached); times
+ * min(ρ, cap) detached under truncated importance sampling; plus klCoef · k3 to the base model.
+ */
+export function policyLoss(tokens: PolicyTokens, config: PolicyLossConfig): PolicyLossResult {
+  const { newLogprobs, oldLogprobs, refLogprobs, advantages, weight } = tokens;
   const n = newLogprobs.length;
   const dNew = new Float32Array(n);
   const lo = 1 - config.epsilon;
   const hi = 1 + config.epsilonHigh;
-  const logRatio = (i: number) => (Number.isNaN(oldLogprobs[i]) ? 0 : newLogprobs[i] - oldLogprobs[i]);
+  const cap = config.truncatedImportanceSampling;
+  const { ratio, self, shared } = importanceRatios(newLogprobs, oldLogprobs, config.importanceSampling);
   let loss = 0;
   let clippedTokens = 0;
-
-  if (config.importanceSampling === "sequence" && n > 0) {
-    // GSPO: s = exp(mean log-ratio) shared by all tokens; ds/dlp_i = s / n.
-    let meanLogRatio = 0;
-    for (let i = 0; i < n; i++) meanLogRatio += logRatio(i) / n;
-    const s = Math.exp(meanLogRatio);
-    const sc = clamp(s, lo, hi);
+  // Σ_i (coefficient of dρ_i) · shared_i: what every token's gradient gets through the sequence ratio.
+  let sharedGradient = 0;
+  for (let i = 0; i < n; i++) {
+    const rho = ratio[i], clipped = clamp(rho, lo, hi), a = advantages[i];
+    const truncation = cap === null ? 1 : Math.min(rho, cap);
     if (config.policyLoss === "cispo") {
-      for (let i = 0; i < n; i++) {
-        loss += -weight * sc * a * newLogprobs[i];
-        dNew[i] = -weight * sc * a;
-      }
-      if (sc !== s) clippedTokens = n;
+      loss += -weight * truncation * clipped * a * newLogprobs[i];
+      dNew[i] = -weight * truncation * clipped * a;
+      if (clipped !== rho) clippedTokens++;
+    } else if (rho * a <= clipped * a) {
+      loss += -weight * truncation * rho * a;
+      const coefficient = -weight * truncation * a;
+      dNew[i] = coefficient * self[i];
+      sharedGradient += coefficient * shared[i];
     } else {
-      const unclipped = s * a;
-      const clipped = sc * a;
-      loss += -weight * n * Math.min(unclipped, clipped);
-      if (unclipped <= clipped) for (let i = 0; i < n; i++) dNew[i] = -weight * a * s;
-      else clippedTokens = n;
-    }
-  } else {
-    for (let i = 0; i < n; i++) {
-      const r = Math.exp(logRatio(i));
-      const rc = clamp(r, lo, hi);
-      if (config.policyLoss === "cispo") {
-        // the clipped ratio is detached: it only scales the REINFORCE term A·logp
-        loss += -weight * rc * a * newLogprobs[i];
-        dNew[i] = -weight * rc * a;
-        if (rc !== r) clippedTokens++;
-      } else {
-        const unclipped = r * a;
-        const clipped = rc * a;
-        if (unclipped <= clipped) {
-          loss += -weight * unclipped;
-          dNew[i] = -weight * a * r;
-        } else {
-          loss += -weight * clipped;
-          clippedTokens++;
-        }
-      }
+      loss += -weight * truncation * clipped * a;
+      clippedTokens++;
     }
   }
+  for (let j = 0; j < n; j++) dNew[j] += sharedGradient / n;
 
   let kl = 0;
   if (config.klCoef > 0 && refLogprobs !== null) {
@@ -114,6 +126,15 @@ export function policyLoss(tokens: PolicyTokens, config: TrainConfig): PolicyLos
     }
   }
   return { loss, dNewLogprobs: dNew, clippedTokens, kl };
+}
+
+/**
+ * ART's KL penalty on advantages: each token's advantage gains coef · (mean KL − its KL), with its KL the log-ratio
+ * of the policy to the reference (new − ref, no gradient) and `meanKl` its mean over the optimizer step's trained
+ * tokens: tokens the policy drifted on more than average lose advantage, the others gain it.
+ */
+export function klShapedAdvantages(advantage: number, newLogprobs: Float32Array, refLogprobs: Float32Array, coef: number, meanKl: number): Float32Array {
+  return Float32Array.from(newLogprobs, (lp, i) => advantage + coef * (meanKl - (lp - refLogprobs[i])));
 }
 
 /** SFT: −Σ weight · logp over the trained (assistant) tokens. */

@@ -41,9 +41,10 @@ export interface TokenizedHistory {
   tokens: number[];
   trainable: Uint8Array;
   logprobs: Float32Array;
-  /** set when the sequence was cut at maxLength */
-  truncated: boolean;
 }
+
+/** How sampled turns without logprobs are treated: an error (ART's default), or trained as on-policy (ratio 1). */
+export interface LogprobPolicy { allowTrainingWithoutLogprobs: boolean }
 
 interface Building { tokens: number[]; trainable: number[]; logprobs: number[]; text: string }
 
@@ -53,7 +54,7 @@ interface Building { tokens: number[]; trainable: number[]; logprobs: number[]; 
  * earlier turns), so every Choice is trained in exactly the context it was sampled in. Empty without any Choice.
  */
 export function tokenizeHistory(
-  tokenizer: ChatTokenizer, items: MessageOrChoice[], tools: Tool[] | undefined, maxLength: number,
+  tokenizer: ChatTokenizer, items: MessageOrChoice[], tools: Tool[] | undefined, policy: LogprobPolicy = { allowTrainingWithoutLogprobs: false },
 ): TokenizedHistory[] {
   const choiceIndices = items.flatMap((item, i) => (isChoice(item) ? [i] : []));
   const messages: Message[] = items.map((item) => (isChoice(item) ? choiceToMessage(item) : item));
@@ -99,25 +100,39 @@ export function tokenizeHistory(
     }
     const choice = items[index] as Choice;
     const ids = sampledIds(choice, index);
-    const sampledLogprobs = choice.logprobs?.content?.map((c) => c.logprob);
+    const logprobs = sampledLogprobs(choice, index, ids.length, policy);
     ids.forEach((id, i) => {
       current!.tokens.push(id);
       current!.trainable.push(1);
-      current!.logprobs.push(sampledLogprobs && sampledLogprobs.length === ids.length ? sampledLogprobs[i] : NaN);
+      current!.logprobs.push(logprobs[i]);
     });
     current.text += decode(ids);
   });
   if (current !== null) built.push(current);
 
   // everything after the last Choice was never added: the cut after the last trainable message
-  return built.map((seq) => {
-    const truncated = seq.tokens.length > maxLength;
-    const end = Math.min(seq.tokens.length, maxLength);
-    return {
-      tokens: seq.tokens.slice(0, end), trainable: Uint8Array.from(seq.trainable.slice(0, end)),
-      logprobs: Float32Array.from(seq.logprobs.slice(0, end)), truncated,
-    };
-  });
+  return built.map((seq) => ({ tokens: seq.tokens, trainable: Uint8Array.from(seq.trainable), logprobs: Float32Array.from(seq.logprobs) }));
+}
+
+/**
+ * The sampler's logprob of each sampled id. Without them the importance ratio is unknown: an error unless the
+ * policy allows training such turns as on-policy (NaN: ratio 1). Logprobs that cannot be the sampler's (another
+ * count than the ids, positive, not numbers) are always an error.
+ */
+function sampledLogprobs(choice: Choice, index: number, count: number, policy: LogprobPolicy): number[] {
+  const content = choice.logprobs?.content;
+  if (!content) {
+    if (policy.allowTrainingWithoutLogprobs) return new Array<number>(count).fill(NaN);
+    throw new ArtError("missing_logprobs", `message ${index} is a Choice without logprobs, so its importance ratio is unknown; request logprobs: true when sampling, or set TrainConfig.allowTrainingWithoutLogprobs to train it as on-policy`);
+  }
+  if (content.length !== count) {
+    throw new ArtError("bad_logprobs", `message ${index}: ${content.length} logprobs for ${count} sampled token ids; each sampled id needs the sampler's logprob`);
+  }
+  const bad = content.findIndex((entry) => typeof entry.logprob !== "number" || !(entry.logprob <= 0));
+  if (bad >= 0) {
+    throw new ArtError("bad_logprobs", `message ${index}: logprob ${content[bad].logprob} of token ${bad} is not a log-probability (a number <= 0)`);
+  }
+  return content.map((entry) => entry.logprob);
 }
 
 function sampledIds(choice: Choice, index: number): number[] {
@@ -133,7 +148,7 @@ function sampledIds(choice: Choice, index: number): number[] {
 
 export interface TokenizedGroups {
   sequences: TrainingSequence[];
-  /** truncation and skip notices, one line each */
+  /** notices of dropped (overlong) sequences and truncated SFT conversations, one line each */
   warnings: string[];
   /** trajectories with advantage 0 (not trained) */
   skippedTrajectories: number;
@@ -141,9 +156,11 @@ export interface TokenizedGroups {
 
 /**
  * Groups → sequences with their GRPO advantages. Trajectories whose advantage is 0 are skipped (a group whose
- * rewards are all equal trains nothing); truncation at config.maxSequenceLength is reported in `warnings`.
+ * rewards are all equal trains nothing); sequences longer than config.maxSequenceLength are dropped, as ART drops
+ * them, each named in `warnings`. Errors name the group and trajectory.
  */
-export function tokenizeGroups(tokenizer: ChatTokenizer, groups: TrajectoryGroup[], config: Pick<TrainConfig, "scaleRewards" | "maxSequenceLength">): TokenizedGroups {
+export function tokenizeGroups(tokenizer: ChatTokenizer, groups: TrajectoryGroup[],
+  config: Pick<TrainConfig, "scaleRewards" | "maxSequenceLength" | "allowTrainingWithoutLogprobs">): TokenizedGroups {
   const sequences: TrainingSequence[] = [];
   const warnings: string[] = [];
   let skippedTrajectories = 0;
@@ -160,14 +177,23 @@ export function tokenizeGroups(tokenizer: ChatTokenizer, groups: TrajectoryGroup
         return;
       }
       const histories = [{ items: trajectory.messagesAndChoices, tools: trajectory.tools }, ...trajectory.additionalHistories.map((h) => ({ items: h.messagesAndChoices, tools: h.tools }))];
-      for (const history of histories) {
-        for (const tokenized of tokenizeHistory(tokenizer, history.items, history.tools, config.maxSequenceLength)) {
-          if (tokenized.truncated) {
-            warnings.push(`group ${g}, trajectory ${t}: truncated to maxSequenceLength ${config.maxSequenceLength} tokens; sampled tokens past it are not trained`);
-          }
-          sequences.push({ tokens: tokenized.tokens, trainable: tokenized.trainable, logprobs: tokenized.logprobs, advantage: advantages[t], trajectory: index });
+      histories.forEach((history, h) => {
+        const where = `group ${g}, trajectory ${t}${h > 0 ? `, additional history ${h - 1}` : ""}`;
+        let tokenized: TokenizedHistory[];
+        try {
+          tokenized = tokenizeHistory(tokenizer, history.items, history.tools, config);
+        } catch (error) {
+          if (error instanceof ArtError) throw new ArtError(error.code, `${where}: ${error.message}`, { cause: error });
+          throw error;
         }
-      }
+        for (const sequence of tokenized) {
+          if (sequence.tokens.length > config.maxSequenceLength) {
+            warnings.push(`${where}: a sequence of ${sequence.tokens.length} tokens is longer than maxSequenceLength ${config.maxSequenceLength} and is not trained`);
+            continue;
+          }
+          sequences.push({ tokens: sequence.tokens, trainable: sequence.trainable, logprobs: sequence.logprobs, advantage: advantages[t], trajectory: index });
+        }
+      });
     });
   });
   return { sequences, warnings, skippedTrajectories };

@@ -9,6 +9,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { ArtError } from "../core/errors.ts";
+import { seededRandom } from "../core/random.ts";
 import type { TrajectoryGroup } from "../core/trajectory.ts";
 import type { PackedSegment } from "../model/backend.ts";
 import { readAdapter } from "../model/peft.ts";
@@ -17,28 +18,32 @@ import { DifferentiableTransformer, type SequenceBatch } from "../model/training
 import type { Transformer } from "../model/transformer.ts";
 import { adamwStep, createAdamWState, type AdamWState } from "./adamw.ts";
 import { learningRateAt, resolveTrainConfig, type TrainConfig, type TrainConfigInit } from "./config.ts";
-import { crossEntropyLoss, policyLoss, trajectoryTokenWeights } from "./loss.ts";
+import { crossEntropyLoss, klShapedAdvantages, policyLoss, trajectoryTokenWeights } from "./loss.ts";
 import { tokenizeGroups, type ChatTokenizer, type TrainingSequence } from "./tokenize.ts";
 
 export interface StepMetrics {
+  /** the loss of the step (with several optimizer steps, the mean of theirs) */
   loss: number;
   /** trained tokens that went into the loss */
   trainedTokens: number;
   sequences: number;
   /** share of trained tokens whose ratio was clipped */
   clipFraction: number;
-  /** mean k3 KL to the base model per trained token (0 without KL) */
+  /** mean k3 KL to the base model per trained token (0 without a reference pass) */
   kl: number;
   /** mean entropy of the policy over the trained tokens */
   entropy: number;
 }
 
 export interface StepResult extends StepMetrics {
-  /** the optimiser step count after this call */
+  /** the step count after this call (one per call, as ART's checkpoint steps) */
   step: number;
   trained: boolean;
   /** why nothing was trained, when so */
   message?: string;
+  /** AdamW updates this call took: one per packed row (TrainConfig.optimizerSteps) */
+  gradientSteps: number;
+  /** the gradient norm before clipping (with several optimizer steps, the mean of theirs) */
   gradNorm: number;
   learningRate: number;
 }
@@ -66,24 +71,28 @@ export class Trainer {
     this.config = resolveTrainConfig(config);
     this.step = state?.step ?? 0;
     this.optimizer = state?.optimizer ?? createAdamWState();
-    if (this.config.klCoef > 0 && network.lora === null) {
-      throw new ArtError("bad_train_config", "TrainConfig.klCoef > 0 needs LoRA training: the KL reference is the base model with the adapter disabled");
+    if ((this.config.klCoef > 0 || this.config.klPenaltyCoef > 0) && network.lora === null) {
+      throw new ArtError("bad_train_config", "TrainConfig.klCoef > 0 and klPenaltyCoef > 0 need LoRA training: the KL reference is the base model with the adapter disabled");
     }
     network.recomputeActivations = this.config.recomputeActivations;
   }
 
   /**
-   * The low-level API: loss and gradients for `sequences` without touching the weights. Gradients are keyed by
-   * parameter name (PEFT names for LoRA: base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight).
+   * The low-level API: loss and gradients for `sequences` as one optimizer step (one row), without touching the
+   * weights. Gradients are keyed by parameter name (PEFT names for LoRA:
+   * base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight).
    */
-  computeGradients(sequences: TrainingSequence[], objective: Objective = "grpo"): StepMetrics & { gradients: Map<string, Float32Array> } {
+  computeGradients(all: TrainingSequence[], objective: Objective = "grpo"): StepMetrics & { gradients: Map<string, Float32Array> } {
     this.network.zeroGradients();
-    const metrics = this.accumulate(sequences, objective);
+    const sequences = this.trainedSequences(all, objective);
+    const metrics = sequences.length === 0
+      ? { loss: 0, trainedTokens: 0, sequences: 0, clipFraction: 0, kl: 0, entropy: 0 }
+      : this.accumulate(sequences, tokenWeights(sequences, objective), objective);
     const gradients = new Map(this.network.parameterTensors().map((p) => [p.name, this.network.backend.download(p.grad)]));
     return { ...metrics, gradients };
   }
 
-  /** One GRPO step over the sequences of a batch of trajectory groups. */
+  /** One GRPO step (one or more optimizer steps: TrainConfig.optimizerSteps) over the sequences of a batch. */
   trainStep(sequences: TrainingSequence[]): StepResult {
     return this.optimizerStep(sequences, "grpo");
   }
@@ -102,79 +111,113 @@ export class Trainer {
     return this.optimizerStep(sequences, "sft");
   }
 
-  private optimizerStep(sequences: TrainingSequence[], objective: Objective): StepResult {
-    const learningRate = learningRateAt(this.config, this.optimizer.step);
-    this.network.zeroGradients();
-    const metrics = this.accumulate(sequences, objective);
-    if (metrics.trainedTokens === 0) {
+  /**
+   * The batch's sequences in packed rows (TrainConfig.optimizerSteps), one AdamW update per row with the row's loss
+   * normalised by its own trained tokens, as ART's local backend trains; the token weights are the whole batch's.
+   */
+  private optimizerStep(all: TrainingSequence[], objective: Objective): StepResult {
+    const learningRate = learningRateAt(this.config, this.step);
+    const sequences = this.trainedSequences(all, objective);
+    const totalTokens = sequences.reduce((a, s) => a + trainedCount(s), 0);
+    const empty: StepMetrics = { loss: 0, trainedTokens: 0, sequences: 0, clipFraction: 0, kl: 0, entropy: 0 };
+    if (totalTokens === 0) {
       this.step += 1;
       const message = objective === "grpo"
         ? `step ${this.step}: nothing to train — every trajectory has advantage 0 (all rewards equal within each group, or no sampled tokens); the step advances without changing the weights`
         : `step ${this.step}: nothing to train — no assistant tokens in the batch`;
-      return { ...metrics, step: this.step, trained: false, message, gradNorm: 0, learningRate };
+      return { ...empty, step: this.step, trained: false, message, gradientSteps: 0, gradNorm: 0, learningRate };
     }
-    if (!Number.isFinite(metrics.loss)) {
-      this.network.zeroGradients();
-      throw new ArtError(
-        "non_finite_loss",
-        `training step refused: the loss is ${metrics.loss}; no weights were changed. Check rewards and logprobs for NaN/Infinity, or lower the learning rate.`,
-      );
-    }
+    const weights = tokenWeights(sequences, objective);
+    const rows = this.config.optimizerSteps === "one" ? [sequences] : packRows(sequences, this.rowLength(sequences), seededRandom(this.config.seed + this.step));
     const { beta1, beta2, adamEps: eps, weightDecay, maxGradNorm } = this.config;
-    const gradNorm = adamwStep(this.network.backend, this.network.parameterTensors(), this.optimizer, { learningRate, beta1, beta2, eps, weightDecay, maxGradNorm });
+    let loss = 0, kl = 0, clipped = 0, entropy = 0, gradNorm = 0;
+    rows.forEach((row, r) => {
+      this.network.zeroGradients();
+      const metrics = this.accumulate(row, weights, objective);
+      if (!Number.isFinite(metrics.loss)) {
+        this.network.zeroGradients();
+        throw new ArtError(
+          "non_finite_loss",
+          `training step refused at packed row ${r + 1} of ${rows.length}: its loss is ${metrics.loss}; ${r === 0 ? "no weights were changed" : `the ${r} rows before it were applied, this one and later ones were not`}. Check rewards and logprobs for NaN/Infinity, or lower the learning rate.`,
+        );
+      }
+      gradNorm += adamwStep(this.network.backend, this.network.parameterTensors(), this.optimizer, { learningRate, beta1, beta2, eps, weightDecay, maxGradNorm }) / rows.length;
+      loss += metrics.loss / rows.length;
+      kl += metrics.kl / rows.length;
+      clipped += metrics.clipFraction * metrics.trainedTokens;
+      entropy += metrics.entropy * metrics.trainedTokens;
+    });
     this.step += 1;
-    return { ...metrics, step: this.step, trained: true, gradNorm, learningRate };
+    return {
+      loss, trainedTokens: totalTokens, sequences: sequences.length, clipFraction: clipped / totalTokens, kl, entropy: entropy / totalTokens,
+      step: this.step, trained: true, gradientSteps: rows.length, gradNorm, learningRate,
+    };
   }
 
-  private accumulate(all: TrainingSequence[], objective: Objective): StepMetrics {
+  /** The sequences that train (some tokens, and a non-zero advantage for GRPO), checked. */
+  private trainedSequences(all: TrainingSequence[], objective: Objective): TrainingSequence[] {
     const sequences = all.filter((s) => trainedCount(s) > 0 && (objective === "sft" || s.advantage !== 0));
     for (const s of sequences) {
       if (s.tokens.length > this.config.maxSequenceLength) {
-        throw new ArtError("sequence_too_long", `a training sequence has ${s.tokens.length} tokens, more than TrainConfig.maxSequenceLength (${this.config.maxSequenceLength}); tokenize with the same config to truncate`);
+        throw new ArtError("sequence_too_long", `a training sequence has ${s.tokens.length} tokens, more than TrainConfig.maxSequenceLength (${this.config.maxSequenceLength}); tokenizeGroups with the same config drops such sequences`);
       }
       if (!Number.isFinite(s.advantage)) {
         throw new ArtError("non_finite_loss", `training step refused: a sequence of trajectory ${s.trajectory} has advantage ${s.advantage}; no weights were changed. Check the rewards for NaN/Infinity.`);
       }
     }
-    const totalTokens = sequences.reduce((a, s) => a + trainedCount(s), 0);
-    const metrics: StepMetrics = { loss: 0, trainedTokens: totalTokens, sequences: sequences.length, clipFraction: 0, kl: 0, entropy: 0 };
-    if (totalTokens === 0) return metrics;
+    return sequences;
+  }
 
-    // token weight per sequence: GRPO weighs each trajectory by 1/(its tokens), normalised to mean 1; SFT by 1.
-    const weightOf = new Map<TrainingSequence, number>();
-    if (objective === "grpo") {
-      const trajectories = [...new Set(sequences.map((s) => s.trajectory))];
-      const tokensPerTrajectory = trajectories.map((t) => sequences.filter((s) => s.trajectory === t).reduce((a, s) => a + trainedCount(s), 0));
-      const weights = trajectoryTokenWeights(tokensPerTrajectory);
-      for (const s of sequences) weightOf.set(s, weights[trajectories.indexOf(s.trajectory)] / totalTokens);
-    } else {
-      for (const s of sequences) weightOf.set(s, 1 / totalTokens);
+  /** ART's packed sequence length: the longest sequence rounded up to a multiple of 2048, at most maxSequenceLength. */
+  private rowLength(sequences: TrainingSequence[]): number {
+    if (this.config.packedSequenceLength !== null) return this.config.packedSequenceLength;
+    const longest = Math.max(...sequences.map((s) => s.tokens.length));
+    return Math.min(this.config.maxSequenceLength, Math.ceil(longest / 2048) * 2048);
+  }
+
+  /**
+   * Loss and accumulated gradients of one optimizer step's sequences (already checked), in micro-batches: each
+   * token's loss is weights.get(sequence) / (the trained tokens of these sequences), so micro-batching never
+   * changes the result. With a KL penalty, a first pass finds the mean KL of these tokens.
+   */
+  private accumulate(sequences: TrainingSequence[], weights: Map<TrainingSequence, number>, objective: Objective): StepMetrics {
+    const tokens = sequences.reduce((a, s) => a + trainedCount(s), 0);
+    const metrics: StepMetrics = { loss: 0, trainedTokens: tokens, sequences: sequences.length, clipFraction: 0, kl: 0, entropy: 0 };
+    const micro: TrainingSequence[][] = [];
+    for (let start = 0; start < sequences.length; start += this.config.microBatchSize) micro.push(sequences.slice(start, start + this.config.microBatchSize));
+    const grpo = objective === "grpo";
+    const needsReference = grpo && (this.config.klCoef > 0 || this.config.klPenaltyCoef > 0);
+    const reference = (batch: SequenceBatch) => this.network.forward(batch, { useAdapter: false, keepActivations: false }).logprobs;
+    const batches = micro.map((m) => toBatch(m, this.config.sharePrompts));
+    const references = needsReference ? batches.map(reference) : null;
+    let meanKl = 0;
+    if (grpo && this.config.klPenaltyCoef > 0) {
+      batches.forEach((batch, b) => {
+        const policy = this.network.forward(batch, { keepActivations: false }).logprobs;
+        for (let i = 0; i < policy.length; i++) meanKl += (policy[i] - references![b][i]) / tokens;
+      });
     }
-
     let clipped = 0;
-    for (let start = 0; start < sequences.length; start += this.config.microBatchSize) {
-      const micro = sequences.slice(start, start + this.config.microBatchSize);
-      const batch = toBatch(micro, this.config.sharePrompts);
+    batches.forEach((batch, b) => {
       const pass = this.network.forward(batch);
-      const ref = this.config.klCoef > 0 && objective === "grpo"
-        ? this.network.forward(batch, { useAdapter: false, keepActivations: false }).logprobs
-        : null;
       const dLogprobs = new Float32Array(pass.logprobs.length);
       let offset = 0;
-      for (const s of micro) {
+      for (const s of micro[b]) {
         const count = trainedCount(s);
         const newLogprobs = pass.logprobs.subarray(offset, offset + count);
-        const weight = weightOf.get(s)!;
+        const weight = weights.get(s)! / tokens;
         let result: { loss: number; dNewLogprobs: Float32Array; clippedTokens?: number; kl?: number };
-        if (objective === "sft") {
+        if (!grpo) {
           result = crossEntropyLoss(newLogprobs, weight);
         } else {
           const oldLogprobs = new Float32Array(count);
           let i = 0;
           for (let t = 1; t < s.tokens.length; t++) if (s.trainable[t]) oldLogprobs[i++] = s.logprobs[t];
-          result = policyLoss({
-            newLogprobs, oldLogprobs, refLogprobs: ref ? ref.subarray(offset, offset + count) : null, advantage: s.advantage, weight,
-          }, this.config);
+          const refLogprobs = references ? references[b].subarray(offset, offset + count) : null;
+          const advantages = this.config.klPenaltyCoef > 0
+            ? klShapedAdvantages(s.advantage, newLogprobs, refLogprobs!, this.config.klPenaltyCoef, meanKl)
+            : new Float32Array(count).fill(s.advantage);
+          result = policyLoss({ newLogprobs, oldLogprobs, refLogprobs, advantages, weight }, this.config);
         }
         dLogprobs.set(result.dNewLogprobs, offset);
         metrics.loss += result.loss;
@@ -182,10 +225,10 @@ export class Trainer {
         clipped += result.clippedTokens ?? 0;
         offset += count;
       }
-      for (const e of pass.entropies) metrics.entropy += e / totalTokens;
+      for (const e of pass.entropies) metrics.entropy += e / tokens;
       this.network.backward(pass, dLogprobs);
-    }
-    metrics.clipFraction = clipped / totalTokens;
+    });
+    metrics.clipFraction = clipped / tokens;
     return metrics;
   }
 
@@ -264,6 +307,53 @@ export function trainedCount(s: TrainingSequence): number {
   return count;
 }
 
+/** The prompt rows sequences can share: all untrained tokens before the first trained one but the last, which predicts it. */
+function sharedLength(s: TrainingSequence): number {
+  let first = 1;
+  while (first < s.tokens.length && !s.trainable[first]) first++;
+  return first - 1;
+}
+
+const keyOf = (s: TrainingSequence) => s.tokens.slice(0, sharedLength(s)).join(",");
+
+/**
+ * Per sequence, the weight of each of its trained tokens: GRPO weighs every trajectory by 1 / (its trained tokens),
+ * normalised to mean 1 over the batch's tokens (ART's weights); SFT weighs every token 1.
+ */
+export function tokenWeights(sequences: TrainingSequence[], objective: Objective): Map<TrainingSequence, number> {
+  if (objective === "sft") return new Map(sequences.map((s) => [s, 1]));
+  const trajectories = [...new Set(sequences.map((s) => s.trajectory))];
+  const tokensPerTrajectory = trajectories.map((t) => sequences.filter((s) => s.trajectory === t).reduce((a, s) => a + trainedCount(s), 0));
+  const weights = trajectoryTokenWeights(tokensPerTrajectory);
+  return new Map(sequences.map((s) => [s, weights[trajectories.indexOf(s.trajectory)]]));
+}
+
+/**
+ * ART's packing: sequences in order into rows of at most `rowLength` tokens, a sequence whose prompt a sequence of
+ * the row already has counting without it (stored once, as toBatch does), never split; then the rows in a random
+ * order, as ART shuffles them. A sequence longer than a row gets a row of its own.
+ */
+export function packRows(sequences: TrainingSequence[], rowLength: number, random: () => number): TrainingSequence[][] {
+  const rows: TrainingSequence[][] = [];
+  let row: TrainingSequence[] = [], used = 0, prompts = new Set<string>();
+  const length = (s: TrainingSequence) => s.tokens.length - (prompts.has(keyOf(s)) ? sharedLength(s) : 0);
+  for (const s of sequences) {
+    if (row.length > 0 && used + length(s) > rowLength) {
+      rows.push(row);
+      [row, used, prompts] = [[], 0, new Set()];
+    }
+    used += length(s);
+    prompts.add(keyOf(s));
+    row.push(s);
+  }
+  rows.push(row);
+  for (let i = rows.length - 1; i > 0; i--) {
+    const j = Math.floor(random() * (i + 1));
+    [rows[i], rows[j]] = [rows[j], rows[i]];
+  }
+  return rows;
+}
+
 /**
  * Concatenates sequences into one batch; row t of a sequence scores token t+1 when that token is trained.
  * With `sharePrompts`, sequences whose untrained prompts are identical (a GRPO group) store that prompt once: the
@@ -271,12 +361,6 @@ export function trainedCount(s: TrainingSequence): number {
  * completion, attending to the shared rows. Scored rows stay in the order of `sequences`.
  */
 export function toBatch(sequences: TrainingSequence[], sharePrompts = false): SequenceBatch {
-  const sharedLength = (s: TrainingSequence) => {
-    let first = 1;
-    while (first < s.tokens.length && !s.trainable[first]) first++;
-    return first - 1; // the last prompt token stays with each completion: it predicts the first sampled token
-  };
-  const keyOf = (s: TrainingSequence) => s.tokens.slice(0, sharedLength(s)).join(",");
   const counts = new Map<string, number>();
   if (sharePrompts) for (const s of sequences) if (sharedLength(s) > 0) counts.set(keyOf(s), (counts.get(keyOf(s)) ?? 0) + 1);
 

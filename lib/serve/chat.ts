@@ -2,9 +2,10 @@
  * One chat completion: the prompt through the chat template (tools in Hermes format), `n` sequences through
  * the batcher, and OpenAI's response (or its stream of chunks) built from the sampled tokens.
  *
- * Every choice carries `token_ids`, the exact ids sampled, and when logprobs are asked, `logprobs.content[i]`
- * belongs to `token_ids[i]`. Both include the final end-of-sequence token and any tokens of a matched stop
- * string, because training must see exactly what the model produced; `message.content` shows neither.
+ * Every choice carries `token_ids`, the exact ids sampled, and `logprobs.content[i]`, the logprob of `token_ids[i]`
+ * (asked for or not, as ART's server: training needs them). Both include the final end-of-sequence token and any
+ * tokens of a matched stop string, because training must see exactly what the model produced; `message.content`
+ * shows neither.
  */
 import type { ChatCompletion, ChatCompletionChunk, ChatCompletionTokenLogprob } from "openai/resources/chat/completions";
 import type { Tokenizer } from "../model/tokenizer.ts";
@@ -225,7 +226,7 @@ export class ChoiceBuilder {
       index: this.index,
       delta: { content },
       finish_reason: null,
-      logprobs: this.request.logprobs ? { content: [this.logprobEntry(token)], refusal: null } : null,
+      logprobs: { content: [this.logprobEntry(token)], refusal: null },
       token_ids: [token.id],
     };
   }
@@ -263,7 +264,7 @@ export class ChoiceBuilder {
       index: this.index,
       message: { role: "assistant", content, refusal: null },
       finish_reason: finish,
-      logprobs: this.request.logprobs ? { content: this.tokens.map((t) => this.logprobEntry(t)), refusal: null } : null,
+      logprobs: { content: this.tokens.map((t) => this.logprobEntry(t)), refusal: null },
       token_ids: this.tokens.map((t) => t.id),
     };
     if (this.toolsActive && this.text.includes(TOOL_CALL_OPEN)) {

@@ -30,7 +30,7 @@ import { DifferentiableTransformer } from "../model/training.ts";
 import type { BatcherOptions } from "../serve/batcher.ts";
 import type { HttpServerHandle, HttpServerOptions } from "../serve/http.ts";
 import { IN_PROCESS_BASE_URL, ModelServer } from "../serve/model-server.ts";
-import { appendHistory, readHistory, summarizeTrajectories, writeTrajectories, type HistoryRow } from "./store.ts";
+import { appendHistory, readHistory, summarizeGroups, writeTrajectories, type HistoryRow } from "./store.ts";
 
 export interface TrainableModelOptions {
   /** The trained model's id: requests for this model use the latest adapter. */
@@ -90,6 +90,8 @@ export class TrainableModel {
   private currentStep: number;
   /** train() calls run one after another */
   private queue: Promise<unknown> = Promise.resolve();
+  /** when the last train() call ended (performance.now()), for the next step's wall time */
+  private lastTrainEnd: number | null = null;
 
   private constructor(init: {
     options: TrainableModelOptions; lm: CausalLM; network: DifferentiableTransformer; optimizer: AdamWState; step: number;
@@ -170,7 +172,7 @@ export class TrainableModel {
 
   private async trainNow(groups: TrajectoryGroup[], config: Omit<TrainConfigInit, "lora">): Promise<TrainResult> {
     const sampledAt = this.currentStep;
-    const trajectories = groups.flatMap((g) => g.trajectories);
+    const started = performance.now();
     await this.server.pause();
     let result: ReturnType<Trainer["trainOnGroups"]>;
     try {
@@ -181,20 +183,27 @@ export class TrainableModel {
     } finally {
       this.server.resume();
     }
-    const exceptions = groups.reduce((n, g) => n + g.exceptions.length, 0);
+    const now = performance.now(), trainerSeconds = (now - started) / 1000;
+    // The step's wall time runs from the end of the previous train() call (rollouts and judging included).
+    const wallSeconds = this.lastTrainEnd === null ? null : (now - this.lastTrainEnd) / 1000;
+    this.lastTrainEnd = now;
     const row: HistoryRow = {
       step: sampledAt,
       recorded_at: new Date().toISOString(),
-      ...summarizeTrajectories("train", trajectories),
-      "train/exceptions": exceptions,
-      "train/loss": result.loss,
-      "train/grad_norm": result.gradNorm,
-      "train/learning_rate": result.learningRate,
-      "train/trained_tokens": result.trainedTokens,
-      "train/clip_fraction": result.clipFraction,
-      "train/entropy": result.entropy,
-      "train/kl": result.kl,
+      training_step: this.currentStep,
+      ...summarizeGroups("train", groups),
       "train/skipped_trajectories": result.skippedTrajectories,
+      "loss/train": result.loss,
+      "loss/grad_norm": result.gradNorm,
+      "loss/learning_rate": result.learningRate,
+      "loss/entropy": result.entropy,
+      "loss/kl_div": result.kl,
+      "loss/clip_fraction": result.clipFraction,
+      "loss/num_gradient_steps": result.gradientSteps,
+      "time/step_trainer_s": trainerSeconds,
+      ...(wallSeconds === null ? {} : { "time/step_wall_s": wallSeconds }),
+      "throughput/trained_tokens": result.trainedTokens,
+      "throughput/trainer_tokens_per_s": result.trainedTokens / trainerSeconds,
     };
     writeTrajectories(this.dir, "train", sampledAt, groups);
     appendHistory(this.dir, row);
@@ -205,12 +214,11 @@ export class TrainableModel {
   log(items: Trajectory[] | TrajectoryGroup[], options: { split?: string } = {}): HistoryRow {
     const split = checkName("split", options.split ?? "val");
     const groups = items.map((item) => ("trajectories" in item ? item : { trajectories: [item], exceptions: [] }));
-    const trajectories = groups.flatMap((g) => g.trajectories);
     const row: HistoryRow = {
       step: this.currentStep,
       recorded_at: new Date().toISOString(),
-      ...summarizeTrajectories(split, trajectories),
-      [`${split}/exceptions`]: groups.reduce((n, g) => n + g.exceptions.length, 0),
+      training_step: this.currentStep,
+      ...summarizeGroups(split, groups),
     };
     writeTrajectories(this.dir, split, this.currentStep, groups);
     appendHistory(this.dir, row);

@@ -11,8 +11,13 @@ export interface HistoryRow {
   [metric: string]: number | string | boolean | null;
 }
 
-/** `{split}/reward` and the mean of each numeric or boolean trajectory metric (booleans count as 0/1), plus the count. */
-export function summarizeTrajectories(split: string, trajectories: Trajectory[]): Record<string, number> {
+/**
+ * The metrics ART logs for a split: `{split}/reward` and the mean of each numeric or boolean trajectory metric
+ * (booleans count as 0/1); `{split}/reward_std_dev`, the mean over groups of more than one trajectory of the
+ * population std of their rewards; `{split}/exception_rate`, the share of the groups' entries that are exceptions;
+ * and `{split}/trajectories`, their count.
+ */
+export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "trajectories" | "exceptions">[]): Record<string, number> {
   const sums = new Map<string, { total: number; count: number }>();
   const add = (key: string, value: number) => {
     const entry = sums.get(key) ?? { total: 0, count: 0 };
@@ -20,11 +25,22 @@ export function summarizeTrajectories(split: string, trajectories: Trajectory[])
     entry.count += 1;
     sums.set(key, entry);
   };
+  const trajectories = groups.flatMap((g) => g.trajectories);
   for (const t of trajectories) {
     add("reward", t.reward);
     for (const [key, value] of Object.entries(t.metrics)) add(key, typeof value === "boolean" ? Number(value) : value);
   }
-  const row: Record<string, number> = { [`${split}/trajectories`]: trajectories.length };
+  const spreads = groups.filter((g) => g.trajectories.length > 1).map((g) => {
+    const rewards = g.trajectories.map((t) => t.reward);
+    const mean = rewards.reduce((a, b) => a + b, 0) / rewards.length;
+    return Math.sqrt(rewards.reduce((a, r) => a + (r - mean) ** 2, 0) / rewards.length);
+  });
+  const exceptions = groups.reduce((n, g) => n + g.exceptions.length, 0);
+  const row: Record<string, number> = {
+    [`${split}/trajectories`]: trajectories.length,
+    [`${split}/reward_std_dev`]: spreads.length === 0 ? 0 : spreads.reduce((a, b) => a + b, 0) / spreads.length,
+    [`${split}/exception_rate`]: trajectories.length + exceptions === 0 ? 0 : exceptions / (trajectories.length + exceptions),
+  };
   for (const [key, { total, count }] of sums) row[`${split}/${key}`] = total / count;
   return row;
 }

@@ -187,8 +187,9 @@ describe.skipIf(skip)(title, () => {
       const trainers = models.map((model) => new Trainer(model, { learningRate: 1e-2, microBatchSize: 3 }));
       const [c, g] = trainers.map((trainer) => trainer.computeGradients(sequences));
       // The device's attention runs in bf16 (q, k, v, dout, the probabilities and dS rounded; measured on these
-      // checkpoints: entropy within 3.7e-3, every LoRA gradient within 4.2e-2 relative, the gradient norm within 1.3e-3).
-      expect(Math.abs(c.loss - g.loss)).toBeLessThan(1e-5 * Math.max(1, Math.abs(c.loss)));
+      // checkpoints: the CISPO loss, −Σ A·logp here, within 1.9e-3 relative, entropy within 3.7e-3, every LoRA
+      // gradient within 4.2e-2 relative, the gradient norm within 1.3e-3).
+      expect(Math.abs(c.loss - g.loss)).toBeLessThan(5e-3 * Math.max(1, Math.abs(c.loss)));
       expect(Math.abs(c.entropy - g.entropy)).toBeLessThan(1e-2);
       for (const [name, grad] of c.gradients) expect(relativeError(grad, g.gradients.get(name)!), name).toBeLessThan(8e-2);
       const before = models[1].parameterTensors().map((p) => gpu.download(p.value));

@@ -1,14 +1,15 @@
 import { describe, expect, it } from "vitest";
 import { adamwStep, createAdamWState } from "../../lib/grpo/adamw.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
-import { learningRateAt, resolveTrainConfig, type PolicyLoss } from "../../lib/grpo/config.ts";
-import { crossEntropyLoss, groupAdvantages, policyLoss, trajectoryTokenWeights } from "../../lib/grpo/loss.ts";
+import { type ImportanceSampling, learningRateAt, resolveTrainConfig, type PolicyLoss } from "../../lib/grpo/config.ts";
+import { crossEntropyLoss, groupAdvantages, klShapedAdvantages, policyLoss, trajectoryTokenWeights } from "../../lib/grpo/loss.ts";
 import { loadFixture, relativeError } from "../model/check.ts";
 
 interface LossFixture {
-  new: number[]; old: number[]; ref: number[]; weight: number;
-  cases: { policyLoss: PolicyLoss; epsilon: number; epsilonHigh: number; importanceSampling: "token" | "sequence";
-    advantage: number; klCoef: number; loss: number; grad: number[] }[];
+  new: number[]; ref: number[]; weight: number;
+  cases: { policyLoss: PolicyLoss; epsilon: number; epsilonHigh: number; importanceSampling: ImportanceSampling;
+    advantage: number; klPenaltyCoef: number; advantages: number[]; klCoef: number; truncatedImportanceSampling: number | null;
+    old: (number | null)[]; loss: number; grad: number[] }[];
 }
 const fixture = loadFixture<LossFixture>("grpo/losses.json");
 
@@ -33,26 +34,30 @@ describe("advantages and token weights", () => {
 
 describe("policy losses match PyTorch autograd", () => {
   for (const c of fixture.cases) {
-    const label = `${c.policyLoss} eps ${c.epsilon}/${c.epsilonHigh} ${c.importanceSampling} A=${c.advantage} kl=${c.klCoef}`;
+    const old = Float32Array.from(c.old, (x) => x ?? NaN);
+    const label = `${c.policyLoss} eps ${c.epsilon}/${c.epsilonHigh} ${c.importanceSampling} A=${c.advantage}` +
+      `${c.klPenaltyCoef ? ` KL-shaped ${c.klPenaltyCoef}` : ""} kl=${c.klCoef} cap=${c.truncatedImportanceSampling}${old.some(Number.isNaN) ? " unknown old" : ""}`;
     it(label, () => {
       const config = resolveTrainConfig({
-        policyLoss: c.policyLoss, epsilon: c.epsilon, epsilonHigh: c.epsilonHigh,
-        importanceSampling: c.importanceSampling, klCoef: c.klCoef,
+        policyLoss: c.policyLoss, epsilon: c.epsilon, epsilonHigh: c.epsilonHigh, importanceSampling: c.importanceSampling,
+        klCoef: c.klCoef, truncatedImportanceSampling: c.truncatedImportanceSampling,
       });
-      const result = policyLoss({
-        newLogprobs: Float32Array.from(fixture.new), oldLogprobs: Float32Array.from(fixture.old),
-        refLogprobs: Float32Array.from(fixture.ref), advantage: c.advantage, weight: fixture.weight,
-      }, config);
+      const newLogprobs = Float32Array.from(fixture.new), refLogprobs = Float32Array.from(fixture.ref);
+      const advantages = c.klPenaltyCoef > 0
+        ? klShapedAdvantages(c.advantage, newLogprobs, refLogprobs, c.klPenaltyCoef, newLogprobs.reduce((a, x, i) => a + (x - refLogprobs[i]) / newLogprobs.length, 0))
+        : new Float32Array(newLogprobs.length).fill(c.advantage);
+      expect(relativeError(advantages, c.advantages)).toBeLessThan(1e-6);
+      const result = policyLoss({ newLogprobs, oldLogprobs: old, refLogprobs, advantages, weight: fixture.weight }, config);
       expect(Math.abs(result.loss - c.loss) / Math.max(1e-6, Math.abs(c.loss))).toBeLessThan(1e-5);
       expect(relativeError(result.dNewLogprobs, c.grad)).toBeLessThan(1e-5);
     });
   }
 
   it("counts clipped tokens and treats unknown old logprobs as ratio 1", () => {
-    const config = resolveTrainConfig();
+    const config = resolveTrainConfig({ policyLoss: "ppo" });
     const result = policyLoss({
       newLogprobs: Float32Array.of(-1, -1, -1), oldLogprobs: Float32Array.of(-2, NaN, -0.5),
-      refLogprobs: null, advantage: 1, weight: 1,
+      refLogprobs: null, advantages: Float32Array.of(1, 1, 1), weight: 1,
     }, config);
     // ratio e^1 > 1.2 with A > 0 is clipped (no gradient); NaN old → ratio 1; e^-0.5 < 0.8 is not clipped for A > 0
     expect(result.clippedTokens).toBe(1);
@@ -72,14 +77,22 @@ describe("TrainConfig", () => {
     expect(c.learningRate).toBe(5e-6);
     expect(c.lora).toEqual({ rank: 8, alpha: 16, useRslora: false,
       targetModules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] });
-    expect([c.beta1, c.beta2, c.weightDecay, c.maxGradNorm, c.epsilon, c.epsilonHigh]).toEqual([0.9, 0.99, 0.1, 0.1, 0.2, 0.2]);
-    expect(resolveTrainConfig({ policyLoss: "cispo" })).toMatchObject({ epsilon: 1, epsilonHigh: 4 });
+    expect([c.beta1, c.beta2, c.weightDecay, c.maxGradNorm]).toEqual([0.9, 0.99, 0.1, 0.1]);
+    expect(c).toMatchObject({
+      policyLoss: "cispo", epsilon: 1, epsilonHigh: 4, importanceSampling: "token", truncatedImportanceSampling: null, klCoef: 0,
+      klPenaltyCoef: 0, optimizerSteps: "packed_rows", packedSequenceLength: null, maxSequenceLength: 32768, allowTrainingWithoutLogprobs: false,
+    });
+    expect(resolveTrainConfig({ policyLoss: "ppo" })).toMatchObject({ epsilon: 0.2, epsilonHigh: 0.2 });
   });
 
   it("refuses bad values with a message naming the key", () => {
     expect(() => resolveTrainConfig({ learningRate: -1 })).toThrow("TrainConfig.learningRate must be a positive number, got -1");
     expect(() => resolveTrainConfig({ lora: { targetModules: ["qkv" as never] } })).toThrow("TrainConfig.lora.targetModules");
     expect(() => resolveTrainConfig({ schedule: { kind: "cosine", totalSteps: 0 } })).toThrow("schedule.totalSteps");
+    expect(() => resolveTrainConfig({ importanceSampling: "mean" as never })).toThrow('TrainConfig.importanceSampling must be "token", "sequence", "average" or "geometric_average"');
+    expect(() => resolveTrainConfig({ optimizerSteps: "rows" as never })).toThrow('TrainConfig.optimizerSteps must be "packed_rows" or "one"');
+    expect(() => resolveTrainConfig({ truncatedImportanceSampling: 0 })).toThrow("TrainConfig.truncatedImportanceSampling must be a positive number");
+    expect(() => resolveTrainConfig({ recomputeActivations: "yes" as never })).toThrow('TrainConfig.recomputeActivations must be true, false or "auto"');
   });
 
   it("warms up linearly, then holds or follows a cosine", () => {

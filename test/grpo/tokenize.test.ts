@@ -45,7 +45,7 @@ describe("tokenizeHistory", () => {
       second,
       { role: "user", content: "thanks (not trained, cut)" } as Message,
     ];
-    const histories = tokenizeHistory(tokenizer, items, undefined, 4096);
+    const histories = tokenizeHistory(tokenizer, items, undefined);
     expect(histories.length).toBe(1);
     const [result] = histories;
     const plain = new Trajectory({ messagesAndChoices: items.slice(0, 6) }).messages();
@@ -56,12 +56,11 @@ describe("tokenizeHistory", () => {
     expect(trainedIds).toEqual([...first.token_ids!, ...second.token_ids!]);
     const trainedLogprobs = Array.from(result.logprobs).filter((_, i) => result.trainable[i]);
     expect(trainedLogprobs).toEqual([...first.logprobs!.content!, ...second.logprobs!.content!].map((c) => Math.fround(c.logprob)));
-    expect(result.truncated).toBe(false);
   });
 
   it("a turn the template re-renders differently: its sampled form is trained, the next Choice gets the prompt the sampler saw", () => {
     const sampled = choice("", { name: "look", arguments: '{"at":"A1"}' }); // the template writes {"at": "A1"}
-    const sequences = tokenizeHistory(tokenizer, [{ role: "user", content: "hi" }, sampled, { role: "user", content: "more" }, choice("ok")], undefined, 4096);
+    const sequences = tokenizeHistory(tokenizer, [{ role: "user", content: "hi" }, sampled, { role: "user", content: "more" }, choice("ok")], undefined);
     expect(sequences.length).toBe(2);
     const text = (ids: number[]) => tokenizer.decode(ids, { skipSpecialTokens: false });
     expect(text(sequences[0].tokens)).toContain('{"name": "look", "arguments": {"at":"A1"}}');
@@ -69,22 +68,32 @@ describe("tokenizeHistory", () => {
     expect(text(sequences[1].tokens.filter((_, i) => sequences[1].trainable[i]))).toBe("ok<|im_end|>");
   });
 
-  it("truncates at the maximum length", () => {
-    const [result] = tokenizeHistory(tokenizer, [{ role: "user", content: "hi" }, choice("a long answer here")], undefined, 8);
-    expect(result.tokens.length).toBe(8);
-    expect(result.truncated).toBe(true);
+  it("refuses a Choice without logprobs unless allowed, and logprobs that cannot be the sampler's", () => {
+    const items = (c: Choice) => [{ role: "user", content: "hi" } as Message, c];
+    const bare = { ...choice("x"), logprobs: null };
+    expect(() => tokenizeHistory(tokenizer, items(bare), undefined)).toThrow(
+      "message 1 is a Choice without logprobs, so its importance ratio is unknown; request logprobs: true when sampling, or set TrainConfig.allowTrainingWithoutLogprobs",
+    );
+    const [allowed] = tokenizeHistory(tokenizer, items(bare), undefined, { allowTrainingWithoutLogprobs: true });
+    expect(Array.from(allowed.logprobs).filter((_, i) => allowed.trainable[i]).every(Number.isNaN)).toBe(true); // ratio 1
+    const short = choice("x");
+    short.logprobs!.content!.pop();
+    expect(() => tokenizeHistory(tokenizer, items(short), undefined)).toThrow(/message 1: \d+ logprobs for \d+ sampled token ids/);
+    const positive = choice("x");
+    positive.logprobs!.content![0].logprob = 0.5;
+    expect(() => tokenizeHistory(tokenizer, items(positive), undefined)).toThrow("message 1: logprob 0.5 of token 0 is not a log-probability (a number <= 0)");
   });
 
   it("refuses a Choice without token_ids, saying what to do", () => {
     const c = choice("x");
     delete c.token_ids;
-    expect(() => tokenizeHistory(tokenizer, [{ role: "user", content: "hi" }, c], undefined, 100)).toThrow(
+    expect(() => tokenizeHistory(tokenizer, [{ role: "user", content: "hi" }, c], undefined)).toThrow(
       "message 1 is a Choice without token_ids; training needs the exact sampled ids",
     );
   });
 
   it("a history without sampled turns gives nothing to train", () => {
-    expect(tokenizeHistory(tokenizer, [{ role: "user", content: "hi" }, { role: "assistant", content: "yo" }], undefined, 100)).toEqual([]);
+    expect(tokenizeHistory(tokenizer, [{ role: "user", content: "hi" }, { role: "assistant", content: "yo" }], undefined)).toEqual([]);
   });
 });
 
@@ -100,7 +109,7 @@ describe("tokenizeHistory with Qwen3's template (it drops the reasoning of earli
     const first = sampled("<think>\nadd them\n</think>\n\n4");
     const second = sampled("<think>\nagain\n</think>\n\n6");
     const items = [{ role: "user", content: "2+2?" } as Message, first, { role: "user", content: "3+3?" } as Message, second];
-    const sequences = tokenizeHistory(qwen3, items, undefined, 1000);
+    const sequences = tokenizeHistory(qwen3, items, undefined, { allowTrainingWithoutLogprobs: true });
     expect(sequences.length).toBe(2);
     const text = (ids: number[]) => qwen3.decode(ids, { skipSpecialTokens: false });
     const promptOf = (upTo: number) => qwen3.applyChatTemplate(new Trajectory({ messagesAndChoices: items.slice(0, upTo) }).messages(), { addGenerationPrompt: true });
@@ -113,18 +122,22 @@ describe("tokenizeHistory with Qwen3's template (it drops the reasoning of earli
 });
 
 describe("tokenizeGroups", () => {
-  it("gives each trajectory its group advantage, skips equal-reward groups, reports truncation", () => {
+  it("gives each trajectory its group advantage, skips equal-reward groups, drops overlong sequences naming them", () => {
     const trajectory = (reward: number, text: string) => new Trajectory({ messagesAndChoices: [{ role: "user", content: "go" }, choice(text)], reward });
     const groups = [
       new TrajectoryGroup([trajectory(1, "yes"), trajectory(0, "no")]),
       new TrajectoryGroup([trajectory(0.5, "same"), trajectory(0.5, "same")]),
       new TrajectoryGroup([trajectory(2, "a much much longer answer than the twenty-four tokens that fit"), trajectory(0, "b")]),
     ];
-    const { sequences, warnings, skippedTrajectories } = tokenizeGroups(tokenizer, groups, { scaleRewards: true, maxSequenceLength: 24 });
+    const config = { scaleRewards: true, maxSequenceLength: 24, allowTrainingWithoutLogprobs: false };
+    const { sequences, warnings, skippedTrajectories } = tokenizeGroups(tokenizer, groups, config);
     expect(skippedTrajectories).toBe(2);
-    expect(sequences.map((s) => Number(s.advantage.toFixed(4)))).toEqual([1, -1, 1, -1]);
-    expect(sequences.map((s) => s.trajectory)).toEqual([0, 1, 4, 5]);
-    expect(warnings).toEqual(["group 2, trajectory 0: truncated to maxSequenceLength 24 tokens; sampled tokens past it are not trained"]);
+    expect(sequences.map((s) => Number(s.advantage.toFixed(4)))).toEqual([1, -1, -1]);
+    expect(sequences.map((s) => s.trajectory)).toEqual([0, 1, 5]);
+    expect(warnings).toEqual([expect.stringMatching(/^group 2, trajectory 0: a sequence of \d+ tokens is longer than maxSequenceLength 24 and is not trained$/)]);
+    // errors name the trajectory
+    const bare = new Trajectory({ messagesAndChoices: [{ role: "user", content: "go" }, { ...choice("x"), logprobs: null }], reward: 0 });
+    expect(() => tokenizeGroups(tokenizer, [new TrajectoryGroup([trajectory(1, "y"), bare])], config)).toThrow(/^group 0, trajectory 1: message 1 is a Choice without logprobs/);
   });
 });
 

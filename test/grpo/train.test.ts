@@ -5,9 +5,10 @@ import { loadCausalLM } from "../../lib/load/causal-lm.ts";
 import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
 import { groupAdvantages } from "../../lib/grpo/loss.ts";
 import { DifferentiableTransformer } from "../../lib/model/training.ts";
+import type { LoraConfig } from "../../lib/model/lora.ts";
 import { loadAdapter, readAdapter } from "../../lib/model/peft.ts";
 import { seededRandom } from "../../lib/core/random.ts";
-import { checkpointDir, toBatch, Trainer } from "../../lib/grpo/train.ts";
+import { checkpointDir, packRows, toBatch, Trainer } from "../../lib/grpo/train.ts";
 import { type TrainingSequence } from "../../lib/grpo/tokenize.ts";
 import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";
 import { relativeError, tensorFiniteDifferences } from "../model/check.ts";
@@ -51,9 +52,10 @@ describe("Trainer: loss and gradients", () => {
     { klCoef: 0, policyLoss: "ppo", importanceSampling: "token" },
     { klCoef: 0.3, policyLoss: "ppo", importanceSampling: "token" },
     { klCoef: 0, policyLoss: "ppo", importanceSampling: "sequence" },
+    { klCoef: 0, policyLoss: "ppo", importanceSampling: "geometric_average" },
   ] as const;
-  // CISPO is not here: its ratio is detached, so its gradient is by design not the derivative of its value;
-  // loss.test.ts checks it against PyTorch autograd with the same detach.
+  // CISPO, truncated importance sampling and the KL penalty are not here: each detaches a factor, so the gradient is
+  // by design not the derivative of the value; loss.test.ts checks them against PyTorch autograd with the same detach.
   for (const { klCoef, policyLoss, importanceSampling } of variants) {
     it(`GRPO gradients of the whole step match finite differences (${policyLoss}, ${importanceSampling} ratio, KL ${klCoef})`, () => {
       const model = new DifferentiableTransformer(transformer, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj", "v_proj", "down_proj"], useRslora: true }, seed: 3 });
@@ -103,6 +105,49 @@ describe("Trainer: loss and gradients", () => {
     for (const [name, g] of results[1].gradients) expect(relativeError(results[0].gradients.get(name)!, g), name).toBeLessThan(1e-5);
   });
 
+  it("packs a batch into rows as ART does: one AdamW update per row, each row's loss over its own tokens", () => {
+    const lora: LoraConfig = { rank: 2, alpha: 4, targetModules: ["q_proj", "v_proj"], useRslora: false };
+    // four trajectories of 7 tokens, two per shared prompt: rows of 16 hold two whole sequences each
+    const random = seededRandom(4);
+    const draw = (n: number) => Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
+    const prompts = [draw(4), draw(4)];
+    const sequences: TrainingSequence[] = [0, 1, 2, 3].map((trajectory) => {
+      const tokens = [...prompts[trajectory >> 1], ...draw(3)];
+      return { tokens, trainable: Uint8Array.from(tokens, (_, t) => (t >= 4 ? 1 : 0)), logprobs: Float32Array.from(tokens, () => -1 - random()),
+        advantage: trajectory % 2 ? -1 : 1, trajectory };
+    });
+    const rows = packRows(sequences, 16, seededRandom(0 + 0)); // the trainer's shuffle: seed + step
+    expect(rows.map((row) => row.map((s) => s.trajectory).sort())).toEqual(expect.arrayContaining([[0, 1], [2, 3]]));
+    const fresh = () => new DifferentiableTransformer(transformer, { lora, seed: 2 });
+    const packed = fresh();
+    const result = new Trainer(packed, { packedSequenceLength: 16, learningRate: 1e-2 }).trainStep(sequences);
+    expect(result).toMatchObject({ trained: true, gradientSteps: 2, step: 1 });
+    // The same as two one-step calls on the rows in that order: every trajectory has 3 tokens, so the batch's
+    // token weights are all 1 either way, and each row's loss is over its own 6 tokens.
+    const manual = fresh();
+    const oneByOne = new Trainer(manual, { optimizerSteps: "one", learningRate: 1e-2 });
+    const steps = rows.map((row) => oneByOne.trainStep(row));
+    expect(parameterValues(packed)).toEqual(parameterValues(manual));
+    // Adam and clipping hide a gradient's scale from the weights: the loss and the gradient norm show it
+    expect(result.loss).toBeCloseTo((steps[0].loss + steps[1].loss) / 2, 6);
+    expect(result.gradNorm).toBeCloseTo((steps[0].gradNorm + steps[1].gradNorm) / 2, 6);
+    // and a row's loss, by hand: CISPO's −Σ clip(ratio, 0, 5)·A·logp over the row's own 6 trained tokens
+    const model = fresh();
+    const logprobs = model.forward(toBatch(rows[0])).logprobs;
+    let expected = 0, i = 0;
+    for (const s of rows[0]) {
+      for (let t = 1; t < s.tokens.length; t++) {
+        if (!s.trainable[t]) continue;
+        const ratio = Math.min(5, Math.exp(logprobs[i] - s.logprobs[t]));
+        expected += (-ratio * s.advantage * logprobs[i++]) / 6;
+      }
+    }
+    expect(new Trainer(model).computeGradients(rows[0]).loss).toBeCloseTo(expected, 6);
+    expect(new Trainer(fresh(), { optimizerSteps: "one" }).trainStep(sequences).gradientSteps).toBe(1);
+    // by default a row holds the longest sequence rounded up to 2048 tokens: all four here
+    expect(new Trainer(fresh()).trainStep(sequences).gradientSteps).toBe(1);
+  });
+
   it("a step where every advantage is 0 trains nothing, says so, and still advances", () => {
     const model = new DifferentiableTransformer(transformer, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj"], useRslora: false } });
     const trainer = new Trainer(model);
@@ -127,7 +172,8 @@ describe("Trainer: loss and gradients", () => {
 
   it("KL needs LoRA (the reference is the adapter-disabled model)", () => {
     const model = new DifferentiableTransformer(transformer, { lora: null });
-    expect(() => new Trainer(model, { klCoef: 0.1 })).toThrow("klCoef > 0 needs LoRA training");
+    expect(() => new Trainer(model, { klCoef: 0.1 })).toThrow("klCoef > 0 and klPenaltyCoef > 0 need LoRA training");
+    expect(() => new Trainer(model, { klPenaltyCoef: 0.1 })).toThrow("klCoef > 0 and klPenaltyCoef > 0 need LoRA training");
   });
 });
 
@@ -267,5 +313,28 @@ describe("learning, not just running", () => {
       const losses = Array.from({ length: 15 }, () => trainer.sftStep([sequence]).loss);
       expect(losses[14], `SFT losses ${losses.map((l) => l.toFixed(2)).join(" ")}`).toBeLessThan(losses[0] * 0.5);
     }
+  });
+});
+
+describe("packRows", () => {
+  const sequence = (prompt: number[], completion: number, trajectory: number): TrainingSequence => {
+    const tokens = [...prompt, ...Array(completion).fill(7)];
+    return { tokens, trainable: Uint8Array.from(tokens, (_, t) => (t >= prompt.length ? 1 : 0)), logprobs: new Float32Array(tokens.length), advantage: 1, trajectory };
+  };
+  const noShuffle = () => 0.999999; // Fisher-Yates with j = i: the order packed
+
+  it("fills rows in order, counts a prompt the row already holds once, never splits a sequence", () => {
+    const a = [1, 2, 3, 4, 5], b = [9, 9];
+    // 5 + 3 = 8; then a again: 4 more rows of it are shared (all but the last prompt token) → 8 + 4 = 12 ≤ 12
+    const rows = packRows([sequence(a, 3, 0), sequence(a, 3, 1), sequence(b, 5, 2), sequence(a, 20, 3)], 12, noShuffle);
+    expect(rows.map((row) => row.map((s) => s.trajectory))).toEqual([[0, 1], [2], [3]]); // 7 tokens of b do not fit; 25 > 12 alone
+  });
+
+  it("shuffles the rows with the random source it is given", () => {
+    const many = Array.from({ length: 6 }, (_, i) => sequence([i + 1], 9, i));
+    const order = (seed: number) => packRows(many, 10, seededRandom(seed)).map((row) => row[0].trajectory);
+    expect(order(1).sort()).toEqual([0, 1, 2, 3, 4, 5]);
+    expect(order(1)).toEqual(order(1));
+    expect([2, 3, 4, 5].some((seed) => order(seed).join() !== order(1).join())).toBe(true);
   });
 });

@@ -58,6 +58,15 @@ describe("TrainableModel", () => {
     expect(result.metrics["train/trajectories"]).toBe(8);
     expect(result.metrics["train/reward"]).toBeCloseTo(groups.flatMap((g) => g.rewards).reduce((a, b) => a + b, 0) / 8, 10);
     expect(typeof result.metrics["train/chars"]).toBe("number");
+    // ART's history fields: the loaders read step and recorded_at, the metrics as {split}/…, loss/*, time/*, throughput/*
+    expect(result.metrics).toMatchObject({
+      training_step: 1, "train/exception_rate": 0, "loss/num_gradient_steps": result.gradientSteps,
+      "loss/train": result.loss, "loss/grad_norm": result.gradNorm, "loss/learning_rate": 5e-2, "throughput/trained_tokens": result.trainedTokens,
+    });
+    const spread = (rewards: number[]) => Math.sqrt(rewards.reduce((a, r) => a + (r - rewards.reduce((x, y) => x + y) / rewards.length) ** 2, 0) / rewards.length);
+    expect(result.metrics["train/reward_std_dev"]).toBeCloseTo((spread(groups[0].rewards) + spread(groups[1].rewards)) / 2, 10);
+    expect(result.metrics["time/step_trainer_s"]).toBeGreaterThan(0);
+    expect(result.metrics["time/step_wall_s"]).toBeUndefined(); // the first call has no previous one to time from
 
     // The adapter the server uses is the trainer's own: the same request now has other logprobs, the base does not.
     const after = await sample(client, "agent-1", 42);
@@ -72,8 +81,9 @@ describe("TrainableModel", () => {
     expect(lines).toHaveLength(8);
     expect(JSON.parse(lines[0]!)).toMatchObject({ group: 0, messages_and_choices: expect.any(Array) });
 
-    const valRow = model.log([new Trajectory({ reward: 0.25, metrics: { win: true } }), new Trajectory({ reward: 0.75, metrics: { win: false } })]);
-    expect(valRow).toMatchObject({ step: 1, "val/reward": 0.5, "val/win": 0.5, "val/trajectories": 2 });
+    const valRow = model.log([new TrajectoryGroup([new Trajectory({ reward: 0.25, metrics: { win: true } }), new Trajectory({ reward: 0.75, metrics: { win: false } })],
+      { exceptions: [{ error: new Error("rollout failed"), message: "rollout failed" }] })]);
+    expect(valRow).toMatchObject({ step: 1, training_step: 1, "val/reward": 0.5, "val/win": 0.5, "val/trajectories": 2, "val/reward_std_dev": 0.25, "val/exception_rate": 1 / 3 });
     expect(fs.existsSync(path.join(model.dir, "trajectories", "val", "0001.jsonl"))).toBe(true);
     expect(model.history().map((r) => r.step)).toEqual([0, 1]);
     await model.close();
