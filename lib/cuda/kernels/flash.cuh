@@ -78,6 +78,17 @@ __device__ __forceinline__ void accumulate_product(float (&acc)[HD / 8][4], cons
   }
 }
 
+// Hands each element of a warp's 16 × HD accumulators to store(row, column, value, low): this lane's elements are
+// rows g (low) and g + 8 of the 16, columns n·8 + 2t and n·8 + 2t + 1.
+template <int HD, typename Store>
+__device__ __forceinline__ void for_each_accumulator(const float (&acc)[HD / 8][4], int g, int t, Store store) {
+#pragma unroll
+  for (int n = 0; n < HD / 8; n++) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) store(i < 2 ? g : g + 8, n * 8 + 2 * t + (i & 1), acc[n][i], i < 2);
+  }
+}
+
 // Rows 0 .. TILE − 1 of a shared tile from one head's columns of an f32 tensor, rounded to bf16: row r is
 // source row row_of(r), or zeros where that is negative; columns past head_dim are zeros.
 template <int HD, int TILE, typename RowOf>
@@ -174,19 +185,13 @@ __device__ void flash_forward(const float* __restrict__ q, const Keys& keys, int
   sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
   sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
   sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
-#pragma unroll
-  for (int n = 0; n < HD / 8; n++) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const int r = i < 2 ? row0 : row1, c = n * 8 + 2 * t + (i & 1);
-      if (r < rows && c < head_dim) {
-        const long long at = (first_row + r) * q_stride + head * head_dim + c;
-        const float value = o[n][i] / (i < 2 ? sum0 : sum1);
-        out[at] = value;
-        if (out_bf16) out_bf16[at] = __float2bfloat16_rn(value);
-      }
-    }
-  }
+  for_each_accumulator<HD>(o, g, t, [&](int row, int c, float value, bool low) {
+    const int r = warp * 16 + row;
+    if (r >= rows || c >= head_dim) return;
+    const long long at = (first_row + r) * q_stride + head * head_dim + c;
+    out[at] = value / (low ? sum0 : sum1);
+    if (out_bf16) out_bf16[at] = __float2bfloat16_rn(out[at]);
+  });
   if (lse && t == 0) {
     const float ln2 = 0.6931471805599453f;
     if (row0 < rows) lse[(long long)(first_row + row0) * heads + head] = (max0 + log2f(sum0)) * ln2;

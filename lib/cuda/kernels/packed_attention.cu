@@ -110,14 +110,10 @@ __device__ void packed_attention_backward_dq(const float* __restrict__ q, const 
     }
     accumulate_product<HD, KEY_TILE>(grad, s, ks, g, t);
   }
-#pragma unroll
-  for (int n = 0; n < HD / 8; n++) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const int r = i < 2 ? row0 : row1, c = n * 8 + 2 * t + (i & 1);
-      if (r < tile.rows && c < head_dim) dq[(tile.first_row + r) * q_stride + head * head_dim + c] += grad[n][i] * scale;
-    }
-  }
+  for_each_accumulator<HD>(grad, g, t, [&](int row, int c, float value, bool) {
+    const int r = warp * 16 + row;
+    if (r < tile.rows && c < head_dim) dq[(tile.first_row + r) * q_stride + head * head_dim + c] += value * scale;
+  });
 }
 
 // ---- key tiles: the dk/dv pass ------------------------------------------------------------------------------------
@@ -198,18 +194,14 @@ __device__ void packed_attention_backward_dkdv(const float* __restrict__ q, cons
       }
     }
   }
-#pragma unroll
-  for (int n = 0; n < HD / 8; n++) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const int key = i < 2 ? key0 : key1, c = n * 8 + 2 * t + (i & 1);
-      if (key < key_hi && c < head_dim) {
-        const long long offset = key * kv_stride + kv_head * head_dim + c;
-        dk[offset] += grad_k[n][i] * scale;
-        dv[offset] += grad_v[n][i];
-      }
-    }
-  }
+  for_each_accumulator<HD>(grad_k, g, t, [&](int row, int c, float value, bool) {
+    const int key = key_lo + row;
+    if (key < key_hi && c < head_dim) dk[key * kv_stride + kv_head * head_dim + c] += value * scale;
+  });
+  for_each_accumulator<HD>(grad_v, g, t, [&](int row, int c, float value, bool) {
+    const int key = key_lo + row;
+    if (key < key_hi && c < head_dim) dv[key * kv_stride + kv_head * head_dim + c] += value;
+  });
 }
 
 // Instantiations per head size: the dk/dv pass reads query chunks of 64 rows, or 32 at head size 128, where its two
