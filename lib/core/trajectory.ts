@@ -16,10 +16,11 @@ export type Message = ChatCompletionMessageParam;
 export type Tool = ChatCompletionTool;
 
 /**
- * A sampled assistant turn as the engine returns it: OpenAI's Choice, plus `token_ids`, the exact ids
- * the model sampled (vLLM's name for the same field). Per-token logprobs are in `logprobs.content`.
+ * A sampled assistant turn as the engine returns it: OpenAI's Choice, plus `token_ids`, the exact ids the model
+ * sampled, and `prompt_token_ids`, the exact prompt it sampled them after (vLLM's names for the same fields).
+ * Per-token logprobs are in `logprobs.content`. Training uses both id lists as they are.
  */
-export type Choice = ChatCompletion.Choice & { token_ids?: number[] };
+export type Choice = ChatCompletion.Choice & { token_ids?: number[]; prompt_token_ids?: number[] };
 
 export type MessageOrChoice = Message | Choice;
 

@@ -1,9 +1,12 @@
 /**
- * Trajectories → training sequences, as ART does it: the chat template is rendered around the conversation, but
- * every sampled assistant turn (a Choice) contributes its exact sampled token ids and logprobs, never a
- * re-tokenisation of its text. Only those tokens are trained; everything after the last Choice is cut.
+ * Trajectories → training sequences, as ART does it: every sampled assistant turn (a Choice) contributes its exact
+ * sampled token ids and logprobs, never a re-tokenisation of its text, after the exact prompt ids it was sampled
+ * from when the server recorded them (`prompt_token_ids`: the art-ts engine does). A Choice whose prompt ids do not
+ * extend the sequence so far token for token (a template that drops earlier reasoning) starts a new sequence from
+ * them. Only the sampled tokens are trained; everything after the last Choice is cut.
  *
- * The text between two Choices comes from the template itself: the previous Choice is replaced by a sentinel
+ * Choices without prompt ids (from another server) fall back to the chat template, rendered around the conversation:
+ * the text between two Choices comes from the template itself: the previous Choice is replaced by a sentinel
  * message, the template is rendered up to the next generation prompt, and what follows the sentinel is the
  * between-text (end of the assistant turn, the next user/tool messages, the next "assistant" header). If the
  * sampled ids already end with the end-of-turn token the template would write, that token is not added twice.
@@ -73,32 +76,47 @@ export function tokenizeHistory(
   const built: Building[] = [];
   let current: Building | null = null;
   choiceIndices.forEach((index, k) => {
-    const prompt = render(messages.slice(0, index));
-    if (current !== null) {
-      // the text between the previous Choice and this one: what follows a sentinel put in the previous Choice's place
-      const previous = choiceIndices[k - 1];
-      const withSentinel = [...messages.slice(0, previous), { role: "assistant", content: SENTINEL } as Message, ...messages.slice(previous + 1, index)];
-      const rendered = render(withSentinel);
-      const at = rendered.indexOf(SENTINEL);
-      let between = at < 0 ? null : rendered.slice(at + SENTINEL.length);
-      // the sampler usually emits the end-of-turn token itself; the template writes it too
-      const lastId = current.tokens[current.tokens.length - 1];
-      if (between !== null && tokenizer.eosTokenIds.includes(lastId)) {
-        const eosText = decode([lastId]);
-        if (between.startsWith(eosText)) between = between.slice(eosText.length);
+    const choice = items[index] as Choice;
+    const promptIds = choice.prompt_token_ids;
+    if (promptIds !== undefined) {
+      if (!Array.isArray(promptIds) || promptIds.length === 0 || !promptIds.every(Number.isInteger)) {
+        throw new ArtError("bad_prompt_ids", `message ${index}: prompt_token_ids must be the non-empty list of prompt token ids the Choice was sampled after`);
       }
-      if (between !== null && current.text + between === prompt) {
-        pushText(current, encode(between), between);
-      } else {
+      // The prompt the model read, as ids: a sequence continues only where these ids extend it token for token.
+      if (current !== null && !extends_(promptIds, current.tokens)) {
         built.push(current);
         current = null;
       }
+      current ??= { tokens: [], trainable: [], logprobs: [], text: "" };
+      const added = promptIds.slice(current.tokens.length);
+      pushText(current, added, decode(added));
+    } else {
+      const prompt = render(messages.slice(0, index));
+      if (current !== null) {
+        // the text between the previous Choice and this one: what follows a sentinel put in the previous Choice's place
+        const previous = choiceIndices[k - 1];
+        const withSentinel = [...messages.slice(0, previous), { role: "assistant", content: SENTINEL } as Message, ...messages.slice(previous + 1, index)];
+        const rendered = render(withSentinel);
+        const at = rendered.indexOf(SENTINEL);
+        let between = at < 0 ? null : rendered.slice(at + SENTINEL.length);
+        // the sampler usually emits the end-of-turn token itself; the template writes it too
+        const lastId = current.tokens[current.tokens.length - 1];
+        if (between !== null && tokenizer.eosTokenIds.includes(lastId)) {
+          const eosText = decode([lastId]);
+          if (between.startsWith(eosText)) between = between.slice(eosText.length);
+        }
+        if (between !== null && current.text + between === prompt) {
+          pushText(current, encode(between), between);
+        } else {
+          built.push(current);
+          current = null;
+        }
+      }
+      if (current === null) {
+        current = { tokens: [], trainable: [], logprobs: [], text: "" };
+        pushText(current, encode(prompt), prompt);
+      }
     }
-    if (current === null) {
-      current = { tokens: [], trainable: [], logprobs: [], text: "" };
-      pushText(current, encode(prompt), prompt);
-    }
-    const choice = items[index] as Choice;
     const ids = sampledIds(choice, index);
     const logprobs = sampledLogprobs(choice, index, ids.length, policy);
     ids.forEach((id, i) => {
@@ -112,6 +130,11 @@ export function tokenizeHistory(
 
   // everything after the last Choice was never added: the cut after the last trainable message
   return built.map((seq) => ({ tokens: seq.tokens, trainable: Uint8Array.from(seq.trainable), logprobs: Float32Array.from(seq.logprobs) }));
+}
+
+/** Whether `ids` begins with every id of `prefix`. */
+function extends_(ids: number[], prefix: number[]): boolean {
+  return ids.length >= prefix.length && prefix.every((id, i) => ids[i] === id);
 }
 
 /**

@@ -5,7 +5,7 @@
  * Every choice carries `token_ids`, the exact ids sampled, and `logprobs.content[i]`, the logprob of `token_ids[i]`
  * (asked for or not, as ART's server: training needs them). Both include the final end-of-sequence token and any
  * tokens of a matched stop string, because training must see exactly what the model produced; `message.content`
- * shows neither.
+ * shows neither. `prompt_token_ids` is the prompt as the model read it (in a stream, on each choice's first chunk).
  */
 import type { ChatCompletion, ChatCompletionChunk, ChatCompletionTokenLogprob } from "openai/resources/chat/completions";
 import type { Tokenizer } from "../model/tokenizer.ts";
@@ -41,7 +41,7 @@ export interface ServeMetrics {
 
 export type ChatChoice = Choice & { tool_call_errors?: string[] };
 export type ChatResponse = ChatCompletion & { choices: ChatChoice[] };
-type ChunkChoice = ChatCompletionChunk.Choice & { token_ids?: number[] };
+type ChunkChoice = ChatCompletionChunk.Choice & { token_ids?: number[]; prompt_token_ids?: number[] };
 
 const ANY_OBJECT: SchemaNode = { kind: "object", properties: new Map(), required: new Set(), additional: { kind: "any" } };
 
@@ -121,7 +121,11 @@ export class ChatCompletionRun {
     const firstConstraint = this.grammar && trie ? new JsonConstraint(this.grammar, trie) : null;
     const loras = route.loras();
     const builders = Array.from({ length: request.n }, (_, index) => new ChoiceBuilder(index, route.tokenizer, request, this.toolsActive));
-    if (onChunk) for (const b of builders) onChunk(this.chunk([{ index: b.index, delta: { role: "assistant", content: "" }, finish_reason: null, logprobs: null }]));
+    if (onChunk) {
+      for (const b of builders) {
+        onChunk(this.chunk([{ index: b.index, delta: { role: "assistant", content: "" }, finish_reason: null, logprobs: null, prompt_token_ids: [...this.promptIds] }]));
+      }
+    }
     this.metrics.requests++;
     let results: SequenceResult[];
     try {
@@ -148,7 +152,7 @@ export class ChatCompletionRun {
       if (signal?.aborted) this.metrics.aborted++;
       throw error;
     }
-    const choices = builders.map((builder, i) => builder.finish(results[i].finishReason, this.metrics));
+    const choices = builders.map((builder, i) => ({ ...builder.finish(results[i].finishReason, this.metrics), prompt_token_ids: [...this.promptIds] }));
     if (onChunk) {
       for (const c of choices) {
         const delta: ChatCompletionChunk.Choice.Delta = {};

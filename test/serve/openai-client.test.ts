@@ -54,8 +54,12 @@ for (const transport of ["in-process", "http"]) {
         logprobs: true,
         top_logprobs: 3,
       });
-      const choice = completion.choices[0] as (typeof completion.choices)[0] & { token_ids: number[] };
+      const choice = completion.choices[0] as (typeof completion.choices)[0] & { token_ids: number[]; prompt_token_ids: number[] };
       expect(completion.object).toBe("chat.completion");
+      // the prompt as the model read it: the chat template's rendering, encoded
+      const rendered = model.tokenizer.applyChatTemplate([{ role: "system", content: "Be brief." }, { role: "user", content: "Hello!" }], { addGenerationPrompt: true });
+      expect(choice.prompt_token_ids).toEqual(model.tokenizer.encode(rendered, { addSpecialTokens: false }));
+      expect(completion.usage!.prompt_tokens).toBe(choice.prompt_token_ids.length);
       expect(choice.finish_reason).toBe("length"); // with this seed the noise model samples no end token
       expect(choice.token_ids).toHaveLength(6);
       expect(completion.usage).toMatchObject({ completion_tokens: 6, total_tokens: completion.usage!.prompt_tokens + 6 });
@@ -74,6 +78,7 @@ for (const transport of ["in-process", "http"]) {
       const stream = await clients[transport].chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
       let text = "";
       const ids: number[] = [];
+      let promptIds: number[] | undefined;
       let finish: string | null = null;
       let usage: unknown = null;
       for await (const chunk of stream) {
@@ -81,11 +86,13 @@ for (const transport of ["in-process", "http"]) {
         for (const c of chunk.choices) {
           text += c.delta.content ?? "";
           ids.push(...((c as { token_ids?: number[] }).token_ids ?? []));
+          promptIds ??= (c as { prompt_token_ids?: number[] }).prompt_token_ids;
           finish = c.finish_reason ?? finish;
         }
       }
       expect(text).toBe(whole.choices[0].message.content);
       expect(ids).toEqual((whole.choices[0] as { token_ids?: number[] }).token_ids);
+      expect(promptIds).toEqual((whole.choices[0] as { prompt_token_ids?: number[] }).prompt_token_ids);
       expect(finish).toBe("length");
       expect(usage).toEqual(whole.usage);
     });

@@ -5,6 +5,8 @@ import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Trajectory, TrajectoryGroup, type Choice, type Message } from "../../lib/core/trajectory.ts";
 import { TrainableModel } from "../../lib/trainable/mod.ts";
+import { resolveTrainConfig } from "../../lib/grpo/config.ts";
+import { tokenizeGroups } from "../../lib/grpo/tokenize.ts";
 import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), "art-ts-trainable-"));
@@ -51,6 +53,10 @@ describe("TrainableModel", () => {
     expect(logprobsOf(before)).toEqual(logprobsOf(base));
 
     const groups = await rolloutGroups(client, "agent-1", 100);
+    // Training reads the prompt ids the engine recorded on each Choice, then the sampled ids.
+    const sampled = groups[0].trajectories[0].messagesAndChoices[1] as Choice;
+    const [sequence] = tokenizeGroups(model.lm.tokenizer, groups, resolveTrainConfig()).sequences;
+    expect(sequence.tokens).toEqual([...sampled.prompt_token_ids!, ...sampled.token_ids!]);
     const result = await model.train(groups, { learningRate: 5e-2 });
     expect(result.trained).toBe(true);
     expect(model.step).toBe(1);
