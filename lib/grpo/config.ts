@@ -19,9 +19,9 @@ export type ImportanceSampling = "token" | "sequence" | "average" | "geometric_a
 export type OptimizerSteps = "packed_rows" | "one";
 
 export interface Schedule {
-  kind: "constant" | "cosine";
+  kind: "constant" | "cosine" | "linear";
   warmupSteps: number;
-  /** cosine only: the step where the rate reaches minLearningRate */
+  /** cosine and linear: the step where the rate reaches minLearningRate */
   totalSteps: number;
   minLearningRate: number;
 }
@@ -140,9 +140,9 @@ function validate(c: TrainConfig): void {
   if (c.packedSequenceLength !== null && (!Number.isInteger(c.packedSequenceLength) || c.packedSequenceLength < 2)) {
     bad("packedSequenceLength", "an integer >= 2 or null", c.packedSequenceLength);
   }
-  if (c.schedule.kind !== "constant" && c.schedule.kind !== "cosine") bad("schedule.kind", '"constant" or "cosine"', c.schedule.kind);
-  if (c.schedule.kind === "cosine" && !(c.schedule.totalSteps > c.schedule.warmupSteps)) {
-    bad("schedule.totalSteps", "greater than schedule.warmupSteps for a cosine schedule", c.schedule.totalSteps);
+  if (!["constant", "cosine", "linear"].includes(c.schedule.kind)) bad("schedule.kind", '"constant", "cosine" or "linear"', c.schedule.kind);
+  if (c.schedule.kind !== "constant" && !(c.schedule.totalSteps > c.schedule.warmupSteps)) {
+    bad("schedule.totalSteps", `greater than schedule.warmupSteps for a ${c.schedule.kind} schedule`, c.schedule.totalSteps);
   }
   if (c.lora !== null) {
     if (!Number.isInteger(c.lora.rank) || c.lora.rank < 1) bad("lora.rank", "an integer >= 1", c.lora.rank);
@@ -154,11 +154,12 @@ function validate(c: TrainConfig): void {
   }
 }
 
-/** Learning rate at optimiser step `step` (0-based): linear warm-up, then constant or cosine decay. */
+/** Learning rate at step `step` (0-based; a Trainer counts its calls): linear warm-up, then constant, cosine or linear decay. */
 export function learningRateAt(config: TrainConfig, step: number): number {
   const { kind, warmupSteps, totalSteps, minLearningRate } = config.schedule;
   if (step < warmupSteps) return (config.learningRate * (step + 1)) / (warmupSteps + 1);
   if (kind === "constant") return config.learningRate;
   const progress = Math.min(1, (step - warmupSteps) / (totalSteps - warmupSteps));
-  return minLearningRate + 0.5 * (config.learningRate - minLearningRate) * (1 + Math.cos(Math.PI * progress));
+  const fraction = kind === "cosine" ? 0.5 * (1 + Math.cos(Math.PI * progress)) : 1 - progress;
+  return minLearningRate + (config.learningRate - minLearningRate) * fraction;
 }

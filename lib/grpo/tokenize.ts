@@ -223,10 +223,12 @@ export function tokenizeGroups(tokenizer: ChatTokenizer, groups: TrajectoryGroup
 }
 
 /**
- * SFT: every assistant message of each conversation is trained (its tokens as the template renders them), up to the
- * last assistant message. Choices are rendered as text here too.
+ * SFT: the assistant messages of each conversation are trained (their tokens as the template renders them), every
+ * one up to the last (`trainOn: "all"`) or only the last (`"last"`: earlier turns are context, so a template that
+ * re-renders them, like Qwen3's, is fine). Choices are rendered as text here too.
  */
-export function tokenizeForSft(tokenizer: ChatTokenizer, conversations: { messages: Message[]; tools?: Tool[] }[], maxLength: number): TokenizedGroups {
+export function tokenizeForSft(tokenizer: ChatTokenizer, conversations: { messages: Message[]; tools?: Tool[] }[], maxLength: number,
+  trainOn: "all" | "last" = "all"): TokenizedGroups {
   const sequences: TrainingSequence[] = [];
   const warnings: string[] = [];
   conversations.forEach(({ messages, tools }, c) => {
@@ -239,7 +241,7 @@ export function tokenizeForSft(tokenizer: ChatTokenizer, conversations: { messag
     const trainable: number[] = [];
     let renderedSoFar = "";
     for (let i = 0; i <= lastAssistant; i++) {
-      if (messages[i].role !== "assistant") continue;
+      if (messages[i].role !== "assistant" || (trainOn === "last" && i < lastAssistant)) continue;
       const prompt = tokenizer.applyChatTemplate(messages.slice(0, i), { tools, addGenerationPrompt: true });
       const full = tokenizer.applyChatTemplate(messages.slice(0, i + 1), { tools });
       if (!prompt.startsWith(renderedSoFar) || !full.startsWith(prompt)) {

@@ -20,9 +20,11 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import OpenAI from "openai";
 import { ArtError } from "../core/errors.ts";
-import type { Trajectory, TrajectoryGroup } from "../core/trajectory.ts";
+import { seededRandom } from "../core/random.ts";
+import type { Message, Tool, Trajectory, TrajectoryGroup } from "../core/trajectory.ts";
 import { createAdamWState, type AdamWState } from "../grpo/adamw.ts";
 import { resolveTrainConfig, type TrainConfigInit } from "../grpo/config.ts";
+import { tokenizeForSft, type TrainingSequence } from "../grpo/tokenize.ts";
 import { Trainer, checkpointDir, type StepResult } from "../grpo/train.ts";
 import { loadCausalLM, type CausalLM, type Device } from "../load/causal-lm.ts";
 import { DEFAULT_LORA, type LayerLoras, type LoraConfig } from "../model/lora.ts";
@@ -50,6 +52,37 @@ export interface TrainableModelOptions {
   batcher?: BatcherOptions;
   /** Notes about loading and resuming. Default console.info. */
   log?: (message: string) => void;
+}
+
+/** A conversation for supervised fine-tuning: its messages (assistant turns are trained) and the tools it offers. */
+export interface SftConversation { messages: Message[]; tools?: Tool[] }
+
+export interface SftOptions {
+  /** passes over the conversations; default 1 */
+  epochs?: number;
+  /** conversations per AdamW step; default 8 */
+  batchSize?: number;
+  /** peak learning rate; default 2e-4 */
+  learningRate?: number;
+  /** after the warm-up: default "linear" decay to 0, "cosine" to 0, or "constant" */
+  schedule?: "linear" | "cosine" | "constant";
+  /** share of the steps spent warming up linearly; default 0.1 */
+  warmupRatio?: number;
+  /** every assistant turn ("all", default) or only each conversation's last */
+  trainOn?: "all" | "last";
+  /** of the shuffle; default 0 */
+  seed?: number;
+}
+
+/** What trainSft() reports. */
+export interface SftResult {
+  /** the checkpoint step it saved */
+  step: number;
+  /** the loss of each AdamW step, in order */
+  losses: number[];
+  /** conversations truncated or without an assistant message */
+  warnings: string[];
+  metrics: HistoryRow;
 }
 
 /** What train() reports: the step's training result and the mean reward and metrics of its rollouts. */
@@ -210,6 +243,75 @@ export class TrainableModel {
     return { ...result, metrics: row };
   }
 
+  /**
+   * Supervised fine-tuning of the same adapter, e.g. before RL (ART's train_sft): the conversations' assistant
+   * turns, `batchSize` conversations per AdamW step, `epochs` passes in a seeded shuffled order, the learning rate
+   * warming up over `warmupRatio` of the steps to `learningRate`, then following `schedule`. Pauses sampling like
+   * train(), saves checkpoint step + 1 and writes a history row.
+   */
+  trainSft(conversations: SftConversation[], options: SftOptions = {}): Promise<SftResult> {
+    const run = this.queue.then(() => this.trainSftNow(conversations, options));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  /** trainSft on a JSONL file: one `{"messages": [...], "tools": [...]}` conversation per line. */
+  async trainSftFromFile(file: string, options: SftOptions = {}): Promise<SftResult> {
+    return this.trainSft(readConversations(file), options);
+  }
+
+  private async trainSftNow(conversations: SftConversation[], options: SftOptions): Promise<SftResult> {
+    const { epochs = 1, batchSize = 8, learningRate = 2e-4, schedule = "linear", warmupRatio = 0.1, trainOn = "all", seed = 0 } = options;
+    for (const [key, value] of [["epochs", epochs], ["batchSize", batchSize]] as const) {
+      if (!Number.isInteger(value) || value < 1) throw new ArtError("bad_sft_config", `trainSft: ${key} must be an integer >= 1, got ${JSON.stringify(value)}`);
+    }
+    if (!(warmupRatio >= 0 && warmupRatio < 1)) throw new ArtError("bad_sft_config", `trainSft: warmupRatio must be in [0, 1), got ${warmupRatio}`);
+    if (trainOn !== "all" && trainOn !== "last") throw new ArtError("bad_sft_config", `trainSft: trainOn must be "all" or "last", got ${JSON.stringify(trainOn)}`);
+    const { sequences, warnings } = tokenizeForSft(this.lm.tokenizer, conversations, resolveTrainConfig().maxSequenceLength, trainOn);
+    if (sequences.length === 0) throw new ArtError("bad_sft_data", `trainSft: no conversation has an assistant message to train (${warnings.length} skipped)`);
+    const random = seededRandom(seed);
+    const batches: TrainingSequence[][] = [];
+    for (let epoch = 0; epoch < epochs; epoch++) {
+      const order = sequences.map((_, i) => i);
+      for (let i = order.length - 1; i > 0; i--) {
+        const j = Math.floor(random() * (i + 1));
+        [order[i], order[j]] = [order[j], order[i]];
+      }
+      for (let start = 0; start < order.length; start += batchSize) batches.push(order.slice(start, start + batchSize).map((i) => sequences[i]));
+    }
+    const totalSteps = batches.length, warmupSteps = Math.floor(warmupRatio * totalSteps);
+    const config: TrainConfigInit = {
+      lora: this.network.lora, learningRate, optimizerSteps: "one", seed,
+      schedule: schedule === "constant" ? { kind: "constant", warmupSteps } : { kind: schedule, warmupSteps, totalSteps: Math.max(totalSteps, warmupSteps + 1) },
+    };
+    const sampledAt = this.currentStep;
+    const started = performance.now();
+    const losses: number[] = [];
+    await this.server.pause();
+    try {
+      // The trainer counts the batches, which is what the schedule runs over; the checkpoint counts the call.
+      const trainer = new Trainer(this.network, config, { step: 0, optimizer: this.optimizer });
+      for (const batch of batches) losses.push(trainer.sftStep(batch).loss);
+      new Trainer(this.network, config, { step: sampledAt + 1, optimizer: this.optimizer })
+        .saveCheckpoint(checkpointDir(this.project, this.name, sampledAt + 1, this.artDir), this.baseModel);
+      this.currentStep = sampledAt + 1;
+    } finally {
+      this.server.resume();
+    }
+    const row: HistoryRow = {
+      step: sampledAt,
+      recorded_at: new Date().toISOString(),
+      training_step: this.currentStep,
+      "sft/conversations": sequences.length,
+      "loss/train": losses.reduce((a, b) => a + b, 0) / losses.length,
+      "loss/learning_rate": learningRate,
+      "loss/num_gradient_steps": losses.length,
+      "time/step_trainer_s": (performance.now() - started) / 1000,
+    };
+    appendHistory(this.dir, row);
+    return { step: this.currentStep, losses, warnings, metrics: row };
+  }
+
   /** Records evaluation trajectories (or groups) at the current step: trajectories/{split}/ and a history row. */
   log(items: Trajectory[] | TrajectoryGroup[], options: { split?: string } = {}): HistoryRow {
     const split = checkName("split", options.split ?? "val");
@@ -300,4 +402,23 @@ function attachTrainer(lm: CausalLM, options: TrainableModelOptions, lora: LoraC
   }
   log(`art-ts: ${options.project}/${options.name} resumes at step ${trainer.step} from ${latest}`);
   return { network: trainer.network, optimizer: trainer.optimizer, step: trainer.step };
+}
+
+/** The conversations of a JSONL file, one `{"messages": [...], "tools"?: [...]}` per line; errors name the line. */
+function readConversations(file: string): SftConversation[] {
+  if (!fs.existsSync(file)) throw new ArtError("not_found", `trainSftFromFile: ${file} does not exist`);
+  return fs.readFileSync(file, "utf8").split("\n").flatMap((line, i) => {
+    if (line.trim() === "") return [];
+    let value: unknown;
+    try {
+      value = JSON.parse(line);
+    } catch (error) {
+      throw new ArtError("bad_sft_data", `${file}: line ${i + 1} is not JSON (${(error as Error).message})`);
+    }
+    const conversation = value as SftConversation;
+    if (typeof value !== "object" || value === null || !Array.isArray(conversation.messages)) {
+      throw new ArtError("bad_sft_data", `${file}: line ${i + 1} has no "messages" list; each line is {"messages": [...], "tools": [...]}`);
+    }
+    return [{ messages: conversation.messages, tools: conversation.tools }];
+  });
 }

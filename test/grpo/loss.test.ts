@@ -95,13 +95,15 @@ describe("TrainConfig", () => {
     expect(() => resolveTrainConfig({ recomputeActivations: "yes" as never })).toThrow('TrainConfig.recomputeActivations must be true, false or "auto"');
   });
 
-  it("warms up linearly, then holds or follows a cosine", () => {
+  it("warms up linearly, then holds or follows a cosine or a line", () => {
     const constant = resolveTrainConfig({ learningRate: 1, schedule: { warmupSteps: 3 } });
     expect([0, 1, 2, 3, 10].map((s) => learningRateAt(constant, s))).toEqual([0.25, 0.5, 0.75, 1, 1]);
     const cosine = resolveTrainConfig({ learningRate: 1, schedule: { kind: "cosine", totalSteps: 10 } });
     expect(learningRateAt(cosine, 0)).toBe(1);
     expect(learningRateAt(cosine, 5)).toBeCloseTo(0.5, 10);
     expect(learningRateAt(cosine, 10)).toBeCloseTo(0, 10);
+    const linear = resolveTrainConfig({ learningRate: 1, schedule: { kind: "linear", warmupSteps: 2, totalSteps: 12, minLearningRate: 0.2 } });
+    [1 / 3, 2 / 3, 1, 0.6, 0.2, 0.2].forEach((rate, i) => expect(learningRateAt(linear, [0, 1, 2, 7, 12, 20][i])).toBeCloseTo(rate, 12));
   });
 });
 

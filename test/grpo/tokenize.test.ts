@@ -193,6 +193,16 @@ describe("tokenizeForSft", () => {
     const trained = tokenizer.decode(sequence.tokens.filter((_, i) => sequence.trainable[i]), { skipSpecialTokens: false });
     expect(trained).toBe("4<|im_end|>\n6<|im_end|>\n");
   });
+
+  it("trains only the last assistant message with trainOn \"last\"", () => {
+    const messages: Message[] = [
+      { role: "user", content: "2+2?" }, { role: "assistant", content: "4" },
+      { role: "user", content: "3+3?" }, { role: "assistant", content: "6" },
+    ];
+    const [sequence] = tokenizeForSft(tokenizer, [{ messages }], 1000, "last").sequences;
+    expect(tokenizer.decode(sequence.tokens, { skipSpecialTokens: false })).toBe(tokenizer.applyChatTemplate(messages, {}));
+    expect(tokenizer.decode(sequence.tokens.filter((_, i) => sequence.trainable[i]), { skipSpecialTokens: false })).toBe("6<|im_end|>\n");
+  });
 });
 
 describe("Trainer.trainOnGroups (tokenizer + tiny model, end to end)", () => {

@@ -102,6 +102,31 @@ describe("TrainableModel", () => {
     await resumed.close();
   });
 
+  it("fine-tunes the same adapter on conversations (trainSft), from a JSONL file too, then trains with GRPO on it", async () => {
+    const model = await TrainableModel.load({ name: "sft-agent", project: "proj", baseModel: baseDir, artDir, lora: { rank: 4, alpha: 8 }, log: quiet });
+    const conversations = ["yes", "no", "maybe", "later"].map((answer, i) => ({ messages: [
+      { role: "user", content: `question ${i}` }, { role: "assistant", content: "thinking" }, { role: "user", content: "and?" }, { role: "assistant", content: answer },
+    ] as Message[] }));
+    // every batch holds all four conversations, so the first step's loss (the untrained adapter) and the last's compare
+    const result = await model.trainSft(conversations, { epochs: 12, batchSize: 4, learningRate: 2e-2, trainOn: "last" });
+    expect(result.losses).toHaveLength(12);
+    expect(result.losses.at(-1)!).toBeLessThan(0.5 * result.losses[0]);
+    expect(result).toMatchObject({ step: 1, warnings: [] });
+    expect(result.metrics).toMatchObject({ step: 0, training_step: 1, "sft/conversations": 4, "loss/num_gradient_steps": 12 });
+    expect(model.checkpoints()).toEqual([1]);
+    // the same adapter serves and goes on training
+    const groups = await rolloutGroups(model.openai(), "sft-agent", 5);
+    expect((await model.train(groups, { learningRate: 1e-2 })).step).toBe(2);
+    const file = path.join(root, "sft.jsonl");
+    fs.writeFileSync(file, conversations.map((c) => JSON.stringify(c)).join("\n") + "\n");
+    expect((await model.trainSftFromFile(file, { batchSize: 2 })).losses).toHaveLength(2);
+    fs.writeFileSync(file, JSON.stringify(conversations[0]) + "\n{not json\n");
+    await expect(model.trainSftFromFile(file)).rejects.toThrow(`${file}: line 2 is not JSON`);
+    await expect(model.trainSft(conversations, { batchSize: 0 })).rejects.toThrow("trainSft: batchSize must be an integer >= 1, got 0");
+    expect(model.step).toBe(3);
+    await model.close();
+  });
+
   it("answers over loopback HTTP with the unmodified openai client", async () => {
     const model = await TrainableModel.load({ name: "http-agent", project: "proj", baseModel: baseDir, artDir, log: quiet });
     const server = await model.serve({ port: 0 });
