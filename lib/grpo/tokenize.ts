@@ -83,7 +83,7 @@ export function tokenizeHistory(
         throw new ArtError("bad_prompt_ids", `message ${index}: prompt_token_ids must be the non-empty list of prompt token ids the Choice was sampled after`);
       }
       // The prompt the model read, as ids: a sequence continues only where these ids extend it token for token.
-      if (current !== null && !extends_(promptIds, current.tokens)) {
+      if (current !== null && !startsWith(promptIds, current.tokens)) {
         built.push(current);
         current = null;
       }
@@ -133,7 +133,7 @@ export function tokenizeHistory(
 }
 
 /** Whether `ids` begins with every id of `prefix`. */
-function extends_(ids: number[], prefix: number[]): boolean {
+function startsWith(ids: number[], prefix: number[]): boolean {
   return ids.length >= prefix.length && prefix.every((id, i) => ids[i] === id);
 }
 

@@ -9,7 +9,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { ArtError } from "../core/errors.ts";
-import { seededRandom } from "../core/random.ts";
+import { type Rng, seededRandom, shuffleInPlace } from "../core/random.ts";
 import type { TrajectoryGroup } from "../core/trajectory.ts";
 import type { PackedSegment } from "../model/backend.ts";
 import { readAdapter } from "../model/peft.ts";
@@ -50,6 +50,9 @@ export interface StepResult extends StepMetrics {
 
 export type Objective = "grpo" | "sft";
 
+/** The metrics of a step that trained nothing. */
+const NO_METRICS: StepMetrics = { loss: 0, trainedTokens: 0, sequences: 0, clipFraction: 0, kl: 0, entropy: 0 };
+
 const STATE_FILE = "trainer_state.json";
 const OPTIMIZER_FILE = "optimizer.safetensors";
 const FULL_WEIGHTS_FILE = "model.safetensors";
@@ -85,9 +88,7 @@ export class Trainer {
   computeGradients(all: TrainingSequence[], objective: Objective = "grpo"): StepMetrics & { gradients: Map<string, Float32Array> } {
     this.network.zeroGradients();
     const sequences = this.trainedSequences(all, objective);
-    const metrics = sequences.length === 0
-      ? { loss: 0, trainedTokens: 0, sequences: 0, clipFraction: 0, kl: 0, entropy: 0 }
-      : this.accumulate(sequences, tokenWeights(sequences, objective), objective);
+    const metrics = sequences.length === 0 ? { ...NO_METRICS } : this.accumulate(sequences, tokenWeights(sequences, objective), objective);
     const gradients = new Map(this.network.parameterTensors().map((p) => [p.name, this.network.backend.download(p.grad)]));
     return { ...metrics, gradients };
   }
@@ -119,13 +120,12 @@ export class Trainer {
     const learningRate = learningRateAt(this.config, this.step);
     const sequences = this.trainedSequences(all, objective);
     const totalTokens = sequences.reduce((a, s) => a + trainedCount(s), 0);
-    const empty: StepMetrics = { loss: 0, trainedTokens: 0, sequences: 0, clipFraction: 0, kl: 0, entropy: 0 };
     if (totalTokens === 0) {
       this.step += 1;
       const message = objective === "grpo"
         ? `step ${this.step}: nothing to train — every trajectory has advantage 0 (all rewards equal within each group, or no sampled tokens); the step advances without changing the weights`
         : `step ${this.step}: nothing to train — no assistant tokens in the batch`;
-      return { ...empty, step: this.step, trained: false, message, gradientSteps: 0, gradNorm: 0, learningRate };
+      return { ...NO_METRICS, step: this.step, trained: false, message, gradientSteps: 0, gradNorm: 0, learningRate };
     }
     const weights = tokenWeights(sequences, objective);
     const rows = this.config.optimizerSteps === "one" ? [sequences] : packRows(sequences, this.rowLength(sequences), seededRandom(this.config.seed + this.step));
@@ -333,7 +333,7 @@ export function tokenWeights(sequences: TrainingSequence[], objective: Objective
  * the row already has counting without it (stored once, as toBatch does), never split; then the rows in a random
  * order, as ART shuffles them. A sequence longer than a row gets a row of its own.
  */
-export function packRows(sequences: TrainingSequence[], rowLength: number, random: () => number): TrainingSequence[][] {
+export function packRows(sequences: TrainingSequence[], rowLength: number, random: Rng): TrainingSequence[][] {
   const rows: TrainingSequence[][] = [];
   let row: TrainingSequence[] = [], used = 0, prompts = new Set<string>();
   const length = (s: TrainingSequence) => s.tokens.length - (prompts.has(keyOf(s)) ? sharedLength(s) : 0);
@@ -347,11 +347,7 @@ export function packRows(sequences: TrainingSequence[], rowLength: number, rando
     row.push(s);
   }
   rows.push(row);
-  for (let i = rows.length - 1; i > 0; i--) {
-    const j = Math.floor(random() * (i + 1));
-    [rows[i], rows[j]] = [rows[j], rows[i]];
-  }
-  return rows;
+  return shuffleInPlace(rows, random);
 }
 
 /**

@@ -20,7 +20,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import OpenAI from "openai";
 import { ArtError } from "../core/errors.ts";
-import { seededRandom } from "../core/random.ts";
+import { seededRandom, shuffleInPlace } from "../core/random.ts";
 import type { Message, Tool, Trajectory, TrajectoryGroup } from "../core/trajectory.ts";
 import { createAdamWState, type AdamWState } from "../grpo/adamw.ts";
 import { resolveTrainConfig, type TrainConfigInit } from "../grpo/config.ts";
@@ -272,12 +272,8 @@ export class TrainableModel {
     const random = seededRandom(seed);
     const batches: TrainingSequence[][] = [];
     for (let epoch = 0; epoch < epochs; epoch++) {
-      const order = sequences.map((_, i) => i);
-      for (let i = order.length - 1; i > 0; i--) {
-        const j = Math.floor(random() * (i + 1));
-        [order[i], order[j]] = [order[j], order[i]];
-      }
-      for (let start = 0; start < order.length; start += batchSize) batches.push(order.slice(start, start + batchSize).map((i) => sequences[i]));
+      const order = shuffleInPlace([...sequences], random);
+      for (let start = 0; start < order.length; start += batchSize) batches.push(order.slice(start, start + batchSize));
     }
     const totalSteps = batches.length, warmupSteps = Math.floor(warmupRatio * totalSteps);
     const config: TrainConfigInit = {
@@ -292,8 +288,8 @@ export class TrainableModel {
       // The trainer counts the batches, which is what the schedule runs over; the checkpoint counts the call.
       const trainer = new Trainer(this.network, config, { step: 0, optimizer: this.optimizer });
       for (const batch of batches) losses.push(trainer.sftStep(batch).loss);
-      new Trainer(this.network, config, { step: sampledAt + 1, optimizer: this.optimizer })
-        .saveCheckpoint(checkpointDir(this.project, this.name, sampledAt + 1, this.artDir), this.baseModel);
+      trainer.step = sampledAt + 1;
+      trainer.saveCheckpoint(checkpointDir(this.project, this.name, trainer.step, this.artDir), this.baseModel);
       this.currentStep = sampledAt + 1;
     } finally {
       this.server.resume();
