@@ -18,7 +18,7 @@ export { seededRandom, type Rng } from "./core/random.ts";
 
 // The trainable model: rollouts and training in one process, and its configuration.
 export { TrainableModel } from "./trainable/model.ts";
-export type { SftOptions, SftResult, TrainableModelOptions, TrainResult } from "./trainable/model.ts";
+export type { ModelState, SftOptions, SftResult, TrainableModelOptions, TrainResult } from "./trainable/model.ts";
 export { readHistory, type HistoryRow } from "./trainable/store.ts";
 export type { Device } from "./load/causal-lm.ts";
 export type { ImportanceSampling, PolicyLoss, Schedule, TrainConfig, TrainConfigInit } from "./grpo/config.ts";

@@ -3,7 +3,9 @@
  *
  * It maps model ids to weights: a base model answers under its own id, and an adapter id (a trained model's
  * `name`) answers with the LoRA its provider returns at request time — the latest one, with no reload. Each
- * base model has one Batcher; adapters of that base share it (and its KV cache).
+ * base model has one Batcher; adapters of that base share it (and its KV cache). Adapter sources serve ids
+ * that are only known when asked for, such as a trained model's past checkpoints (`name@step`): an id no route
+ * holds is offered to each source, and the adapter it returns is served from then on.
  *
  * Transports: `fetch` answers in-process (no network, no port: give it to `new OpenAI({ fetch })`), `listen`
  * serves the same handler over node:http. `pause()` stops new decode passes (training needs the device) and
@@ -32,6 +34,15 @@ export interface ModelServerOptions {
   batcher?: BatcherOptions;
 }
 
+/**
+ * Ids served on demand: `resolve` returns the base id and LoRA for an id it knows, null for one it does not
+ * (or throws an ApiError that says why, e.g. which checkpoints exist); `ids` lists the ones it would serve.
+ */
+export interface AdapterSource {
+  resolve(id: string): { baseId: string; loras: LayerLoras[] | null } | null;
+  ids(): string[];
+}
+
 /** The base URL the in-process fetch answers; any host works, this one says where requests go. */
 export const IN_PROCESS_BASE_URL = "http://art-ts.local/v1";
 
@@ -39,6 +50,7 @@ export class ModelServer {
   readonly metrics: ServeMetrics = { requests: 0, promptTokens: 0, completionTokens: 0, malformedToolCalls: 0, aborted: 0 };
   readonly handler: Handler;
   private readonly routes = new Map<string, ModelRoute>();
+  private readonly sources: AdapterSource[] = [];
   private readonly batchers = new Map<string, Batcher>();
   private readonly batcherOptions: BatcherOptions;
   private readonly servers: HttpServerHandle[] = [];
@@ -50,8 +62,8 @@ export class ModelServer {
     const created = Math.floor(Date.now() / 1000);
     this.handler = createHandler({
       apiKey: this.apiKey,
-      modelIds: () => [...this.routes.keys()],
-      route: (id) => this.routes.get(id),
+      modelIds: () => this.modelIds,
+      route: (id) => this.routeFor(id),
       metrics: this.metrics,
       created,
     });
@@ -80,18 +92,24 @@ export class ModelServer {
     this.routes.set(id, { tokenizer: base.tokenizer, batcher, stopTokenIds: base.stopTokenIds, loras: typeof loras === "function" ? loras : () => loras });
   }
 
+  /** Serves the ids `source` resolves, each loaded at its first request (see AdapterSource). */
+  addAdapterSource(source: AdapterSource): void {
+    this.sources.push(source);
+  }
+
   /** Stops serving an id (requests in flight finish). */
   removeModel(id: string): void {
     this.routes.delete(id);
   }
 
+  /** The ids served now, and those the adapter sources would serve on request. */
   get modelIds(): string[] {
-    return [...this.routes.keys()];
+    return [...new Set([...this.routes.keys(), ...this.sources.flatMap((s) => s.ids())])];
   }
 
   /** The batcher behind a model id (for statistics and tests). */
   batcherFor(id: string): Batcher {
-    const route = this.routes.get(id);
+    const route = this.routeFor(id);
     if (!route) throw new ApiError(404, `no model "${id}" is served`, "invalid_request_error", "model", "model_not_found");
     return route.batcher;
   }
@@ -128,6 +146,19 @@ export class ModelServer {
     await Promise.all([...this.batchers.values()].map((b) => b.close()));
     this.batchers.clear();
     this.routes.clear();
+  }
+
+  private routeFor(id: string): ModelRoute | undefined {
+    const route = this.routes.get(id);
+    if (route) return route;
+    for (const source of this.sources) {
+      const found = source.resolve(id);
+      if (found) {
+        this.addAdapter(id, found.baseId, found.loras === null ? () => null : found.loras);
+        return this.routes.get(id);
+      }
+    }
+    return undefined;
   }
 
   private checkFree(id: string): void {

@@ -1,5 +1,5 @@
 /** Public names of the trainable-model area: one engine for rollouts and training, and its on-disk layout. */
 export { TrainableModel } from "./model.ts";
-export type { SftConversation, SftOptions, SftResult, TrainableModelOptions, TrainResult } from "./model.ts";
+export type { JsonValue, ModelState, SftConversation, SftOptions, SftResult, TrainableModelOptions, TrainResult } from "./model.ts";
 export { readHistory, summarizeGroups } from "./store.ts";
 export type { HistoryRow } from "./store.ts";

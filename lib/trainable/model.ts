@@ -12,9 +12,10 @@
  *   history.jsonl                       one row of metrics per train()/log() call, keyed by `step`
  *   trajectories/{split}/{step:04d}.jsonl   the trajectories behind those rows
  *   checkpoints/{step:04d}/             PEFT adapter + optimizer state + trainer state after each train()
+ *   state.json                          the user's own state (readState / overwriteState / mergeState)
  * `step` in history and trajectories is the step of the model that produced the rollouts (the checkpoint they
  * were sampled from); train() then writes checkpoint step + 1. A new TrainableModel resumes from the latest
- * checkpoint: the adapter, the AdamW moments and the step.
+ * checkpoint: the adapter, the AdamW moments and the step. Past checkpoints answer as `{name}@{step}`.
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
@@ -28,7 +29,9 @@ import { tokenizeForSft, type TrainingSequence } from "../grpo/tokenize.ts";
 import { Trainer, checkpointDir, type StepResult } from "../grpo/train.ts";
 import { loadCausalLM, type CausalLM, type Device } from "../load/causal-lm.ts";
 import { DEFAULT_LORA, type LayerLoras, type LoraConfig } from "../model/lora.ts";
+import { loadAdapter } from "../model/peft.ts";
 import { DifferentiableTransformer } from "../model/training.ts";
+import { ApiError } from "../serve/api-error.ts";
 import type { BatcherOptions } from "../serve/batcher.ts";
 import type { HttpServerHandle, HttpServerOptions } from "../serve/http.ts";
 import { IN_PROCESS_BASE_URL, ModelServer } from "../serve/model-server.ts";
@@ -93,6 +96,11 @@ export interface TrainResult extends StepResult {
   metrics: HistoryRow;
 }
 
+/** A JSON value, as model state holds them. */
+export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+/** The user's state of a model, e.g. where a dataset iterator stopped: a JSON object. */
+export type ModelState = { [key: string]: JsonValue };
+
 const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
 
 function checkName(key: string, value: unknown): string {
@@ -125,6 +133,8 @@ export class TrainableModel {
   private queue: Promise<unknown> = Promise.resolve();
   /** when the last train() call ended (performance.now()), for the next step's wall time */
   private lastTrainEnd: number | null = null;
+  /** adapters of past checkpoints loaded for `name@step` requests; freed by close() */
+  private readonly pastAdapters: LayerLoras[][] = [];
 
   private constructor(init: {
     options: TrainableModelOptions; lm: CausalLM; network: DifferentiableTransformer; optimizer: AdamWState; step: number;
@@ -145,6 +155,7 @@ export class TrainableModel {
     // ones AdamW updates in place, so each update is visible to the next forward pass.
     const loras: LayerLoras[] = init.network.engineLoras();
     this.server.addAdapter(this.name, this.baseModel, loras);
+    this.server.addAdapterSource({ resolve: (id) => this.resolveCheckpointId(id), ids: () => [0, ...this.checkpoints()].map((s) => this.inferenceName(s)) });
   }
 
   /** Loads the base model once, then resumes from the latest checkpoint under `artDir` if there is one. */
@@ -179,7 +190,16 @@ export class TrainableModel {
     return this.currentStep;
   }
 
-  /** The `openai` package's client, answering in-process (no network, no port). Model ids: name and baseModel. */
+  /**
+   * The model id to request: `name` (the live adapter, which each train() updates) or, given a step, `name@step`,
+   * which answers with that checkpoint's adapter however far training has gone since (step 0 is the new
+   * adapter, which answers like the base model).
+   */
+  inferenceName(step?: number): string {
+    return step === undefined ? this.name : `${this.name}@${step}`;
+  }
+
+  /** The `openai` package's client, answering in-process (no network, no port). Model ids: name, name@step and baseModel. */
   openai(options: { maxRetries?: number; timeout?: number } = {}): OpenAI {
     return new OpenAI({ baseURL: IN_PROCESS_BASE_URL, apiKey: "art-ts-in-process", fetch: this.server.fetch, ...options });
   }
@@ -356,15 +376,81 @@ export class TrainableModel {
     }
     keep.add(best.step);
     const deleted = steps.filter((s) => !keep.has(s));
-    for (const s of deleted) fs.rmSync(checkpointDir(this.project, this.name, s, this.artDir), { recursive: true, force: true });
+    for (const s of deleted) {
+      fs.rmSync(checkpointDir(this.project, this.name, s, this.artDir), { recursive: true, force: true });
+      this.server.removeModel(this.inferenceName(s));
+    }
     return deleted;
   }
 
-  /** Stops serving (HTTP servers too) and frees the weights. */
+  /** The state last written with overwriteState or mergeState (state.json), or null when there is none. */
+  readState(): ModelState | null {
+    const file = this.stateFile();
+    if (!fs.existsSync(file)) return null;
+    try {
+      const state: unknown = JSON.parse(fs.readFileSync(file, "utf8"));
+      return checkState(state, file);
+    } catch (error) {
+      if (error instanceof ArtError) throw error;
+      throw new ArtError("bad_state", `${file} is not JSON (${(error as Error).message}); fix it, or replace it with model.overwriteState({...})`);
+    }
+  }
+
+  /** Replaces the model's state with `state` (a JSON object), written atomically beside the checkpoints. */
+  overwriteState(state: ModelState): void {
+    const checked = checkState(state, "overwriteState");
+    fs.mkdirSync(this.dir, { recursive: true });
+    const file = this.stateFile(), tmp = `${file}.tmp-${process.pid}`;
+    fs.writeFileSync(tmp, JSON.stringify(checked, null, 2) + "\n");
+    fs.renameSync(tmp, file);
+  }
+
+  /**
+   * Merges `update` into the state and saves it: objects merge key by key, at any depth; any other value (arrays
+   * included) replaces the one before. Returns the merged state.
+   */
+  mergeState(update: ModelState): ModelState {
+    const merged = mergeJson(this.readState() ?? {}, checkState(update, "mergeState")) as ModelState;
+    this.overwriteState(merged);
+    return merged;
+  }
+
+  /** Stops serving (HTTP servers too) and frees the weights and the past adapters it loaded. */
   async close(): Promise<void> {
     await this.queue;
     await this.server.close();
+    for (const loras of this.pastAdapters.splice(0)) {
+      for (const layer of loras) for (const w of Object.values(layer)) {
+        this.lm.backend.free(w.a);
+        this.lm.backend.free(w.b);
+      }
+    }
     this.lm.free();
+  }
+
+  private stateFile(): string {
+    return path.join(this.dir, "state.json");
+  }
+
+  /** The route of `name@step`: that checkpoint's adapter, loaded once; null for ids of other models. */
+  private resolveCheckpointId(id: string): { baseId: string; loras: LayerLoras[] | null } | null {
+    const prefix = `${this.name}@`;
+    if (!id.startsWith(prefix)) return null;
+    const stepText = id.slice(prefix.length);
+    const steps = this.checkpoints();
+    const present = `checkpoints of ${this.name}: ${[0, ...steps].join(", ")}`;
+    if (!/^\d+$/.test(stepText)) {
+      throw new ApiError(404, `The model \`${id}\` does not exist: after "@" comes a checkpoint step, a whole number (${present}).`, "invalid_request_error", "model", "model_not_found");
+    }
+    const step = Number(stepText);
+    // No checkpoint 0 is written: step 0 is the new adapter, whose B = 0 leaves the base model unchanged.
+    if (step === 0 && !steps.includes(0)) return { baseId: this.baseModel, loras: null };
+    if (!steps.includes(step)) {
+      throw new ApiError(404, `The model \`${id}\` does not exist: there is no checkpoint ${step} under ${path.join(this.dir, "checkpoints")} (${present}).`, "invalid_request_error", "model", "model_not_found");
+    }
+    const loras = loadAdapter(checkpointDir(this.project, this.name, step, this.artDir), this.lm.model);
+    this.pastAdapters.push(loras);
+    return { baseId: this.baseModel, loras };
   }
 
   private writeModelJson(): void {
@@ -375,6 +461,38 @@ export class TrainableModel {
     };
     fs.writeFileSync(path.join(this.dir, "model.json"), JSON.stringify(json, null, 2) + "\n");
   }
+}
+
+/** `value` as model state, or an error naming `where` and what is wrong: state is a JSON object. */
+function checkState(value: unknown, where: string): ModelState {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new ArtError("bad_state", `${where}: model state is a JSON object ({"key": value, ...}), got ${Array.isArray(value) ? "an array" : JSON.stringify(value)}`);
+  }
+  const visit = (v: unknown, at: string): void => {
+    if (v === null || typeof v === "string" || typeof v === "boolean") return;
+    if (typeof v === "number") {
+      if (!Number.isFinite(v)) throw new ArtError("bad_state", `${where}: ${at} is ${v}, which JSON cannot hold`);
+      return;
+    }
+    if (Array.isArray(v)) return v.forEach((item, i) => visit(item, `${at}[${i}]`));
+    if (typeof v === "object" && [Object.prototype, null].includes(Object.getPrototypeOf(v))) {
+      for (const [key, item] of Object.entries(v)) visit(item, `${at}.${key}`);
+      return;
+    }
+    throw new ArtError("bad_state", `${where}: ${at} is ${typeof v === "object" ? v.constructor?.name ?? "an object" : typeof v}, which JSON cannot hold; store plain objects, arrays, strings, numbers, booleans and null`);
+  };
+  visit(value, "state");
+  return value as ModelState;
+}
+
+/** `update` merged into `base`: plain objects key by key, everything else replaced. */
+function mergeJson(base: JsonValue, update: JsonValue): JsonValue {
+  const isObject = (v: JsonValue): v is { [key: string]: JsonValue } => typeof v === "object" && v !== null && !Array.isArray(v);
+  if (!isObject(base) || !isObject(update)) return update;
+  // A Map and fromEntries keep keys such as "__proto__" as plain keys, as JSON.parse does.
+  const merged = new Map(Object.entries(base));
+  for (const [key, value] of Object.entries(update)) merged.set(key, merged.has(key) ? mergeJson(merged.get(key)!, value) : value);
+  return Object.fromEntries(merged);
 }
 
 interface TrainerState {

@@ -42,7 +42,7 @@ describe("TrainableModel", () => {
     expect(model.step).toBe(0);
     const client = model.openai();
     const ids = (await client.models.list()).data.map((m) => m.id).sort();
-    expect(ids).toEqual([baseDir, "agent-1"].sort());
+    expect(ids).toEqual([baseDir, "agent-1", "agent-1@0"].sort());
     const modelJson = JSON.parse(fs.readFileSync(path.join(model.dir, "model.json"), "utf8"));
     expect(modelJson).toMatchObject({ name: "agent-1", project: "proj", base_model: baseDir, lora: { rank: 4, alpha: 8 } });
 
@@ -137,20 +137,54 @@ describe("TrainableModel", () => {
     await model.close();
   });
 
-  it("deletes checkpoints except the latest and the best by a metric", async () => {
+  it("serves past checkpoints as name@step and deletes checkpoints except the latest and the best by a metric", async () => {
     const model = await TrainableModel.load({ name: "pruned", project: "proj", baseModel: baseDir, artDir, lora: { rank: 2 }, log: quiet });
     const client = model.openai();
     const valRewards = [0.1, 0.9, 0.3, 0.2];
+    const liveAfter: number[][] = [logprobsOf(await sample(client, "pruned", 42))];
     for (const reward of valRewards) {
       model.log([new Trajectory({ reward })], { split: "val" });
-      await model.train(await rolloutGroups(client, "pruned", model.step * 7), { learningRate: 1e-2 });
+      await model.train(await rolloutGroups(client, "pruned", model.step * 7), { learningRate: 5e-2 });
+      liveAfter.push(logprobsOf(await sample(client, "pruned", 42)));
     }
     expect(model.checkpoints()).toEqual([1, 2, 3, 4]);
+    // Each step changed the live adapter, and `pruned@step` answers as the live adapter did at that step.
+    for (let step = 1; step <= 4; step++) expect(liveAfter[step]).not.toEqual(liveAfter[step - 1]);
+    expect(model.inferenceName(2)).toBe("pruned@2");
+    for (const step of [0, 2, 3]) expect(logprobsOf(await sample(client, model.inferenceName(step), 42)), `step ${step}`).toEqual(liveAfter[step]);
+    expect(logprobsOf(await sample(client, "pruned@0", 42))).toEqual(logprobsOf(await sample(client, baseDir, 42)));
+    expect((await client.models.list()).data.map((m) => m.id).filter((id) => id.startsWith("pruned@")).sort()).toEqual(["pruned@0", "pruned@1", "pruned@2", "pruned@3", "pruned@4"]);
+    await expect(sample(client, "pruned@9", 42)).rejects.toThrow(/no checkpoint 9 under .*checkpoints of pruned: 0, 1, 2, 3, 4/);
+    await expect(sample(client, "pruned@latest", 42)).rejects.toThrow(/after "@" comes a checkpoint step/);
     expect(() => model.deleteCheckpoints({ keepBestBy: "val/accuracy" })).toThrow(/no checkpoint has a "val\/accuracy" value.*val\/reward/);
     // val/reward 0.9 was logged at step 1 (checkpoint 0001); the latest is 0004.
     expect(model.deleteCheckpoints({ keepBestBy: "val/reward" })).toEqual([2, 3]);
     expect(model.checkpoints()).toEqual([1, 4]);
+    // a deleted checkpoint stops answering, also when it had been loaded; a kept one loads on its first request
+    await expect(sample(client, "pruned@2", 42)).rejects.toThrow(/no checkpoint 2/);
+    expect(logprobsOf(await sample(client, "pruned@1", 42))).toEqual(liveAfter[1]);
     await model.close();
+  });
+
+  it("keeps the user's state beside the checkpoints: read, overwrite, merge", async () => {
+    const options = { name: "stateful", project: "proj", baseModel: baseDir, artDir, lora: { rank: 2 }, log: quiet };
+    const model = await TrainableModel.load(options);
+    expect(model.readState()).toBeNull();
+    model.overwriteState({ dataset: { epoch: 0, offset: 12, seen: [1, 2] }, note: "first" });
+    expect(model.mergeState({ dataset: { offset: 40, seen: [3] }, best: 0.5 })).toEqual({ dataset: { epoch: 0, offset: 40, seen: [3] }, note: "first", best: 0.5 });
+    await model.close();
+    const resumed = await TrainableModel.load(options);
+    expect(resumed.readState()).toEqual({ dataset: { epoch: 0, offset: 40, seen: [3] }, note: "first", best: 0.5 });
+    expect(JSON.parse(fs.readFileSync(path.join(resumed.dir, "state.json"), "utf8"))).toEqual(resumed.readState());
+    resumed.overwriteState({ only: true });
+    expect(resumed.readState()).toEqual({ only: true });
+    expect(() => resumed.overwriteState([1] as never)).toThrow(/model state is a JSON object.*got an array/);
+    expect(() => resumed.mergeState({ score: Number.NaN })).toThrow(/state\.score is NaN, which JSON cannot hold/);
+    expect(() => resumed.mergeState({ when: new Date(0) as never })).toThrow(/state\.when is Date, which JSON cannot hold/);
+    expect(resumed.readState()).toEqual({ only: true }); // a refused update writes nothing
+    fs.writeFileSync(path.join(resumed.dir, "state.json"), "{broken");
+    expect(() => resumed.readState()).toThrow(/state\.json is not JSON .*overwriteState/);
+    await resumed.close();
   });
 
   it("refuses bad names, a lora change at train time, and a name equal to the base id", async () => {
