@@ -53,7 +53,7 @@ export interface TrainableModelOptions {
   seed?: number;
   /** KV-cache slots, context length and queue bound of the server's batcher. */
   batcher?: BatcherOptions;
-  /** Notes about loading and resuming. Default console.info. */
+  /** Notes about loading, resuming and pruning checkpoints. Default console.info. */
   log?: (message: string) => void;
 }
 
@@ -135,6 +135,8 @@ export class TrainableModel {
   private lastTrainEnd: number | null = null;
   /** adapters of past checkpoints loaded for `name@step` requests; freed by close() */
   private readonly pastAdapters: LayerLoras[][] = [];
+  /** where notes go (options.log, default console.info) */
+  private readonly info: (message: string) => void;
 
   private constructor(init: {
     options: TrainableModelOptions; lm: CausalLM; network: DifferentiableTransformer; optimizer: AdamWState; step: number;
@@ -149,6 +151,7 @@ export class TrainableModel {
     this.network = init.network;
     this.optimizer = init.optimizer;
     this.currentStep = init.step;
+    this.info = options.log ?? console.info;
     this.server = new ModelServer({ batcher: options.batcher });
     this.server.addBaseModel(this.baseModel, init.lm);
     // One LoRA set for the model's lifetime: the batcher groups requests by this object, and its tensors are the
@@ -356,6 +359,8 @@ export class TrainableModel {
   /**
    * Deletes checkpoints except the latest and the best by `keepBestBy` (a history key such as "val/reward",
    * judged at the step it was logged; `lowerIsBetter` for losses). Returns the deleted steps.
+   * A metric never logged is an error (a typo would otherwise delete the best checkpoint); one logged only at steps
+   * without a checkpoint (the base model's step 0) keeps the latest alone, as ART's loops expect.
    */
   deleteCheckpoints(options: { keepBestBy?: string; lowerIsBetter?: boolean } = {}): number[] {
     const metric = options.keepBestBy ?? "val/reward";
@@ -363,18 +368,23 @@ export class TrainableModel {
     if (steps.length === 0) return [];
     const keep = new Set([steps.at(-1)!]);
     const present = new Set(steps);
+    const history = this.history();
+    let logged = false;
     let best: { step: number; value: number } | null = null;
-    for (const row of this.history()) {
+    for (const row of history) {
       const value = row[metric];
-      if (typeof value !== "number" || !Number.isFinite(value) || !present.has(row.step)) continue;
+      if (typeof value !== "number" || !Number.isFinite(value)) continue;
+      logged = true;
+      if (!present.has(row.step)) continue;
       const better = best === null || (options.lowerIsBetter ? value < best.value : value > best.value);
       if (better) best = { step: row.step, value };
     }
-    if (best === null) {
-      const known = [...new Set(this.history().flatMap((row) => Object.keys(row)))].filter((k) => k !== "step" && k !== "recorded_at");
-      throw new ArtError("unknown_metric", `deleteCheckpoints: no checkpoint has a "${metric}" value in ${path.join(this.dir, "history.jsonl")}; log one with model.log(trajectories, { split: "val" }) or keep by one of: ${known.join(", ") || "(none logged yet)"}`);
+    if (!logged) {
+      const known = [...new Set(history.flatMap((row) => Object.keys(row)))].filter((k) => k !== "step" && k !== "recorded_at");
+      throw new ArtError("unknown_metric", `deleteCheckpoints: "${metric}" was never logged in ${path.join(this.dir, "history.jsonl")}; log it with model.log(trajectories, { split: "val" }) or keep by one of: ${known.join(", ") || "(none logged yet)"}`);
     }
-    keep.add(best.step);
+    if (best === null) this.info(`${this.name}: no checkpoint on disk has a "${metric}" value yet; keeping the latest (${steps.at(-1)}) only`);
+    else keep.add(best.step);
     const deleted = steps.filter((s) => !keep.has(s));
     for (const s of deleted) {
       fs.rmSync(checkpointDir(this.project, this.name, s, this.artDir), { recursive: true, force: true });

@@ -156,13 +156,25 @@ describe("TrainableModel", () => {
     expect((await client.models.list()).data.map((m) => m.id).filter((id) => id.startsWith("pruned@")).sort()).toEqual(["pruned@0", "pruned@1", "pruned@2", "pruned@3", "pruned@4"]);
     await expect(sample(client, "pruned@9", 42)).rejects.toThrow(/no checkpoint 9 under .*checkpoints of pruned: 0, 1, 2, 3, 4/);
     await expect(sample(client, "pruned@latest", 42)).rejects.toThrow(/after "@" comes a checkpoint step/);
-    expect(() => model.deleteCheckpoints({ keepBestBy: "val/accuracy" })).toThrow(/no checkpoint has a "val\/accuracy" value.*val\/reward/);
+    expect(() => model.deleteCheckpoints({ keepBestBy: "val/accuracy" })).toThrow(/"val\/accuracy" was never logged.*val\/reward/);
     // val/reward 0.9 was logged at step 1 (checkpoint 0001); the latest is 0004.
     expect(model.deleteCheckpoints({ keepBestBy: "val/reward" })).toEqual([2, 3]);
     expect(model.checkpoints()).toEqual([1, 4]);
     // a deleted checkpoint stops answering, also when it had been loaded; a kept one loads on its first request
     await expect(sample(client, "pruned@2", 42)).rejects.toThrow(/no checkpoint 2/);
     expect(logprobsOf(await sample(client, "pruned@1", 42))).toEqual(liveAfter[1]);
+    await model.close();
+  });
+
+  it("deleteCheckpoints keeps the latest alone when the metric was logged only at the base model's step", async () => {
+    const notes: string[] = [];
+    const model = await TrainableModel.load({ name: "early-val", project: "proj", baseModel: baseDir, artDir, lora: { rank: 2 }, log: (m) => notes.push(m) });
+    const client = model.openai();
+    model.log([new Trajectory({ reward: 0.5 })], { split: "val" });
+    for (let i = 0; i < 3; i++) await model.train(await rolloutGroups(client, "early-val", i * 7), { learningRate: 5e-2 });
+    expect(model.deleteCheckpoints({ keepBestBy: "val/reward" })).toEqual([1, 2]);
+    expect(model.checkpoints()).toEqual([3]);
+    expect(notes.at(-1)).toMatch(/no checkpoint on disk has a "val\/reward" value yet; keeping the latest \(3\) only/);
     await model.close();
   });
 
