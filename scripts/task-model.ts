@@ -1,0 +1,94 @@
+/**
+ * Makes a small task model like the ones under models/: the tiny byte-level BPE tokenizer with its ChatML template
+ * and a small Qwen2-shaped transformer taught a task's answer format by the engine's own SFT (full-parameter) on
+ * synthetic conversations. The task supplies the conversations and a check of the result; the rest (initial
+ * weights, schedule, files written) is shared, so every task model is made the same way.
+ *
+ * Deterministic: the same options give byte-identical files (seeded data, seeded initialisation, single-threaded
+ * float32 arithmetic).
+ */
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { seededRandom, type Rng } from "../lib/core/random.ts";
+import type { Message } from "../lib/core/trajectory.ts";
+import { tokenizeForSft } from "../lib/grpo/tokenize.ts";
+import { Trainer } from "../lib/grpo/train.ts";
+import { CpuBackend } from "../lib/model/cpu/backend.ts";
+import { writeSafetensors, type TensorToWrite } from "../lib/model/safetensors.ts";
+import { loadTokenizer, type Tokenizer } from "../lib/model/tokenizer.ts";
+import { DifferentiableTransformer } from "../lib/model/training.ts";
+import { loadTransformer, type Transformer } from "../lib/model/transformer.ts";
+import { writeTinyCheckpoint } from "./make-tiny-checkpoint.ts";
+
+export interface TaskModelOptions {
+  seed: number;
+  /** config.json keys over the qwen2 tiny preset */
+  shape: Record<string, unknown>;
+  sftSteps: number;
+  /** conversations per SFT step (one optimizer step each) */
+  batchSize: number;
+  learningRate: number;
+  /** linear warmup steps of the cosine schedule */
+  warmupSteps: number;
+  /** conversations longer than this many tokens are truncated */
+  maxLength: number;
+  /** answers sampled to measure the result (Task.answerRate) */
+  checkAnswers: number;
+  /** called with progress lines */
+  log: (line: string) => void;
+}
+
+export interface Task {
+  /** `count` SFT conversations drawn from `rng`; assistant turns are trained. */
+  conversations(rng: Rng, count: number): { messages: Message[] }[];
+  /** Share of `count` answers sampled (temperature 1) at fresh positions that are what the task asks for. */
+  answerRate(model: Transformer, tokenizer: Tokenizer, count: number, seed: number): Promise<number>;
+  /** What answerRate counts, e.g. "legal moves". */
+  answers: string;
+}
+
+/** Writes the task model into `dir`; returns its answer rate (Task.answerRate over options.checkAnswers answers). */
+export async function makeTaskModel(dir: string, task: Task, options: TaskModelOptions): Promise<{ answerRate: number }> {
+  const work = fs.mkdtempSync(path.join(os.tmpdir(), "art-task-model-"));
+  try {
+    // Initial weights and the tokenizer files, from the engine's tiny-checkpoint writer.
+    writeTinyCheckpoint(work, { arch: "qwen2", seed: options.seed, tokenizer: true, configOverrides: options.shape });
+    const tokenizer = await loadTokenizer(work);
+    const transformer = loadTransformer(work, new CpuBackend());
+    const model = new DifferentiableTransformer(transformer, { lora: null });
+    // The writer draws embeddings with std 1; the tied head then gives logits of std ~sqrt(hidden). Starting
+    // near uniform (std 0.1) lets SFT converge in a few hundred steps.
+    const embedding = model.parameterTensors().find((p) => p.name === "model.embed_tokens.weight")!;
+    model.backend.write(embedding.value, model.backend.download(embedding.value).map((x) => x * 0.1));
+    // sftSteps 0 writes the initial model (the tests compare its config and tokenizer files with the committed ones).
+    if (options.sftSteps > 0) {
+      const trainer = new Trainer(model, {
+        lora: null, learningRate: options.learningRate, weightDecay: 0, maxGradNorm: 1, microBatchSize: options.batchSize,
+        optimizerSteps: "one",
+        schedule: { kind: "cosine", warmupSteps: options.warmupSteps, totalSteps: options.sftSteps, minLearningRate: options.learningRate / 10 },
+        seed: options.seed,
+      });
+      const rng = seededRandom(options.seed);
+      for (let step = 1; step <= options.sftSteps; step++) {
+        const { sequences } = tokenizeForSft(tokenizer, task.conversations(rng, options.batchSize), options.maxLength);
+        const result = trainer.sftStep(sequences);
+        if (step % 25 === 0 || step === 1) options.log(`sft step ${step}/${options.sftSteps}: loss ${result.loss.toFixed(4)}`);
+      }
+    }
+    const answerRate = await task.answerRate(transformer, tokenizer, options.checkAnswers, options.seed + 1);
+    options.log(`${task.answers} after SFT: ${(answerRate * 100).toFixed(1)}% of ${options.checkAnswers} sampled answers`);
+
+    fs.mkdirSync(dir, { recursive: true });
+    for (const file of ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]) {
+      fs.copyFileSync(path.join(work, file), path.join(dir, file));
+    }
+    const tensors: Record<string, TensorToWrite> = {};
+    for (const p of model.parameterTensors()) tensors[p.name] = { dtype: "F32", shape: p.shape, data: model.backend.download(p.value) };
+    writeSafetensors(path.join(dir, "model.safetensors"), tensors, { format: "pt" });
+    transformer.free();
+    return { answerRate };
+  } finally {
+    fs.rmSync(work, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,61 @@
+/**
+ * Each committed task model is what its script makes: config and tokenizer files are regenerated and compared on
+ * every run; the weights (minutes of SFT) with ART_TEST_DEMO_MODEL=1. And each answers in its task's format, which
+ * the same network before SFT does not.
+ */
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { afterAll, describe, expect, it } from "vitest";
+import { CpuBackend } from "../../lib/model/cpu/backend.ts";
+import { loadTransformer } from "../../lib/model/transformer.ts";
+import { loadTokenizer } from "../../lib/model/tokenizer.ts";
+import { DEMO_MODEL_OPTIONS, TICTACTOE_TASK } from "../../scripts/demo-make-model.ts";
+import { makeTaskModel, type Task, type TaskModelOptions } from "../../scripts/task-model.ts";
+
+const FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"];
+const root = fs.mkdtempSync(path.join(os.tmpdir(), "art-ts-task-models-"));
+afterAll(() => fs.rmSync(root, { recursive: true, force: true }));
+const quiet = () => {};
+
+interface TaskModel {
+  dir: string;
+  task: Task;
+  options: Omit<TaskModelOptions, "log">;
+  /** answers sampled by the test, and the committed model's bar: a few points under its measured rate */
+  answers: number;
+  bar: number;
+}
+
+const MODELS: TaskModel[] = [
+  { dir: "models/tictactoe-tiny", task: TICTACTOE_TASK, options: DEMO_MODEL_OPTIONS, answers: 128, bar: 0.9 },
+];
+
+describe.each(MODELS)("$dir", ({ dir: committed, task, options, answers, bar }) => {
+  const untrainedDir = path.join(root, path.basename(committed), "no-sft");
+
+  it("holds the files the script writes, with the script's config and tokenizer", async () => {
+    expect(fs.readdirSync(committed).sort()).toEqual(FILES);
+    await makeTaskModel(untrainedDir, task, { ...options, sftSteps: 0, checkAnswers: 1, log: quiet });
+    for (const file of FILES.filter((f) => f !== "model.safetensors")) {
+      expect(fs.readFileSync(path.join(committed, file), "utf8"), file).toBe(fs.readFileSync(path.join(untrainedDir, file), "utf8"));
+    }
+    expect(fs.statSync(path.join(committed, "model.safetensors")).size).toBe(fs.statSync(path.join(untrainedDir, "model.safetensors")).size);
+  });
+
+  it(`answers in the task's format after its SFT (the untrained network does not)`, async () => {
+    const tokenizer = await loadTokenizer(committed);
+    const model = loadTransformer(committed, new CpuBackend());
+    expect(await task.answerRate(model, tokenizer, answers, 99)).toBeGreaterThan(bar);
+    model.free();
+    const untrained = loadTransformer(untrainedDir, new CpuBackend());
+    expect(await task.answerRate(untrained, tokenizer, 16, 99)).toBeLessThan(0.2);
+    untrained.free();
+  });
+
+  it.runIf(process.env.ART_TEST_DEMO_MODEL === "1")("is byte-identical to a fresh run of the script", async () => {
+    const dir = path.join(root, path.basename(committed), "fresh");
+    await makeTaskModel(dir, task, { ...options, log: quiet });
+    for (const file of FILES) expect(fs.readFileSync(path.join(dir, file)).equals(fs.readFileSync(path.join(committed, file))), file).toBe(true);
+  }, 3_600_000);
+});
