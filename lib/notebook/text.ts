@@ -52,7 +52,10 @@ export function formatNumber(value: number): string {
   if (abs >= 1e4) return `${(value / 1e3).toFixed(1)}k`;
   if (Number.isInteger(value)) return String(value);
   if (abs >= 100) return value.toFixed(1);
-  return value.toPrecision(3).replace(/\.?0+$/, "");
+  // Trailing zeros go from the mantissa only: "1.00e-10" becomes "1e-10", never "1.00e-1".
+  const [mantissa, exponent] = value.toPrecision(3).split("e");
+  const trimmed = mantissa!.includes(".") ? mantissa!.replace(/\.?0+$/, "") : mantissa!;
+  return exponent === undefined ? trimmed : `${trimmed}e${exponent}`;
 }
 
 /** Seconds as m:ss or h:mm:ss. */

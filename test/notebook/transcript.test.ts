@@ -102,6 +102,8 @@ describe("group view", () => {
 describe("formats and parameters", () => {
   it("formats numbers and durations short", () => {
     expect([0.123456, 12, 1234.5, 12_345, 2_500_000, Number.NaN].map(formatNumber)).toEqual(["0.123", "12", "1234.5", "12.3k", "2.50M", "NaN"]);
+    // Exponents keep their zeros: a loss of -4.49e-10 is not -4.49e-1.
+    expect([-4.49e-10, 1e-10, 2.5e-7, 1.2e-20, 0.5, 0.1, 0.000123].map(formatNumber)).toEqual(["-4.49e-10", "1e-10", "2.5e-7", "1.2e-20", "0.5", "0.1", "0.000123"]);
     expect([5, 65, 3725].map(formatDuration)).toEqual(["0:05", "1:05", "1:02:05"]);
   });
 
