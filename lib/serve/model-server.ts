@@ -55,6 +55,8 @@ export class ModelServer {
   private readonly batcherOptions: BatcherOptions;
   private readonly servers: HttpServerHandle[] = [];
   private readonly apiKey: string | null;
+  /** set by close(): requests then get an error that says so, not "does not exist" */
+  private closed = false;
 
   constructor(options: ModelServerOptions = {}) {
     this.batcherOptions = options.batcher ?? {};
@@ -142,6 +144,7 @@ export class ModelServer {
 
   /** Closes HTTP servers, fails pending requests, frees KV caches. */
   async close(): Promise<void> {
+    this.closed = true;
     await Promise.all(this.servers.splice(0).map((s) => s.close()));
     await Promise.all([...this.batchers.values()].map((b) => b.close()));
     this.batchers.clear();
@@ -149,6 +152,10 @@ export class ModelServer {
   }
 
   private routeFor(id: string): ModelRoute | undefined {
+    if (this.closed) {
+      // A notebook's last cell closes the model; re-running an earlier cell then lands here.
+      throw new ApiError(404, `The model \`${id}\` is no longer served: its server was closed (model.close()). Load the model again (in a notebook, re-run the cell that loads it) and create the client from it.`, "invalid_request_error", "model", "model_closed");
+    }
     const route = this.routes.get(id);
     if (route) return route;
     for (const source of this.sources) {

@@ -137,6 +137,8 @@ export class TrainableModel {
   private readonly pastAdapters: LayerLoras[][] = [];
   /** where notes go (options.log, default console.info) */
   private readonly info: (message: string) => void;
+  /** set by close(): the weights are freed, so every later use must say so rather than fail somewhere deeper */
+  private closed = false;
 
   private constructor(init: {
     options: TrainableModelOptions; lm: CausalLM; network: DifferentiableTransformer; optimizer: AdamWState; step: number;
@@ -204,11 +206,13 @@ export class TrainableModel {
 
   /** The `openai` package's client, answering in-process (no network, no port). Model ids: name, name@step and baseModel. */
   openai(options: { maxRetries?: number; timeout?: number } = {}): OpenAI {
+    this.checkOpen("openai()");
     return new OpenAI({ baseURL: IN_PROCESS_BASE_URL, apiKey: "art-ts-in-process", fetch: this.server.fetch, ...options });
   }
 
   /** Serves the same engine over HTTP (loopback by default) for agents in other processes. */
   serve(options: HttpServerOptions = {}): Promise<HttpServerHandle> {
+    this.checkOpen("serve()");
     return this.server.listen(options);
   }
 
@@ -218,6 +222,7 @@ export class TrainableModel {
    * `config` is a TrainConfig without `lora` (the adapter's shape is fixed at load).
    */
   train(groups: TrajectoryGroup[], config: Omit<TrainConfigInit, "lora"> = {}): Promise<TrainResult> {
+    this.checkOpen("train()");
     if ("lora" in config) {
       throw new ArtError("bad_train_config", "TrainableModel.train: config.lora cannot change between steps; set lora when loading the model");
     }
@@ -273,6 +278,7 @@ export class TrainableModel {
    * train(), saves checkpoint step + 1 and writes a history row.
    */
   trainSft(conversations: SftConversation[], options: SftOptions = {}): Promise<SftResult> {
+    this.checkOpen("trainSft()");
     const run = this.queue.then(() => this.trainSftNow(conversations, options));
     this.queue = run.catch(() => undefined);
     return run;
@@ -427,6 +433,8 @@ export class TrainableModel {
 
   /** Stops serving (HTTP servers too) and frees the weights and the past adapters it loaded. */
   async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
     await this.queue;
     await this.server.close();
     for (const loras of this.pastAdapters.splice(0)) {
@@ -436,6 +444,12 @@ export class TrainableModel {
       }
     }
     this.lm.free();
+  }
+
+  private checkOpen(method: string): void {
+    if (this.closed) {
+      throw new ArtError("model_closed", `${method}: the model "${this.name}" was closed (close() freed its weights). Load it again with TrainableModel.load (in a notebook, re-run the cell that loads it); training resumes from its latest checkpoint.`);
+    }
   }
 
   private stateFile(): string {

@@ -210,4 +210,18 @@ describe("TrainableModel", () => {
     expect(() => model.train([], { lora: { rank: 2 } } as never)).toThrow(/config\.lora cannot change between steps/);
     await model.close();
   });
+
+  it("says the model was closed, to a client made before close() and to every later call", async () => {
+    const model = await TrainableModel.load({ name: "closed", project: "p", baseModel: baseDir, artDir, log: quiet });
+    const client = model.openai(); // what a notebook's earlier cell holds when its last cell closed the model
+    await model.close();
+    await model.close(); // a second close is harmless
+    const request = client.chat.completions.create({ model: "closed", messages: prompt, max_tokens: 2 });
+    await expect(request).rejects.toThrow(/404 The model `closed` is no longer served: its server was closed \(model\.close\(\)\)\. Load the model again/);
+    await expect(client.models.retrieve("closed")).rejects.toThrow(/no longer served/);
+    expect(() => model.openai()).toThrow(/openai\(\): the model "closed" was closed .*re-run the cell that loads it/);
+    expect(() => model.train([])).toThrow(/train\(\): the model "closed" was closed/);
+    expect(() => model.trainSft([])).toThrow(/trainSft\(\): the model "closed" was closed/);
+    expect(() => model.serve()).toThrow(/serve\(\): the model "closed" was closed/);
+  });
 });
