@@ -5,20 +5,23 @@
  * and docs/cookbook.md lists every notebook.
  */
 import { readdirSync, readFileSync } from "node:fs";
+import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 
-interface NotebookCell { cell_type: string; source: string | string[] }
+interface NotebookCell { cell_type: string; source: string | string[]; outputs?: unknown[]; execution_count?: number | null }
 
 const NOTEBOOKS = join(import.meta.dirname, "..", "..", "notebooks");
 const COOKBOOK_DOC = readFileSync(join(import.meta.dirname, "..", "..", "docs", "cookbook.md"), "utf8");
 const text = (source: string | string[]) => (Array.isArray(source) ? source.join("") : source);
 
-function readNotebook(file: string): { intro: string; code: string } {
+function readNotebook(file: string): { intro: string; code: string; ran: number } {
   const cells = (JSON.parse(readFileSync(join(NOTEBOOKS, file), "utf8")) as { cells: NotebookCell[] }).cells;
+  const codeCells = cells.filter((c) => c.cell_type === "code");
   return {
     intro: cells[0]?.cell_type === "markdown" ? text(cells[0].source) : "",
-    code: cells.filter((c) => c.cell_type === "code").map((c) => text(c.source)).join("\n"),
+    code: codeCells.map((c) => text(c.source)).join("\n"),
+    ran: codeCells.filter((c) => (c.outputs?.length ?? 0) > 0 || (c.execution_count ?? null) !== null).length,
   };
 }
 
@@ -57,8 +60,19 @@ describe("parameter documentation check", () => {
   });
 });
 
+it("git ignores Jupyter's checkpoint folders and the runner's executed copies", () => {
+  for (const file of ["notebooks/.ipynb_checkpoints/2048-checkpoint.ipynb", ".ipynb_checkpoints/x.ipynb", "notebooks/.executed/2048.ipynb"]) {
+    const ignored = spawnSync("git", ["check-ignore", "--quiet", "--no-index", file], { cwd: join(NOTEBOOKS, "..") }).status;
+    expect(ignored, file).toBe(0);
+  }
+});
+
 describe.each(notebooks)("notebooks/%s", (file) => {
-  const { intro, code } = readNotebook(file);
+  const { intro, code, ran } = readNotebook(file);
+
+  it("is committed without outputs (a saved run carries megabytes of plots; clear them before committing)", () => {
+    expect(ran, "code cells with outputs or an execution count").toBe(0);
+  });
 
   it("documents every parameter it reads in its first markdown cell, with the code's default", () => {
     expect(intro).not.toBe("");
