@@ -135,7 +135,7 @@ class GatherTracker {
       return result;
     } finally {
       this.finished = true;
-      this.reporter?.finish(this.state());
+      await this.reporter?.finish(this.state());
     }
   }
 

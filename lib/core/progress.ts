@@ -21,8 +21,11 @@ export interface GatherProgressState {
 export interface ProgressReporter {
   /** Called after each finished rollout, as often as rollouts finish; throttle in the reporter if drawing is costly. */
   update(state: GatherProgressState): void;
-  /** Called once, after the last rollout or when the gather fails. */
-  finish(state: GatherProgressState): void;
+  /**
+   * Called once, after the last rollout or when the gather fails. A returned promise settles once the final state
+   * is shown, and the gather resolves only then (a notebook kernel could otherwise print the cell's result first).
+   */
+  finish(state: GatherProgressState): void | Promise<void>;
 }
 
 export type ProgressReporterFactory = (description: string) => ProgressReporter;

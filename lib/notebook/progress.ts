@@ -43,7 +43,6 @@ export class NotebookProgress implements ProgressReporter {
   private readonly minIntervalMs: number;
   private readonly now: () => number;
   private lastDrawAt = -Infinity;
-  private sent: Promise<void> = Promise.resolve();
 
   constructor(options: { minIntervalMs?: number; now?: () => number } = {}) {
     this.minIntervalMs = options.minIntervalMs ?? 200;
@@ -54,16 +53,12 @@ export class NotebookProgress implements ProgressReporter {
     const now = this.now();
     if (now - this.lastDrawAt < this.minIntervalMs) return;
     this.lastDrawAt = now;
-    this.sent = this.live.show(new HtmlView(progressHtml(state, false), formatProgressLine(state)));
+    void this.live.show(new HtmlView(progressHtml(state, false), formatProgressLine(state)));
   }
 
-  finish(state: GatherProgressState): void {
-    this.sent = this.live.show(new HtmlView(progressHtml(state, true), formatProgressLine(state)));
-  }
-
-  /** Settles once the last drawn state has been sent (the Deno kernel drops outputs sent after a cell ends). */
-  flushed(): Promise<void> {
-    return this.sent;
+  /** Settles once the final state has been sent (the Deno kernel drops outputs sent after a cell ends). */
+  finish(state: GatherProgressState): Promise<void> {
+    return this.live.show(new HtmlView(progressHtml(state, true), formatProgressLine(state)));
   }
 }
 
@@ -141,8 +136,7 @@ export class Progress {
   done(): Promise<void> {
     if (this.finished) return Promise.resolve();
     this.finished = true;
-    this.reporter.finish(this.state());
-    return this.reporter instanceof NotebookProgress ? this.reporter.flushed() : Promise.resolve();
+    return Promise.resolve(this.reporter.finish(this.state()));
   }
 
   averages(): Record<string, number> {

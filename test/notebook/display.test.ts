@@ -79,7 +79,7 @@ describe("progress", () => {
     const states: { kind: string; state: GatherProgressState }[] = [];
     const reporter: ProgressReporter = {
       update: (state) => states.push({ kind: "update", state }),
-      finish: (state) => states.push({ kind: "finish", state }),
+      finish: (state) => void states.push({ kind: "finish", state }),
     };
     return { states, reporter };
   }
@@ -131,12 +131,18 @@ describe("progress", () => {
     expect(finalBundle["text/plain"]).toBe(formatProgressLine(bar.state()));
   });
 
-  it("serves as gather's reporter", async () => {
+  it("serves as gather's reporter, and gather resolves only once the final state has been sent", async () => {
     const send = fakeDenoKernel();
+    // The kernel takes a while to send each output: a gather that did not wait would resolve before the last one.
+    const sent: string[] = [];
+    send.mockImplementation(async (bundle) => {
+      await new Promise((resolve) => setTimeout(resolve, 30));
+      sent.push((bundle as Record<string, string>)["text/plain"]!);
+    });
     const rollout = (reward: number) => async () => new Trajectory({ reward, metrics: { win: reward > 0 } });
     const reporter = new NotebookProgress({ minIntervalMs: 0 });
     const trajectories = await gatherTrajectories([rollout(1), rollout(0)], { description: "gather", progress: reporter });
-    await reporter.flushed();
+    expect(sent.at(-1)).toMatch(/^gather 2\/2 /);
     expect(trajectories.length).toBe(2);
     const finalHtml = (send.mock.calls.at(-1)![0] as Record<string, string>)["text/html"]!;
     expect(finalHtml).toContain("2/2");
