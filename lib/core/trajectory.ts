@@ -11,6 +11,7 @@ import type {
   ChatCompletionMessageParam,
   ChatCompletionTool,
 } from "openai/resources/chat/completions";
+import { ArtError } from "./errors.ts";
 
 export type Message = ChatCompletionMessageParam;
 export type Tool = ChatCompletionTool;
@@ -54,6 +55,11 @@ export interface TrajectoryInit {
   metrics?: Record<string, MetricValue>;
   metadata?: Record<string, MetadataValue>;
   logs?: string[];
+  /**
+   * When the rollout began (ms since the epoch), for a trajectory built after its work is done; default: now.
+   * finish() measures `duration` from it, so one built at the end with the default would report 0 s.
+   */
+  startTime?: number;
 }
 
 export class Trajectory {
@@ -75,7 +81,8 @@ export class Trajectory {
     this.metrics = { ...init.metrics };
     this.metadata = { ...init.metadata };
     this.logs = [...(init.logs ?? [])];
-    this.startTime = Date.now();
+    this.startTime = init.startTime ?? Date.now();
+    if (!Number.isFinite(this.startTime)) throw new ArtError("bad_trajectory", `Trajectory: startTime must be a time in ms since the epoch (Date.now()), got ${String(init.startTime)}`);
     this.endTime = undefined;
   }
 
@@ -127,6 +134,7 @@ export class Trajectory {
       metrics: (json.metrics as Record<string, MetricValue>) ?? {},
       metadata: (json.metadata as Record<string, MetadataValue>) ?? {},
       logs: (json.logs as string[]) ?? [],
+      startTime: typeof json.start_time === "string" ? Date.parse(json.start_time) : undefined,
     });
     if (typeof json.end_time === "string") t.endTime = Date.parse(json.end_time);
     return t;

@@ -41,6 +41,7 @@ export type MovePolicy = (messages: Message[], board: TicTacToeBoard) => PolicyR
  * invalid answer -1 (the game stops there). Metrics: win, draw, loss, invalid_move, moves.
  */
 export async function playTicTacToe(policy: MovePolicy, seed: number): Promise<Trajectory> {
+  const startTime = Date.now();
   const rng = seededRandom(seed);
   const board = new TicTacToeBoard();
   const histories: History[] = [];
@@ -73,6 +74,7 @@ export async function playTicTacToe(policy: MovePolicy, seed: number): Promise<T
     metrics,
     metadata: { env: "tic-tac-toe", seed, agent_mark: AGENT_MARK, opponent: "random", final_board: board.key() },
     logs,
+    startTime,
   });
   return trajectory.finish();
 }

@@ -23,12 +23,21 @@ describe("Trajectory", () => {
   });
 
   it("round-trips through JSON, keeping the sampled token ids", () => {
-    const t = new Trajectory({ messagesAndChoices: [choice], reward: 0.5, metrics: { win: true }, logs: ["x"] }).finish();
+    const t = new Trajectory({ messagesAndChoices: [choice], reward: 0.5, metrics: { win: true }, logs: ["x"], startTime: Date.now() - 1234 }).finish();
     const back = Trajectory.fromJSON(JSON.parse(JSON.stringify(t)));
     expect(back.reward).toBe(0.5);
     expect(back.metrics.win).toBe(true);
     expect((back.messagesAndChoices[0] as Choice).token_ids).toEqual([1, 2, 3]);
-    expect(back.endTime).toBe(t.endTime);
+    expect([back.startTime, back.endTime]).toEqual([t.startTime, t.endTime]);
+  });
+
+  it("measures duration from startTime, which a trajectory built after its rollout passes", () => {
+    const started = Date.now() - 2500;
+    const built = new Trajectory({ reward: 1, startTime: started }).finish();
+    expect(built.metrics.duration).toBeGreaterThanOrEqual(2.5);
+    expect(built.metrics.duration).toBeLessThan(60);
+    expect(new Trajectory().finish().metrics.duration).toBeLessThan(1);
+    expect(() => new Trajectory({ startTime: Number.NaN })).toThrow(/startTime must be a time in ms since the epoch/);
   });
 });
 
