@@ -82,12 +82,24 @@ function metricsText(t: Trajectory): string {
     .join(" ");
 }
 
+/** Classic Jupyter Notebook's CSS makes <summary> a block without its marker: restore it, so folds look clickable. */
+const SUMMARY_STYLE = "display:list-item;cursor:pointer";
+
+/** Metadata as `key=value` spans; a multi-line value (a board) keeps its lines in a block of its own. */
+function metadataHtml(metadata: Trajectory["metadata"]): string {
+  return Object.entries(metadata).map(([key, value]) => {
+    const text = String(value);
+    const style = text.includes("\n") ? "display:inline-block;vertical-align:top;white-space:pre;font-family:ui-monospace,monospace;" : "";
+    return `<span style="color:#6b7280;font-size:11px;${style}">${escapeHtml(`${key}=${text.includes("\n") ? "\n" : ""}${text}`)}</span>`;
+  }).join("");
+}
+
 function foldedHtml(text: string, collapseOver: number): string {
   const pre = (s: string) => `<div style="white-space:pre-wrap;word-break:break-word;font-family:ui-monospace,monospace;font-size:12px">${escapeHtml(s)}</div>`;
   if (text.length <= collapseOver && text.split("\n").length <= 12) return pre(text);
   const firstLine = text.split("\n", 1)[0]!;
   const preview = firstLine.length > 120 ? `${firstLine.slice(0, 120)}…` : firstLine;
-  return `<details><summary style="cursor:pointer">${escapeHtml(preview)} <span style="color:#6b7280">(${text.length} chars)</span></summary>${pre(text)}</details>`;
+  return `<details><summary style="${SUMMARY_STYLE}">${escapeHtml(preview)} <span style="color:#6b7280">(${text.length} chars)</span></summary>${pre(text)}</details>`;
 }
 
 function turnHtml(turn: Turn, collapseOver: number): string {
@@ -116,21 +128,20 @@ function turnHtml(turn: Turn, collapseOver: number): string {
 export function trajectoryHtml(t: Trajectory, options: TranscriptOptions = {}): string {
   const collapseOver = options.collapseOver ?? 600;
   const metrics = metricsText(t);
-  const metadata = Object.entries(t.metadata).map(([k, v]) => `${k}=${String(v)}`).join(" ");
   const header =
     `<div style="display:flex;gap:12px;align-items:baseline;flex-wrap:wrap;border-bottom:1px solid #e5e7eb;padding-bottom:4px">` +
     (options.title ? `<b>${escapeHtml(options.title)}</b>` : "") +
     `<span>reward <b>${escapeHtml(formatNumber(t.reward))}</b></span>` +
     (metrics ? `<span style="color:#374151;font-size:12px">${escapeHtml(metrics)}</span>` : "") +
-    (metadata ? `<span style="color:#6b7280;font-size:11px">${escapeHtml(metadata)}</span>` : "") +
+    metadataHtml(t.metadata) +
     `</div>`;
   const turns = t.messagesAndChoices.map((item) => turnHtml(turnOf(item), collapseOver)).join("");
   const histories = t.additionalHistories
-    .map((h, i) => `<details><summary>additional history ${i + 1} (${h.messagesAndChoices.length} turns)</summary>` +
+    .map((h, i) => `<details><summary style="${SUMMARY_STYLE}">additional history ${i + 1} (${h.messagesAndChoices.length} turns)</summary>` +
       h.messagesAndChoices.map((item) => turnHtml(turnOf(item), collapseOver)).join("") + `</details>`)
     .join("");
   const logs = t.logs.length === 0 ? "" :
-    `<details open><summary style="cursor:pointer">logs and judge explanations (${t.logs.length})</summary>` +
+    `<details open><summary style="${SUMMARY_STYLE}">logs and judge explanations (${t.logs.length})</summary>` +
     t.logs.map((line) => foldedHtml(line, collapseOver)).join("") + `</details>`;
   return `<div style="font-family:system-ui,sans-serif;font-size:13px;border:1px solid #e5e7eb;border-radius:6px;padding:8px;margin:4px 0">` +
     header + turns + histories + logs + `</div>`;

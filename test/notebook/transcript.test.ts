@@ -54,7 +54,20 @@ describe("HTML transcripts", () => {
     expect(html).toContain("<b>run 1</b>");
   });
 
-  it("folds long content into <details> and leaves short content open", () => {
+  it("keeps a multi-line metadata value (a board) on its own lines", () => {
+    const run = agentRun();
+    run.metadata.final_board = "xo_\n_x_\no_x";
+    const html = trajectoryHtml(run);
+    expect(html).toMatch(/<span style="[^"]*white-space:pre;[^"]*">final_board=\nxo_\n_x_\no_x<\/span>/);
+    expect(html).toMatch(/<span style="color:#6b7280;font-size:11px;">question_id=q7<\/span>/);
+  });
+
+  it("folds long content into <details> whose summaries show their marker, and leaves short content open", () => {
+    const run = agentRun();
+    run.additionalHistories.push({ messagesAndChoices: [{ role: "user", content: "sub-agent" }] });
+    const summaries = trajectoryHtml(run).match(/<summary[^>]*>/g)!;
+    expect(summaries.length).toBe(3); // long content, the additional history, the logs
+    for (const summary of summaries) expect(summary).toContain("display:list-item");
     const html = trajectoryHtml(agentRun());
     expect(html.match(/<details>/g)!.length).toBe(1);
     expect(html).toContain("(2000 chars)</span></summary>");
