@@ -113,13 +113,29 @@ export class Plot extends Renderable {
   }
 }
 
+/** Characters per title line: a left-aligned title this wide stays clear of plotly's toolbar at the top right. */
+const TITLE_LINE_CHARS = 60;
+
+/** Breaks a long title at spaces into lines of at most TITLE_LINE_CHARS (plotly draws one line, clipped, otherwise). */
+export function titleLines(title: string): string[] {
+  const lines: string[] = [];
+  for (const word of title.split(/\s+/).filter((w) => w !== "")) {
+    const last = lines.at(-1);
+    if (last !== undefined && last.length + 1 + word.length <= TITLE_LINE_CHARS) lines[lines.length - 1] = `${last} ${word}`;
+    else lines.push(word);
+  }
+  return lines;
+}
+
 function baseLayout(title: string, xTitle: string, yTitle: string): Record<string, unknown> {
+  const lines = titleLines(title);
   return {
-    title: { text: title },
+    // plotly's title text is HTML-like: escape it, then join the lines with <br>.
+    title: { text: lines.map(escapeHtml).join("<br>"), x: 0, xanchor: "left", font: { size: 15 } },
     xaxis: { title: { text: xTitle }, zeroline: false },
     yaxis: { title: { text: yTitle }, zeroline: false },
     height: 420,
-    margin: { l: 60, r: 20, t: 50, b: 50 },
+    margin: { l: 60, r: 20, t: 30 + 20 * Math.max(1, lines.length), b: 50 },
     legend: { orientation: "h", y: -0.2 },
     template: { layout: { paper_bgcolor: "white", plot_bgcolor: "white" } },
   };

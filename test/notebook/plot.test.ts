@@ -7,7 +7,7 @@ import { Trajectory, TrajectoryGroup } from "../../lib/core/trajectory.ts";
 import {
   compareRewards, PLOTLY_MIME, resetPlotlyLibrary, rewardCurve, rewardDistribution, stepRecord, type StepRecord,
 } from "../../lib/notebook/mod.ts";
-import { PLOTLY_LIBRARY_ATTRIBUTE } from "../../lib/notebook/plot.ts";
+import { PLOTLY_LIBRARY_ATTRIBUTE, titleLines } from "../../lib/notebook/plot.ts";
 import { quantile, standardError, std } from "../../lib/notebook/stats.ts";
 
 const group = (...rewards: number[]) => new TrajectoryGroup(rewards.map((reward, i) => new Trajectory({ reward, metrics: { win: reward > 0.5, moves: i } })));
@@ -94,10 +94,22 @@ describe("plot bundles", () => {
   });
 
   it("escapes titles in the HTML and keeps figure JSON from closing its script", () => {
-    const html = String(compareRewards({ a: [1] }, { title: "</script><img src=x onerror=alert(1)>" }).toMimeBundle()["text/html"]);
+    const plot = compareRewards({ "</script><img src=y>": [1] }, { title: "</script><img src=x onerror=alert(1)>" });
+    const html = String(plot.toMimeBundle()["text/html"]);
     expect(html).not.toContain("</script><img");
     expect(html).toContain("&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;");
-    expect(html).toContain("\\u003c/script>\\u003cimg");
+    expect(html).toContain("\\u003c/script>\\u003cimg src=y>");
+    // plotly reads title text as HTML: the figure carries it escaped
+    expect((plot.figure.layout.title as { text: string }).text).toBe("&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;");
+  });
+
+  it("wraps a long title into left-aligned lines clear of plotly's toolbar, with room above the plot", () => {
+    const title = "Reward per step for the 2048 agent trained with RULER against the held-out validation boards";
+    expect(titleLines(title)).toEqual(["Reward per step for the 2048 agent trained with RULER", "against the held-out validation boards"]);
+    const { layout } = rewardCurve([stepRecord(0, [new Trajectory({ reward: 1 })])], { title }).figure;
+    expect(layout.title).toMatchObject({ text: titleLines(title).join("<br>"), x: 0, xanchor: "left" });
+    expect((layout.margin as { t: number }).t).toBe(70);
+    expect((rewardCurve([], {}).figure.layout.margin as { t: number }).t).toBe(50);
   });
 
   describe("in a terminal", () => {
