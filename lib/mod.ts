@@ -14,6 +14,7 @@ export type { GatherOptions } from "./core/gather.ts";
 export { iterateDataset, limitConcurrency, retry } from "./core/concurrency.ts";
 export type { DatasetStep, IterateDatasetOptions, RetryOptions } from "./core/concurrency.ts";
 export { ArtError } from "./core/errors.ts";
+export { InterruptedError } from "./core/interrupt.ts";
 export { seededRandom, type Rng } from "./core/random.ts";
 
 // The trainable model: rollouts and training in one process, and its configuration.
@@ -48,6 +49,8 @@ export { answerMatches, rolloutArte, type ArteRolloutOptions } from "./envs/arte
 // Notebook display: live progress, plots, transcripts, parameters.
 export { display } from "./notebook/display.ts";
 export { detectKernel } from "./notebook/kernel.ts";
+// Inside the Deno kernel, Kernel > Interrupt stops art-ts loops between steps instead of ending the kernel.
+import "./notebook/interrupt.ts";
 export { progress, type ProgressOptions } from "./notebook/progress.ts";
 export { compareRewards, resetPlotlyLibrary, rewardCurve, rewardDistribution, stepRecord, type RewardCurveOptions, type StepRecord } from "./notebook/plot.ts";
 export { groupTranscript, transcript } from "./notebook/transcript.ts";

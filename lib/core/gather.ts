@@ -4,6 +4,7 @@
  * progress reporter sees running metric averages and completion-token counts as rollouts finish.
  */
 import { ArtError } from "./errors.ts";
+import { interruptScope, throwIfInterrupted } from "./interrupt.ts";
 import { defaultProgressReporter, type GatherProgressState, type ProgressReporter } from "./progress.ts";
 import { errorMessage, isChoice, Trajectory, TrajectoryGroup, type RolloutException } from "./trajectory.ts";
 
@@ -108,6 +109,7 @@ class GatherTracker {
         `gather: maxExceptions must be a whole count (0, 1, 2, ...) or a fraction between 0 and 1, got ${this.maxExceptions}.`,
       );
     }
+    throwIfInterrupted(`gather "${this.description}", before its rollouts started`);
     this.reporter = options.progress === false ? null : (options.progress ?? defaultProgressReporter(this.description));
   }
 
@@ -128,12 +130,15 @@ class GatherTracker {
     const tooMany = new Promise<never>((_, reject) => {
       this.failWith = reject;
     });
+    // An interrupt rejects at once; the rollouts in flight finish in the background and are dropped.
+    const interrupt = interruptScope(() => `gather "${this.description}" (${this.completed}/${this.total} rollouts finished)`, (error) => this.failWith?.(error));
     try {
       const result = await Promise.race([work, tooMany]);
       const error = this.exceptionLimitError(true);
       if (error) throw error;
       return result;
     } finally {
+      interrupt.end();
       this.finished = true;
       await this.reporter?.finish(this.state());
     }

@@ -1,4 +1,5 @@
 export { detectKernel, setKernelKind, type KernelKind } from "./kernel.ts";
+export { installKernelInterrupt } from "./interrupt.ts";
 export { display, HtmlView, LiveDisplay, Renderable, type MimeBundle } from "./display.ts";
 export { NotebookProgress, progress, Progress, progressHtml, progressReporter, type ProgressOptions } from "./progress.ts";
 export {

@@ -7,6 +7,7 @@
  */
 import type { MetricValue } from "../core/trajectory.ts";
 import { ArtError } from "../core/errors.ts";
+import { interruptScope, type InterruptScope } from "../core/interrupt.ts";
 import {
   formatProgressLine, setDefaultProgressReporter, TerminalProgress, type GatherProgressState, type ProgressReporter,
 } from "../core/progress.ts";
@@ -90,6 +91,8 @@ export class Progress {
   private readonly now: () => number;
   private readonly startedAt: number;
   private finished = false;
+  /** update() is a loop's step boundary: an interrupt from the kernel stops the loop there */
+  private readonly interrupt: InterruptScope;
 
   readonly total: number;
   readonly label: string;
@@ -103,12 +106,14 @@ export class Progress {
     this.reporter = options.reporter ?? progressReporter();
     this.now = options.now ?? Date.now;
     this.startedAt = this.now();
+    this.interrupt = interruptScope(() => `the loop of progress "${this.label}" (${this.completed}/${this.total} done)`);
     this.reporter.update(this.state());
   }
 
   /** Records `n` more finished items, their metrics (averaged; booleans count as 0/1) and tokens (summed). */
   update(n = 1, metrics: Record<string, MetricValue> = {}, completionTokens = 0): void {
     if (this.finished) return;
+    this.interruptCheck();
     this.completed += n;
     this.completionTokens += completionTokens;
     for (const [name, value] of Object.entries(metrics)) {
@@ -124,6 +129,8 @@ export class Progress {
 
   /** Counts a failed item (shown as exceptions). */
   fail(n = 1): void {
+    if (this.finished) return;
+    this.interruptCheck();
     this.exceptions += n;
     this.completed += n;
     this.reporter.update(this.state());
@@ -136,7 +143,20 @@ export class Progress {
   done(): Promise<void> {
     if (this.finished) return Promise.resolve();
     this.finished = true;
+    this.interrupt.end();
     return Promise.resolve(this.reporter.finish(this.state()));
+  }
+
+  /** Stops the loop on an interrupt from the kernel, drawing the state it reached first. */
+  private interruptCheck(): void {
+    try {
+      this.interrupt.check();
+    } catch (error) {
+      this.finished = true;
+      this.interrupt.end();
+      void this.reporter.finish(this.state());
+      throw error;
+    }
   }
 
   averages(): Record<string, number> {

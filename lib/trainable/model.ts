@@ -23,6 +23,7 @@ import OpenAI from "openai";
 import { ArtError } from "../core/errors.ts";
 import { seededRandom, shuffleInPlace } from "../core/random.ts";
 import type { Message, Tool, Trajectory, TrajectoryGroup } from "../core/trajectory.ts";
+import { interruptScope, throwIfInterrupted } from "../core/interrupt.ts";
 import { createAdamWState, type AdamWState } from "../grpo/adamw.ts";
 import { resolveTrainConfig, type TrainConfigInit } from "../grpo/config.ts";
 import { tokenizeForSft, type TrainingSequence } from "../grpo/tokenize.ts";
@@ -233,6 +234,9 @@ export class TrainableModel {
 
   private async trainNow(groups: TrajectoryGroup[], config: Omit<TrainConfigInit, "lora">): Promise<TrainResult> {
     const sampledAt = this.currentStep;
+    throwIfInterrupted(`train(), before step ${sampledAt + 1}`);
+    // A step runs to its checkpoint; an interrupt meanwhile stops the loop at its next boundary.
+    const interrupt = interruptScope(() => `train() step ${sampledAt + 1}`);
     const started = performance.now();
     await this.server.pause();
     let result: ReturnType<Trainer["trainOnGroups"]>;
@@ -243,6 +247,7 @@ export class TrainableModel {
       this.currentStep = trainer.step;
     } finally {
       this.server.resume();
+      interrupt.end();
     }
     const now = performance.now(), trainerSeconds = (now - started) / 1000;
     // The step's wall time runs from the end of the previous train() call (rollouts and judging included).
@@ -310,6 +315,8 @@ export class TrainableModel {
       schedule: schedule === "constant" ? { kind: "constant", warmupSteps } : { kind: schedule, warmupSteps, totalSteps: Math.max(totalSteps, warmupSteps + 1) },
     };
     const sampledAt = this.currentStep;
+    throwIfInterrupted(`trainSft(), before step ${sampledAt + 1}`);
+    const interrupt = interruptScope(() => `trainSft() step ${sampledAt + 1}`);
     const started = performance.now();
     const losses: number[] = [];
     await this.server.pause();
@@ -322,6 +329,7 @@ export class TrainableModel {
       this.currentStep = sampledAt + 1;
     } finally {
       this.server.resume();
+      interrupt.end();
     }
     const row: HistoryRow = {
       step: sampledAt,

@@ -1,6 +1,6 @@
 import { spawnSync } from "node:child_process";
 import process from "node:process";
-import { describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { checkExecuted, type Cell, type Output } from "../../scripts/notebook-run.ts";
 
 const PLOTLY = "application/vnd.plotly.v1+json";
@@ -38,12 +38,15 @@ describe("executed-notebook checks", () => {
 // Executes every notebook under both kernels (minutes): needs Debian's Jupyter (jupyter-nbconvert,
 // python3-nbclient, jupyter-client) and the kernels, which this test registers itself.
 describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the Deno and tslab kernels (ART_TEST_NOTEBOOKS=1)", () => {
-  it("run without errors and produce their plots", () => {
-    const run = (args: string[]) => spawnSync(process.execPath, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+  const run = (args: string[]) => spawnSync(process.execPath, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+  beforeAll(() => {
     const build = spawnSync(process.execPath, ["node_modules/typescript/bin/tsc", "-p", "tsconfig.build.json"], { encoding: "utf8" });
     expect(build.status, build.stdout + build.stderr).toBe(0);
     const kernels = run(["scripts/notebook-kernels.ts"]);
     expect(kernels.status, kernels.stderr).toBe(0);
+  }, 300_000);
+
+  it("run without errors and produce their plots", () => {
     const notebooks = run(["scripts/notebook-run.ts"]);
     expect(notebooks.status, notebooks.stdout + notebooks.stderr).toBe(0);
     expect(notebooks.stdout).toMatch(/all \d+ run\(s\) passed/);
@@ -52,4 +55,21 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
     expect(entries.status, entries.stdout + entries.stderr).toBe(0);
     expect(entries.stdout).toMatch(/all 2 run\(s\) passed/);
   }, 900_000);
+
+  // Deno's kernel used to die on an interrupt; tslab ended the cell but the loop trained on in the background.
+  it.each(["deno", "tslab"])("stop a GRPO loop between steps on Kernel > Interrupt under %s, the model and engine still usable", (kernel) => {
+    const driver = spawnSync("/usr/bin/python3", ["scripts/notebook-interrupt.py", kernel], { encoding: "utf8", timeout: 300_000 });
+    expect(driver.status, driver.stderr).toBe(0);
+    const result = JSON.parse(driver.stdout.trim().split("\n").at(-1)!);
+    expect(result.setup.errors).toEqual([]);
+    expect(result.loop).toMatchObject({ interrupted: true, alive: true });
+    expect(result.loop.seconds_to_stop).toBeLessThan(60);
+    expect(result.loop.output).toContain("art-ts: interrupted; the running loop stops at its next step boundary");
+    // The loop stopped for good: two reads three seconds apart agree, and every step it took was saved.
+    const [first, later] = result.states;
+    expect(first.step).toBeGreaterThanOrEqual(2);
+    expect(later).toEqual(first);
+    expect(first.checkpoints.at(-1)).toBe(first.step);
+    expect(result.completion).toEqual({ choices: 1 });
+  }, 300_000);
 });

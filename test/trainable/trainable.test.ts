@@ -5,6 +5,7 @@ import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Trajectory, TrajectoryGroup, type Choice, type Message } from "../../lib/core/trajectory.ts";
 import { TrainableModel } from "../../lib/trainable/mod.ts";
+import { interruptScope, requestInterrupt } from "../../lib/core/interrupt.ts";
 import { resolveTrainConfig } from "../../lib/grpo/config.ts";
 import { tokenizeGroups } from "../../lib/grpo/tokenize.ts";
 import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";
@@ -208,6 +209,20 @@ describe("TrainableModel", () => {
       .rejects.toThrow(/equals the base model's id/);
     const model = await TrainableModel.load({ name: "m", project: "p", baseModel: baseDir, artDir, log: quiet });
     expect(() => model.train([], { lora: { rank: 2 } } as never)).toThrow(/config\.lora cannot change between steps/);
+    await model.close();
+  });
+
+  it("leaves the step and the adapter as they were when an interrupt stops train() before its step", async () => {
+    const model = await TrainableModel.load({ name: "interrupted", project: "p", baseModel: baseDir, artDir, lora: { rank: 4, alpha: 8 }, log: quiet });
+    const groups = await rolloutGroups(model.openai(), "interrupted", 7);
+    const loop = interruptScope(() => "the notebook's loop"); // what a progress bar registers
+    expect(requestInterrupt()).toBe(true);
+    await expect(model.train(groups)).rejects.toThrow(/Interrupted \(Kernel > Interrupt\) during train\(\), before step 1/);
+    loop.end();
+    expect(model.step).toBe(0);
+    expect(model.checkpoints()).toEqual([]);
+    await model.train(groups, { learningRate: 5e-2 }); // the model stays usable
+    expect(model.step).toBe(1);
     await model.close();
   });
 
