@@ -52,6 +52,6 @@ export { detectKernel } from "./notebook/kernel.ts";
 // Inside the Deno kernel, Kernel > Interrupt stops art-ts loops between steps instead of ending the kernel.
 import "./notebook/interrupt.ts";
 export { progress, type ProgressOptions } from "./notebook/progress.ts";
-export { compareRewards, resetPlotlyLibrary, rewardCurve, rewardDistribution, stepRecord, type RewardCurveOptions, type StepRecord } from "./notebook/plot.ts";
+export { compareRewards, rewardCurve, rewardDistribution, stepRecord, type RewardCurveOptions, type StepRecord } from "./notebook/plot.ts";
 export { groupTranscript, transcript } from "./notebook/transcript.ts";
 export { envNumber, envString } from "./notebook/params.ts";

@@ -6,14 +6,14 @@
  * Each notebook runs with Jupyter's nbconvert (Debian's jupyter-nbconvert); a cell error fails the run.
  * The executed copy goes to notebooks/.executed/<name>.<kernel>.ipynb (and .html), then is checked:
  * every code cell ran, no error outputs, and for the cookbook's notebooks at least one plot bundle (plotly JSON
- * object + HTML + text), plotly.js shipped exactly once, and the HTML export keeps the plots' scripts.
+ * object + SVG as HTML, no script + text), the HTML export keeps the plots' SVGs, and the file stays under 1 MB.
  * A notebook from elsewhere (test/notebook/entries.ipynb) runs from a copy in notebooks/.executed, so both kernels
  * resolve `art-ts` from there as they do for the cookbook.
  * Notebook parameters come from the environment (ART_NB_*), which the kernels inherit; small defaults apply
  * when unset. Needs the kernels registered (npm run kernels) and dist/ built.
  */
 import { spawnSync } from "node:child_process";
-import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { basename, dirname, join, resolve } from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
@@ -21,8 +21,8 @@ import { fileURLToPath } from "node:url";
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 const KERNELS = ["deno", "tslab"] as const;
 const PLOTLY_MIME = "application/vnd.plotly.v1+json";
-/** The script element that carries plotly.js in a plot's HTML (PLOTLY_LIBRARY_ATTRIBUTE in lib/notebook/plot.ts). */
-const LIBRARY_MARKER = "<script data-art-plotly-library>";
+/** A saved run of a notebook stays under this size (plots are SVG, a few kB each). */
+const MAX_SAVED_BYTES = 1_000_000;
 
 /** Small sizes for CI unless the caller set them. */
 const CI_DEFAULTS: Record<string, string> = { ART_NB_STEPS: "3", ART_NB_GROUP_SIZE: "4", ART_NB_GROUPS: "2" };
@@ -47,8 +47,11 @@ function text(value: unknown): string {
   return Array.isArray(value) ? value.join("") : typeof value === "string" ? value : "";
 }
 
-/** Problems found in an executed notebook; empty when it is good. `plots`: it must show plots (the cookbook's do). */
-export function checkExecuted(notebook: { cells: Cell[] }, html: string, plots = true): string[] {
+/**
+ * Problems found in an executed notebook; empty when it is good. `html`: its nbconvert HTML export; `plots`: it must
+ * show plots (the cookbook's do); `savedBytes`: the executed file's size.
+ */
+export function checkExecuted(notebook: { cells: Cell[] }, html: string, plots = true, savedBytes = 0): string[] {
   const problems: string[] = [];
   const code = notebook.cells.filter((c) => c.cell_type === "code" && text(c.source).trim() !== "");
   code.forEach((cell, i) => {
@@ -67,14 +70,12 @@ export function checkExecuted(notebook: { cells: Cell[] }, html: string, plots =
   for (const bundle of bundles) {
     const figure = bundle[PLOTLY_MIME] as { data?: unknown } | string;
     if (typeof figure !== "object" || !Array.isArray(figure.data)) problems.push("a plotly bundle is not a JSON object with a data array");
-    if (!text(bundle["text/html"]).includes("Plotly.newPlot")) problems.push("a plot bundle has no text/html fallback");
+    if (!text(bundle["text/html"]).includes("<svg ")) problems.push("a plot bundle has no text/html SVG");
+    if (text(bundle["text/html"]).includes("<script")) problems.push("a plot's HTML has a script (it would vanish on reload)");
     if (text(bundle["text/plain"]).trim() === "") problems.push("a plot bundle has no text/plain summary");
   }
-  const shipped = bundles.filter((b) => text(b["text/html"]).includes(LIBRARY_MARKER)).length;
-  if (bundles.length > 0 && shipped !== 1) problems.push(`plotly.js was shipped ${shipped} times (expected once per notebook)`);
-  if (bundles.length > 0 && (html.split(LIBRARY_MARKER).length - 1 !== 1 || html.split("Plotly.newPlot(").length - 1 < bundles.length)) {
-    problems.push("the HTML export lost the plots' scripts");
-  }
+  if (bundles.length > 0 && html.split("<svg ").length - 1 < bundles.length) problems.push("the HTML export lost the plots' SVGs");
+  if (savedBytes > MAX_SAVED_BYTES) problems.push(`the executed notebook is ${(savedBytes / 1e6).toFixed(1)} MB (a saved run must stay under 1 MB)`);
   return problems;
 }
 
@@ -127,7 +128,7 @@ function main(): void {
         const executed = join(outDir, `${name}.ipynb`);
         const html = spawnSync(jupyter(), ["nbconvert", "--to", "html", "--output-dir", outDir, executed], { env, encoding: "utf8" });
         problems = html.status !== 0 ? [`HTML export failed: ${html.stderr}`] :
-          checkExecuted(JSON.parse(readFileSync(executed, "utf8")), readFileSync(join(outDir, `${name}.html`), "utf8"), cookbook);
+          checkExecuted(JSON.parse(readFileSync(executed, "utf8")), readFileSync(join(outDir, `${name}.html`), "utf8"), cookbook, statSync(executed).size);
       }
       const seconds = ((Date.now() - started) / 1000).toFixed(1);
       console.log(`${problems.length === 0 ? "ok  " : "FAIL"} ${name} (${seconds} s)`);

@@ -13,7 +13,7 @@ import { denoJupyter, detectKernel, tslabWriteDisplayData } from "./kernel.ts";
 export type MimeBundle = Record<string, unknown>;
 
 export abstract class Renderable {
-  /** The bundle for a notebook frontend; computed at display time (plots decide then whether to ship plotly.js). */
+  /** The bundle for a notebook frontend, computed at display time. */
   abstract toMimeBundle(): MimeBundle;
   /** The form for a terminal (may hold ANSI colours, may write a report file). */
   abstract toTerminal(): string;
@@ -61,7 +61,7 @@ function terminalTextOf(value: unknown): string {
  * Deno's display() resolves before its message reaches the iopub socket; when the cell ends first, the
  * kernel reports idle and the frontend (JupyterLab, nbclient) drops the late output or files it under the
  * next cell. Seen with Deno 2.9 for small and large outputs alike; waiting a moment, longer for big
- * bundles (the first plot carries 4.8 MB of plotly.js), let every output land in its cell in our runs.
+ * bundles, let every output land in its cell in our runs.
  */
 function denoFlushDelay(bundle: MimeBundle): Promise<void> {
   let bytes = 0;

@@ -1,57 +1,24 @@
 /**
  * Plots as plotly figures, sent as a MIME bundle:
- *   application/vnd.plotly.v1+json  the figure (VS Code and plotly-aware frontends draw it natively),
- *   text/html                       a div + inline script (JupyterLab, nbconvert's HTML export),
+ *   application/vnd.plotly.v1+json  the figure (VS Code and plotly-aware frontends draw it, interactive),
+ *   text/html, image/svg+xml        the same figure as static SVG (every other frontend, nbconvert, saved files),
  *   text/plain                      a short summary (logs, and frontends that show neither).
  *
- * plotly.js is 4.8 MB, so only the first plot shown in a kernel session carries it in its HTML; later plots
- * call the window.Plotly it defined. Outputs run top to bottom in a notebook page and in nbconvert's HTML,
- * so the library is defined before any later plot's script runs. Until a script runs (an untrusted notebook)
- * each plot's div shows its text summary.
+ * The HTML needs no script and no library in the page (lib/notebook/svg.ts says why), so a plot survives re-runs,
+ * clearing other outputs and reopening the file, and a saved run stays small.
  */
-import { readFileSync, writeFileSync } from "node:fs";
-import { createRequire } from "node:module";
-import { randomUUID } from "node:crypto";
+import { writeFileSync } from "node:fs";
 import { ArtError } from "../core/errors.ts";
 import type { Trajectory, TrajectoryGroup } from "../core/trajectory.ts";
 import { Renderable, type MimeBundle } from "./display.ts";
 import { addToReport, htmlPage } from "./report.ts";
 import { mean, metricValues, quantile, standardError, std, trajectoriesOf } from "./stats.ts";
-import { escapeHtml, formatNumber, jsonForScript } from "./text.ts";
+import { figureSvg, type PlotlyFigure } from "./svg.ts";
+import { escapeHtml, formatNumber } from "./text.ts";
+
+export type { PlotlyFigure } from "./svg.ts";
 
 export const PLOTLY_MIME = "application/vnd.plotly.v1+json";
-/** Marks the script element that carries plotly.js, so checks can count how often it was shipped. */
-export const PLOTLY_LIBRARY_ATTRIBUTE = "data-art-plotly-library";
-
-export interface PlotlyFigure {
-  data: Record<string, unknown>[];
-  layout: Record<string, unknown>;
-}
-
-let librarySource: string | undefined;
-let libraryShipped = false;
-
-/** plotly.js from the installed plotly.js-dist-min package (read once, on the first plot). */
-export function plotlyLibrary(): string {
-  if (librarySource === undefined) {
-    let file: string;
-    try {
-      file = createRequire(import.meta.url).resolve("plotly.js-dist-min");
-    } catch (error) {
-      throw new ArtError("plot.plotly", `plotly.js-dist-min is not installed next to art-ts (${String(error)}). Run npm install.`);
-    }
-    librarySource = readFileSync(file, "utf8");
-  }
-  return librarySource;
-}
-
-/**
- * Makes the next displayed plot carry plotly.js again: call it when the output that carried the library
- * is gone from the page (cleared, or the notebook reopened) and later plots say plotly.js is not loaded.
- */
-export function resetPlotlyLibrary(): void {
-  libraryShipped = false;
-}
 
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
 
@@ -72,43 +39,25 @@ export class Plot extends Renderable {
     this.summary = summary;
   }
 
-  /** The plot as an HTML fragment; with `includeLibrary` it also defines window.Plotly (once per page). */
-  toHtml(includeLibrary: boolean): string {
-    const id = `art-plot-${randomUUID()}`;
-    const library = includeLibrary ? `<script ${PLOTLY_LIBRARY_ATTRIBUTE}>if (typeof window.Plotly === "undefined") {\n${plotlyLibrary()}\n}</script>\n` : "";
-    const missing =
-      "<p style=\"color:#b91c1c\">plotly.js is not loaded in this page (it ships with the first plot of a session). " +
-      "Re-run the first plot's cell, or call resetPlotlyLibrary() and re-run this one.</p>";
-    return (
-      library +
-      `<div id="${id}" style="width:100%;min-height:${Number(this.figure.layout.height ?? 420)}px">` +
-      `<pre style="white-space:pre-wrap">${escapeHtml(this.summary)}</pre></div>\n` +
-      `<script>(function () {\n` +
-      `  var el = document.getElementById(${JSON.stringify(id)});\n` +
-      `  if (!el) return;\n` +
-      `  if (typeof window.Plotly === "undefined") { el.insertAdjacentHTML("beforeend", ${jsonForScript(missing)}); return; }\n` +
-      `  var figure = ${jsonForScript(this.figure)};\n` +
-      `  el.innerHTML = "";\n` +
-      `  window.Plotly.newPlot(el, figure.data, figure.layout, { responsive: true, displaylogo: false });\n` +
-      `})();</script>`
-    );
+  /** The figure as static SVG. */
+  toSvg(): string {
+    return figureSvg(this.figure);
   }
 
   toMimeBundle(): MimeBundle {
-    const html = this.toHtml(!libraryShipped);
-    libraryShipped = true;
-    return { [PLOTLY_MIME]: this.figure, "text/html": html, "text/plain": this.summary };
+    const svg = this.toSvg();
+    return { [PLOTLY_MIME]: this.figure, "text/html": `<div class="art-ts-plot">${svg}</div>`, "image/svg+xml": svg, "text/plain": this.summary };
   }
 
   /** Text summary, and the plot added to the run's HTML report (whose path is printed). */
   toTerminal(): string {
-    const path = addToReport(this.title, this.toHtml(false), plotlyLibrary());
+    const path = addToReport(this.title, this.toSvg());
     return `${this.summary}\n  (plot in ${path})`;
   }
 
-  /** Writes the plot as a standalone HTML page (plotly.js inlined) and returns the path. */
+  /** Writes the plot as a standalone HTML page and returns the path. */
   saveHtml(path: string): string {
-    writeFileSync(path, htmlPage(this.title, this.toHtml(false), plotlyLibrary()));
+    writeFileSync(path, htmlPage(this.title, this.toSvg()));
     return path;
   }
 }

@@ -8,17 +8,6 @@ export function escapeHtml(text: string): string {
   return text.replace(/[&<>"']/g, (c) => HTML_ESCAPES[c]!);
 }
 
-/**
- * JSON that is safe inside an inline <script>: "</script>" cannot close the tag early, and the two line
- * separators that JSON allows but older JavaScript string literals did not are escaped.
- */
-export function jsonForScript(value: unknown): string {
-  return JSON.stringify(value)
-    .replace(/</g, "\\u003c")
-    .replace(/\u2028/g, "\\u2028")
-    .replace(/\u2029/g, "\\u2029");
-}
-
 export type AnsiStyle = "bold" | "dim" | "red" | "green" | "yellow" | "blue" | "magenta" | "cyan" | "gray";
 
 const ANSI_CODES: Record<AnsiStyle, [number, number]> = {

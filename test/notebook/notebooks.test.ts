@@ -4,34 +4,35 @@ import { beforeAll, describe, expect, it } from "vitest";
 import { checkExecuted, type Cell, type Output } from "../../scripts/notebook-run.ts";
 
 const PLOTLY = "application/vnd.plotly.v1+json";
-const library = "<script data-art-plotly-library>...</script>";
-const plotOutput = (withLibrary: boolean): Output => ({
+const plotOutput = (html = "<svg viewBox=\"0 0 1 1\"></svg>"): Output => ({
   output_type: "display_data",
-  data: { [PLOTLY]: { data: [], layout: {} }, "text/html": `${withLibrary ? library : ""}<script>Plotly.newPlot(el)</script>`, "text/plain": "summary" },
+  data: { [PLOTLY]: { data: [], layout: {} }, "text/html": html, "text/plain": "summary" },
 });
 const cell = (source: string, outputs: Output[], ran = true): Cell => ({
   cell_type: "code", source, outputs, execution_count: ran ? 1 : null, metadata: ran ? { execution: { "shell.execute_reply": "t" } } : {},
 });
-const exported = `${library} Plotly.newPlot( Plotly.newPlot(`;
+const exported = `<svg viewBox="0 0 1 1"></svg> <svg viewBox="0 0 1 1"></svg>`;
 
 describe("executed-notebook checks", () => {
   it("accepts a notebook whose plots and displays all landed", () => {
-    const nb = { cells: [cell("await display(a)", [plotOutput(true)]), cell("await display(b)", [plotOutput(false)])] };
-    expect(checkExecuted(nb, exported)).toEqual([]);
+    const nb = { cells: [cell("await display(a)", [plotOutput()]), cell("await display(b)", [plotOutput()])] };
+    expect(checkExecuted(nb, exported, true, 200_000)).toEqual([]);
   });
 
-  it("reports errors, cells that did not run, lost displays, missing plots and repeated plotly.js", () => {
+  it("reports errors, cells that did not run, lost displays, missing or scripted plots and a heavy file", () => {
     expect(checkExecuted({ cells: [cell("x", [{ output_type: "error", ename: "TypeError", evalue: "boom" }])] }, "")).toEqual([
       "code cell 1 raised TypeError: boom",
       "no plot bundle (application/vnd.plotly.v1+json) was produced",
     ]);
-    const problems = checkExecuted({ cells: [cell("await display(a)", [plotOutput(true)]), cell("await display(b)", []), cell("y", [], false), cell("await display(c)", [plotOutput(true)])] }, exported);
+    const problems = checkExecuted({ cells: [cell("await display(a)", [plotOutput()]), cell("await display(b)", []), cell("y", [], false), cell("await display(c)", [plotOutput("<script>Plotly.newPlot(el)</script>")])] }, exported, true, 4_800_000);
     expect(problems).toEqual([
       "code cell 2 calls display() but has no display output",
       "code cell 3 did not run",
-      "plotly.js was shipped 2 times (expected once per notebook)",
+      "a plot bundle has no text/html SVG",
+      "a plot's HTML has a script (it would vanish on reload)",
+      "the executed notebook is 4.8 MB (a saved run must stay under 1 MB)",
     ]);
-    expect(checkExecuted({ cells: [cell("await display(a)", [plotOutput(true)])] }, "")).toEqual(["the HTML export lost the plots' scripts"]);
+    expect(checkExecuted({ cells: [cell("await display(a)", [plotOutput()])] }, "")).toEqual(["the HTML export lost the plots' SVGs"]);
   });
 });
 

@@ -5,16 +5,26 @@ import process from "node:process";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { Trajectory, TrajectoryGroup } from "../../lib/core/trajectory.ts";
 import {
-  compareRewards, PLOTLY_MIME, resetPlotlyLibrary, rewardCurve, rewardDistribution, stepRecord, type StepRecord,
+  compareRewards, PLOTLY_MIME, rewardCurve, rewardDistribution, stepRecord, type StepRecord,
 } from "../../lib/notebook/mod.ts";
-import { PLOTLY_LIBRARY_ATTRIBUTE, titleLines } from "../../lib/notebook/plot.ts";
+import { titleLines } from "../../lib/notebook/plot.ts";
 import { quantile, standardError, std } from "../../lib/notebook/stats.ts";
+import { niceTicks } from "../../lib/notebook/svg.ts";
 
 const group = (...rewards: number[]) => new TrajectoryGroup(rewards.map((reward, i) => new Trajectory({ reward, metrics: { win: reward > 0.5, moves: i } })));
 
 type Trace = { type: string; x?: number[]; y: number[]; name?: string; fill?: string; mode?: string };
 
-beforeEach(() => resetPlotlyLibrary());
+/** Problems with an XML fragment's tag nesting (what a browser needs to parse an inline SVG as drawn). */
+function tagProblems(markup: string): string[] {
+  const stack: string[] = [], problems: string[] = [];
+  for (const [, close, name, selfClosing] of markup.matchAll(/<(\/?)([a-zA-Z]+)\b[^>]*?(\/?)>/g)) {
+    if (selfClosing) continue;
+    if (!close) stack.push(name!);
+    else if (stack.pop() !== name) problems.push(`</${name}> closes nothing open`);
+  }
+  return [...problems, ...stack.map((name) => `<${name}> never closed`)];
+}
 
 describe("statistics", () => {
   it("interpolates quantiles between order statistics (numpy's default)", () => {
@@ -80,27 +90,59 @@ describe("distribution and comparison", () => {
 });
 
 describe("plot bundles", () => {
-  it("carries plotly JSON, an HTML fallback and a text summary; plotly.js only in the first", () => {
-    const first = rewardCurve([stepRecord(0, [group(1)])]).toMimeBundle();
-    const second = rewardDistribution([group(1, 0)]).toMimeBundle();
-    expect(first[PLOTLY_MIME]).toMatchObject({ data: expect.any(Array), layout: expect.any(Object) });
-    expect(String(first["text/html"])).toContain(`<script ${PLOTLY_LIBRARY_ATTRIBUTE}>`);
-    expect(String(first["text/html"]).length).toBeGreaterThan(4_000_000);
-    expect(String(second["text/html"])).not.toContain(PLOTLY_LIBRARY_ATTRIBUTE);
-    expect(String(second["text/html"])).toContain("window.Plotly.newPlot(el, figure.data, figure.layout");
-    expect(String(second["text/plain"])).toMatch(/^reward per group/);
-    resetPlotlyLibrary();
-    expect(String(rewardDistribution([group(1)]).toMimeBundle()["text/html"])).toContain(PLOTLY_LIBRARY_ATTRIBUTE);
+  it("carry plotly JSON, a static SVG as HTML and as an image, and a text summary; no script, each on its own", () => {
+    for (const plot of [rewardCurve([stepRecord(0, [group(1)])]), rewardDistribution([group(1, 0)]), compareRewards({ a: [1, 0] })]) {
+      const bundle = plot.toMimeBundle();
+      expect(bundle[PLOTLY_MIME]).toBe(plot.figure);
+      const html = String(bundle["text/html"]);
+      expect(html).toBe(`<div class="art-ts-plot">${bundle["image/svg+xml"]}</div>`);
+      expect(html).toMatch(/^<div class="art-ts-plot"><svg xmlns="http:\/\/www\.w3\.org\/2000\/svg" viewBox="0 0 760 \d+"/);
+      expect(html).not.toContain("<script");
+      expect(tagProblems(html)).toEqual([]);
+      expect(html.length).toBeLessThan(20_000);
+      expect(String(bundle["text/plain"])).toBe(plot.summary);
+    }
   });
 
-  it("escapes titles in the HTML and keeps figure JSON from closing its script", () => {
-    const plot = compareRewards({ "</script><img src=y>": [1] }, { title: "</script><img src=x onerror=alert(1)>" });
-    const html = String(plot.toMimeBundle()["text/html"]);
-    expect(html).not.toContain("</script><img");
-    expect(html).toContain("&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;");
-    expect(html).toContain("\\u003c/script>\\u003cimg src=y>");
-    // plotly reads title text as HTML: the figure carries it escaped
-    expect((plot.figure.layout.title as { text: string }).text).toBe("&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;");
+  it("escapes every label in the SVG, and titles in the figure (plotly reads them as HTML)", () => {
+    const plot = compareRewards({ "</svg><img src=y>": [1] }, { title: "</svg><img src=x onerror=alert(1)>" });
+    const svg = plot.toSvg();
+    expect(svg).not.toContain("<img");
+    expect(svg).toContain(">&lt;/svg&gt;&lt;img src=x onerror=alert(1)&gt;</text>");
+    expect(svg).toContain(">&lt;/svg&gt;&lt;img src=y&gt;</text>");
+    expect(tagProblems(svg)).toEqual([]);
+    expect((plot.figure.layout.title as { text: string }).text).toBe("&lt;/svg&gt;&lt;img src=x onerror=alert(1)&gt;");
+  });
+
+  it("draws a reward curve: the band under its mean line, markers with their values on hover, validation diamonds, a legend", () => {
+    const history = [stepRecord(0, [group(0, 1, 0.5, 0.5)]), stepRecord(1, [group(1, 1, 0.5, 1)]), stepRecord(1, [group(0.25)], "val")];
+    const svg = rewardCurve(history, { metrics: ["reward"] }).toSvg();
+    const polyline = /<polyline points="([^"]+)"/.exec(svg)![1]!.split(" ").map((p) => p.split(",").map(Number));
+    expect(polyline.length).toBe(2);
+    expect(polyline[1]![0]).toBeGreaterThan(polyline[0]![0]!); // step 1 right of step 0
+    expect(polyline[1]![1]).toBeLessThan(polyline[0]![1]!);   // mean 0.875 above 0.5
+    expect(svg.match(/<polygon /g)!.length).toBe(1);
+    expect(svg.indexOf("<polygon ")).toBeLessThan(svg.indexOf("<polyline ")); // the band is drawn first, under the line
+    expect(svg).toContain("<title>reward: 0.875 at 1</title>");
+    expect(svg).toMatch(/<path d="M[^"]+Z" fill="#2563eb" stroke="white" stroke-width="1"><title>reward \(val\): 0.25 at 1<\/title>/);
+    expect(svg).toContain(">reward (val)</text>"); // legend
+    expect(svg).toContain(">step</text>");         // x axis title
+  });
+
+  it("draws boxes with every point and a hover summary", () => {
+    const svg = rewardDistribution([group(0, 1, 1, 0.5), group(0.5, 0.5)]).toSvg();
+    expect(svg.match(/<rect [^>]*fill-opacity="0.12"/g)!.length).toBe(2);
+    expect(svg).toContain("<title>group 1: median 0.75, quartiles 0.375–1, n=4</title>");
+    expect(svg.match(/<circle /g)!.length).toBe(6);
+    expect(svg).toContain(">group 2</text>");
+  });
+
+  it("puts ticks at 1, 2 or 5 times a power of ten", () => {
+    expect(niceTicks(0, 1)).toEqual([0, 0.2, 0.4, 0.6, 0.8, 1]);
+    expect(niceTicks(-0.05, 1.05)).toEqual([0, 0.2, 0.4, 0.6, 0.8, 1]);
+    expect(niceTicks(0, 37)).toEqual([0, 10, 20, 30]);
+    expect(niceTicks(0.001, 0.0042)).toEqual([0.001, 0.0015, 0.002, 0.0025, 0.003, 0.0035, 0.004]);
+    expect(niceTicks(-3, 3, 4)).toEqual([-2, 0, 2]);
   });
 
   it("wraps a long title into left-aligned lines clear of plotly's toolbar, with room above the plot", () => {
@@ -123,46 +165,15 @@ describe("plot bundles", () => {
       else process.env.ART_REPORT_FILE = previous;
     });
 
-    it("prints the summary and collects plots into one HTML report with plotly.js inlined once", () => {
+    it("prints the summary and collects plots into one HTML report, each an inline SVG", () => {
       const a = rewardCurve([stepRecord(0, [group(1)])], { title: "curve <1>" }).toTerminal();
       const b = rewardDistribution([group(1, 0)]).toTerminal();
       expect(a).toContain(`(plot in ${process.env.ART_REPORT_FILE})`);
       expect(b).toMatch(/^reward per group: 1 group\(s\)/);
       const report = readFileSync(process.env.ART_REPORT_FILE!, "utf8");
-      expect(report.split("window.Plotly = Plotly").length - 1).toBe(1);
-      expect(report.split("Plotly.newPlot(").length - 1).toBe(2);
+      expect(report.split("<svg ").length - 1).toBe(2);
+      expect(report).not.toContain("<script");
       expect(report).toContain("<h2>curve &lt;1&gt;</h2>");
     });
-  });
-});
-
-describe("the HTML fallback's script", () => {
-  // Runs a plot's inline script against a minimal page: an element registry and a window.Plotly stand-in that
-  // records the newPlot call (the real plotly.js needs a browser).
-  function runScript(html: string, plotly: unknown) {
-    const id = /<div id="([^"]+)"/.exec(html)![1]!;
-    const element = { innerHTML: "summary", inserted: [] as string[], insertAdjacentHTML(_where: string, markup: string) { this.inserted.push(markup); } };
-    const script = [...html.matchAll(/<script>([\s\S]*?)<\/script>/g)].map((m) => m[1]!).join("\n");
-    const window = { Plotly: plotly };
-    const document = { getElementById: (wanted: string) => (wanted === id ? element : null) };
-    new Function("window", "document", script)(window, document);
-    return element;
-  }
-
-  it("draws the figure into its own div", () => {
-    const plot = rewardDistribution([group(1, 0)], { title: "</script> & co" });
-    const calls: unknown[][] = [];
-    const element = runScript(plot.toHtml(false), { newPlot: (...args: unknown[]) => calls.push(args) });
-    expect(calls.length).toBe(1);
-    expect(calls[0]![0]).toBe(element);
-    expect(calls[0]![1]).toEqual(plot.figure.data);
-    expect(calls[0]![2]).toEqual(plot.figure.layout);
-    expect(element.innerHTML).toBe("");
-  });
-
-  it("keeps the text summary and says how to recover when plotly.js is not on the page", () => {
-    const element = runScript(rewardDistribution([group(1)]).toHtml(false), undefined);
-    expect(element.innerHTML).toBe("summary");
-    expect(element.inserted[0]).toContain("plotly.js is not loaded in this page");
   });
 });
