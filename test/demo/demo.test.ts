@@ -52,7 +52,7 @@ describe("demo tic-tac-toe", () => {
     expect(result.greedy.after.games).toBe(16);
 
     const html = fs.readFileSync(result.files.report, "utf8");
-    expect(html).toContain("Plotly.newPlot");
+    expect(html).toMatch(/<svg [^>]*aria-label="tic-tac-toe vs random: reward and win rate per step"/);
     expect(fs.readFileSync(result.files.transcripts, "utf8")).toMatch(/=== before training[\s\S]*<move>[A-C][1-3]<\/move>[\s\S]*=== after 3 GRPO steps/);
     const summary = JSON.parse(fs.readFileSync(result.files.summary, "utf8"));
     expect(summary.after.winRate).toBe(result.after.winRate);
