@@ -30,51 +30,89 @@ export function parseJudgeAnswer(text: string, count: number, subScoreNames: rea
   throw new InvalidAnswer(`expected exactly ${count} scores (trajectory_id 1 to ${count}), got ${parsed.length}`);
 }
 
+/** JSON.parse work allowed per answer, as a multiple of its length: reading stays linear however brackets nest. */
+const PARSE_BUDGET = 4;
+/** Fresh bracket scans after an opening bracket that never closes (each is linear; a few cover real answers). */
+const RESCANS = 8;
+
+interface Candidate { json: string; start: number; end: number }
+
 /** The `scores` array of the first JSON value in the text that has one (or a bare array of entries). */
 function findScoreList(text: string): unknown[] {
   const withoutReasoning = text.replace(/<think>[\s\S]*?<\/think>/g, "").trim();
   if (withoutReasoning === "") throw new InvalidAnswer("the answer was empty");
+  let budget = PARSE_BUDGET * withoutReasoning.length;
+  // Spans inside a span that parsed are values of it, already searched: they are skipped, not parsed again.
+  const searched: Candidate[] = [];
   for (const candidate of jsonCandidates(withoutReasoning)) {
+    if (searched.some((s) => s.start <= candidate.start && candidate.end <= s.end)) continue;
+    if (candidate.json.length > budget) break;
+    budget -= candidate.json.length;
     let value: unknown;
     try {
-      value = JSON.parse(candidate);
+      value = JSON.parse(candidate.json);
     } catch {
       continue;
     }
-    if (Array.isArray(value) && value.length > 0 && value.every(isRecord)) return value;
-    if (isRecord(value) && Array.isArray(value.scores)) return value.scores;
+    const list = scoreListIn(value);
+    if (list !== null) return list;
+    searched.push(candidate);
+    if (searched.length > 2) searched.splice(1, 1); // the whole text, and the latest span (spans come in order)
   }
   throw new InvalidAnswer('no JSON object with a "scores" array was found in the answer');
 }
 
-/** The whole text, then each fenced block, then each balanced {...} or [...] span, in order of appearance. */
-function* jsonCandidates(text: string): Generator<string> {
-  yield text;
-  for (const match of text.matchAll(/```(?:json)?\s*([\s\S]*?)```/g)) yield match[1];
-  for (let start = 0; start < text.length; start++) {
-    if (text[start] !== "{" && text[start] !== "[") continue;
-    const end = balancedEnd(text, start);
-    if (end > start) yield text.slice(start, end + 1);
-  }
-}
-
-/** Index of the bracket closing the one at `start`, skipping brackets inside strings; -1 if unbalanced. */
-function balancedEnd(text: string, start: number): number {
-  let depth = 0;
-  let inString = false;
-  for (let i = start; i < text.length; i++) {
-    const c = text[i];
-    if (inString) {
-      if (c === "\\") i++;
-      else if (c === '"') inString = false;
-    } else if (c === '"') inString = true;
-    else if (c === "{" || c === "[") depth++;
-    else if (c === "}" || c === "]") {
-      depth--;
-      if (depth === 0) return i;
+/** The first bare array of entries or `scores` array inside a parsed value, in document order. */
+function scoreListIn(root: unknown): unknown[] | null {
+  const stack: unknown[] = [root];
+  while (stack.length > 0) {
+    const value = stack.pop();
+    if (Array.isArray(value)) {
+      if (value.length > 0 && value.every(isRecord)) return value;
+      for (let i = value.length - 1; i >= 0; i--) stack.push(value[i]);
+    } else if (isRecord(value)) {
+      if (Array.isArray(value.scores)) return value.scores;
+      stack.push(...Object.values(value).reverse());
     }
   }
-  return -1;
+  return null;
+}
+
+/** The whole text, then each fenced block, then each balanced {...} or [...] span, in order of appearance. */
+function* jsonCandidates(text: string): Generator<Candidate> {
+  yield { json: text, start: 0, end: text.length };
+  for (const match of text.matchAll(/```(?:json)?\s*([\s\S]*?)```/g)) {
+    const start = match.index! + match[0].indexOf(match[1]!);
+    yield { json: match[1]!, start, end: start + match[1]!.length };
+  }
+  for (const [start, end] of balancedSpans(text)) yield { json: text.slice(start, end), start, end };
+}
+
+/**
+ * Every balanced {...} or [...] span as [start, end), sorted by start, in linear time: one scan with a stack of
+ * open brackets, quotes counted as strings only inside brackets. An opening bracket that never closes (prose
+ * like "[see below") would hide what follows it, so the scan restarts just after it, a bounded number of times.
+ */
+function balancedSpans(text: string): [number, number][] {
+  const spans: [number, number][] = [];
+  let from = 0;
+  for (let scan = 0; scan <= RESCANS && from < text.length; scan++) {
+    const open: number[] = [];
+    let inString = false;
+    for (let i = from; i < text.length; i++) {
+      const c = text[i];
+      if (inString) {
+        if (c === "\\") i++;
+        else if (c === '"') inString = false;
+      } else if (c === "{" || c === "[") open.push(i);
+      else if (open.length === 0) continue;
+      else if (c === '"') inString = true;
+      else if (c === "}" || c === "]") spans.push([open.pop()!, i + 1]);
+    }
+    if (open.length === 0) break;
+    from = open[0]! + 1;
+  }
+  return [...new Map(spans.map((s) => [`${s[0]}:${s[1]}`, s])).values()].sort((a, b) => a[0] - b[0] || b[1] - a[1]);
 }
 
 function parseEntry(value: unknown, position: number, subScoreNames: readonly string[]): { id: number | null; entry: JudgedEntry } {

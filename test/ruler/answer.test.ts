@@ -1,4 +1,4 @@
-import { describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it, vi } from "vitest";
 import { InvalidAnswer, parseJudgeAnswer } from "../../lib/ruler/answer.ts";
 
 const entry = (id: string, score: number, explanation = "") => ({ trajectory_id: id, explanation, score });
@@ -17,6 +17,44 @@ describe("parseJudgeAnswer", () => {
   it("uses the last JSON-bearing fence after an unusable one", () => {
     const text = "```\nnot json\n```\nfixed:\n```json\n" + JSON.stringify({ scores: [entry("1", 1)] }) + "\n```";
     expect(parseJudgeAnswer(text, 1, [])[0].score).toBe(1);
+  });
+
+  it("finds the answer after a bracket that never closes, and inside a wrapping object", () => {
+    const json = JSON.stringify({ scores: [entry("1", 0.3)] });
+    expect(parseJudgeAnswer(`Scores [see below, "quoted: ${json}`, 1, [])[0]!.score).toBe(0.3);
+    expect(parseJudgeAnswer(`{"result": {"note": [1, 2], "ranking": ${json}}}`, 1, [])[0]!.score).toBe(0.3);
+  });
+
+  describe("reads in linear time", () => {
+    afterEach(() => vi.restoreAllMocks());
+    // JSON.parse's work is the characters handed to it; the bracket scan is linear by construction (bounded rescans).
+    function parsedCharacters(text: string): number {
+      const parse = vi.spyOn(JSON, "parse");
+      parse.mockClear();
+      try {
+        parseJudgeAnswer(text, 1, []);
+      } catch (error) {
+        if (!(error instanceof InvalidAnswer)) throw error;
+      }
+      return parse.mock.calls.reduce((sum, [json]) => sum + String(json).length, 0);
+    }
+
+    it("parses at most four times the answer's length, however brackets nest", () => {
+      const n = 40_000;
+      const answers = [
+        "[".repeat(2 * n),                                   // unbalanced: every bracket an opener
+        `${"[".repeat(n)}x${"]".repeat(n)}`,                 // balanced but never JSON: every span fails
+        `${"[".repeat(n)}1${"]".repeat(n)}`,                 // valid JSON nested n deep, no scores in it
+        `${'{"a":'.repeat(n / 5)}"}"${"}".repeat(n / 5)}`,   // objects with a brace in a string
+        `${"[{".repeat(n / 2)}`,                             // the shape of the quadratic report (issue 21)
+      ];
+      for (const answer of answers) expect(parsedCharacters(answer), answer.slice(0, 12)).toBeLessThanOrEqual(4 * answer.length);
+    });
+
+    it("still gives each later candidate its chance within that work", () => {
+      const json = JSON.stringify({ scores: [entry("1", 0.9)] });
+      expect(parseJudgeAnswer(`${"[x] ".repeat(5000)}${json}`, 1, [])[0]!.score).toBe(0.9);
+    });
   });
 
   it("clamps and counts out-of-range scores and sub-scores", () => {
