@@ -16,7 +16,13 @@ export interface JudgedEntry {
   clamped: number;
 }
 
+/** The longest answer read: a ranking with explanations, even after long reasoning, is far shorter. */
+export const MAX_ANSWER_CHARS = 1_000_000;
+
 export function parseJudgeAnswer(text: string, count: number, subScoreNames: readonly string[]): JudgedEntry[] {
+  if (text.length > MAX_ANSWER_CHARS) {
+    throw new InvalidAnswer(`the answer is ${text.length} characters, over the ${MAX_ANSWER_CHARS} read; answer with the JSON only`);
+  }
   const entries = findScoreList(text);
   const parsed = entries.map((entry, position) => parseEntry(entry, position, subScoreNames));
   const ids = parsed.map((p) => p.id);

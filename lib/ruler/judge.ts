@@ -145,6 +145,10 @@ class OpenAICompatibleJudge implements Judge {
         : mode === "json_object"
           ? ({ type: "json_object" } as const)
           : ({ type: "json_schema", json_schema: { name: "ruler_scores", strict: true, schema: request.schema } } as const);
+    // openai's own timeout stops at the response headers; a judge that then trickles its body would hold the run
+    // for as long as it liked. This signal lasts until the body is read.
+    const deadline = new AbortController();
+    const timer = setTimeout(() => deadline.abort(), request.timeoutSeconds * 1000);
     try {
       const completion = await this.getClient().chat.completions.create(
         {
@@ -154,18 +158,21 @@ class OpenAICompatibleJudge implements Judge {
           ...(this.endpoint.temperature === undefined ? {} : { temperature: this.endpoint.temperature }),
           ...this.endpoint.extraBody,
         },
-        { timeout: request.timeoutSeconds * 1000, maxRetries: 0 },
+        { timeout: request.timeoutSeconds * 1000, maxRetries: 0, signal: deadline.signal },
       );
       // No content (a refusal, a reasoning model cut at its token limit) reads as an empty answer: the judge is asked again.
       const content = completion?.choices?.[0]?.message?.content;
       return typeof content === "string" ? content : "";
     } catch (error) {
+      if (deadline.signal.aborted) throw new OpenAI.APIConnectionTimeoutError({ message: `no complete answer within ${request.timeoutSeconds} s` });
       // An endpoint that rejects response_format is asked again without it; lenient parsing takes over.
       if (mode === "auto" && error instanceof OpenAI.APIError && (error.status === 400 || error.status === 422)) {
         this.structuredOutput = "none";
         return this.sendOnce(request);
       }
       throw error;
+    } finally {
+      clearTimeout(timer);
     }
   }
 

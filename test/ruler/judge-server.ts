@@ -18,8 +18,11 @@ export interface RecordedRequest {
   authorization: string | undefined;
 }
 
-/** What the server does with one request: answer with content, send an error status, or never answer. */
-export type Reply = { content: string | null } | { status: number; error: string } | { hang: true } | { raw: string };
+/**
+ * What the server does with one request: answer with content, send an error status, never answer, send a raw body,
+ * or send the headers and then one byte of body every 50 ms, never finishing.
+ */
+export type Reply = { content: string | null } | { status: number; error: string } | { hang: true } | { raw: string } | { trickle: true };
 
 export type ReplyScript = (body: ChatRequestBody, requestIndex: number) => Reply;
 
@@ -41,6 +44,13 @@ export class JudgeServer {
       const index = judge.requests.push({ body, authorization: request.headers.authorization }) - 1;
       const reply = judge.script(body, index);
       if ("hang" in reply) return;
+      if ("trickle" in reply) {
+        response.writeHead(200, { "content-type": "application/json" });
+        response.write("{");
+        const drip = setInterval(() => response.write(" "), 50);
+        response.on("close", () => clearInterval(drip));
+        return;
+      }
       if ("raw" in reply) {
         response.writeHead(200, { "content-type": "application/json" });
         response.end(reply.raw);

@@ -5,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { ArtError, type Message, type Tool, Trajectory, TrajectoryGroup } from "../../lib/core/mod.ts";
 import { DEFAULT_RUBRIC, ruler, type RulerGroupOptions, rulerScoreGroup } from "../../lib/ruler/mod.ts";
 import { answer, type ChatRequestBody, JudgeServer, trajectoryBlocks } from "./judge-server.ts";
+import { MAX_ANSWER_CHARS } from "../../lib/ruler/answer.ts";
 
 let server: JudgeServer;
 let cacheDir: string;
@@ -178,6 +179,21 @@ describe("transport failures", () => {
   it("ends a judge that never answers with a timeout error, not a hang", async () => {
     server.script = () => ({ hang: true });
     await expect(ruler(lists(), options({ timeoutSeconds: 0.2, retries: { maxAttempts: 2, delaySeconds: 0.01 } }))).rejects.toThrow(/judge judge-model timed out on every attempt/);
+  });
+
+  it("times out a judge that sends its headers and then trickles the body, on every attempt", async () => {
+    server.script = () => ({ trickle: true });
+    const started = Date.now();
+    await expect(ruler(lists(), options({ timeoutSeconds: 0.3, retries: { maxAttempts: 2, delaySeconds: 0.01 } }))).rejects.toThrow(/judge judge-model timed out on every attempt/);
+    expect(Date.now() - started).toBeLessThan(3000);
+    expect(server.requests).toHaveLength(2);
+  });
+
+  it("asks again after an answer over the size it reads", async () => {
+    server.script = (_body, i) => ({ content: i === 0 ? `${"x".repeat(MAX_ANSWER_CHARS)} ${answer([0.3, 0.7])}` : answer([0.3, 0.7]) });
+    const result = await ruler(lists(), options());
+    expect(result.scores.map((s) => s.score)).toEqual([0.3, 0.7]);
+    expect(server.requests[1].body.messages.at(-1)!.content).toMatch(/the answer is 1000\d{3} characters, over the 1000000 read; answer with the JSON only/);
   });
 
   it("asks again when the answer has no content", async () => {
