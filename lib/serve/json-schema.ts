@@ -39,8 +39,34 @@ export function schemaError(path: string, message: string): ArtError {
   return new ArtError("invalid_schema", `response_format schema at ${path}: ${message}`);
 }
 
+/**
+ * Enum and const values a schema may hold in all: OpenAI's limit for structured outputs. Constrained decoding
+ * follows every value that fits what was written so far, so the cost of a step grows with them (10,000 values
+ * took seconds of CPU per request, stalling every other request of the server).
+ */
+export const MAX_ENUM_VALUES = 1000;
+
 /** Compiles a JSON Schema (already parsed JSON) into a SchemaNode, or throws ArtError("invalid_schema"). */
-export function compileSchema(schema: unknown, path = "#"): SchemaNode {
+export function compileSchema(schema: unknown): SchemaNode {
+  const node = compileNode(schema, "#");
+  const values = literalValues(node);
+  if (values > MAX_ENUM_VALUES) {
+    throw schemaError("#", `the schema holds ${values} enum/const values in all; constrained decoding here takes at most ${MAX_ENUM_VALUES} (OpenAI's limit for structured outputs): use a string with a description instead of the longest enum`);
+  }
+  return node;
+}
+
+function literalValues(node: SchemaNode): number {
+  switch (node.kind) {
+    case "literal": return node.texts.length;
+    case "object": return [...node.properties.values()].reduce((n, p) => n + literalValues(p), node.additional ? literalValues(node.additional) : 0);
+    case "array": return literalValues(node.items);
+    case "anyOf": return node.options.reduce((n, o) => n + literalValues(o), 0);
+    default: return 0;
+  }
+}
+
+function compileNode(schema: unknown, path: string): SchemaNode {
   if (schema === true || (isPlainObject(schema) && Object.keys(schema).every((k) => ANNOTATIONS.has(k)))) return { kind: "any" };
   if (!isPlainObject(schema)) throw schemaError(path, "a schema must be an object (or true)");
 
@@ -52,7 +78,7 @@ export function compileSchema(schema: unknown, path = "#"): SchemaNode {
   if ("anyOf" in schema) {
     checkKeywords(schema, new Set(["anyOf"]), path);
     if (!Array.isArray(schema.anyOf) || schema.anyOf.length === 0) throw schemaError(path, "anyOf must be a non-empty array");
-    return { kind: "anyOf", options: schema.anyOf.map((option, i) => compileSchema(option, `${path}/anyOf/${i}`)) };
+    return { kind: "anyOf", options: schema.anyOf.map((option, i) => compileNode(option, `${path}/anyOf/${i}`)) };
   }
 
   const type = schema.type;
@@ -76,7 +102,7 @@ function typeNode(type: string, schema: Record<string, unknown>, path: string): 
       const properties = new Map<string, SchemaNode>();
       const props = schema.properties ?? {};
       if (!isPlainObject(props)) throw schemaError(path, "properties must be an object");
-      for (const [name, sub] of Object.entries(props)) properties.set(name, compileSchema(sub, `${path}/properties/${name}`));
+      for (const [name, sub] of Object.entries(props)) properties.set(name, compileNode(sub, `${path}/properties/${name}`));
       const required = new Set<string>();
       const req = schema.required ?? [];
       if (!Array.isArray(req) || !req.every((r) => typeof r === "string")) throw schemaError(path, "required must be an array of strings");
@@ -85,7 +111,7 @@ function typeNode(type: string, schema: Record<string, unknown>, path: string): 
       let additional: SchemaNode | null;
       if (extra === false) additional = null;
       else if (extra === undefined || extra === true) additional = { kind: "any" };
-      else additional = compileSchema(extra, `${path}/additionalProperties`);
+      else additional = compileNode(extra, `${path}/additionalProperties`);
       if (additional === null) {
         for (const name of required) {
           if (!properties.has(name)) throw schemaError(path, `required property "${name}" is not in properties and additionalProperties is false`);
@@ -97,7 +123,7 @@ function typeNode(type: string, schema: Record<string, unknown>, path: string): 
       const minItems = count(schema.minItems, 0, path, "minItems");
       const maxItems = count(schema.maxItems, Number.POSITIVE_INFINITY, path, "maxItems");
       if (minItems > maxItems) throw schemaError(path, `minItems ${minItems} is larger than maxItems ${maxItems}`);
-      const items = schema.items === undefined ? { kind: "any" as const } : compileSchema(schema.items, `${path}/items`);
+      const items = schema.items === undefined ? { kind: "any" as const } : compileNode(schema.items, `${path}/items`);
       return { kind: "array", items, minItems, maxItems };
     }
     case "string": {

@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { ChatCompletionTool } from "openai/resources/chat/completions";
 import { IN_PROCESS_BASE_URL, ModelServer, type ServableModel } from "../../lib/serve/model-server.ts";
 import type { HttpServerHandle } from "../../lib/serve/http.ts";
+import { compileSchema } from "../../lib/serve/json-schema.ts";
 import { tinyServableModel } from "./tiny-model.ts";
 
 const API_KEY = "test-key";
@@ -149,6 +150,12 @@ for (const transport of ["in-process", "http"]) {
       await expect(client.chat.completions.create({
         ...base, model: "tiny-base", response_format: { type: "json_schema", json_schema: { name: "s", schema: { type: "string", pattern: "a+" } } },
       })).rejects.toMatchObject({ status: 400, code: "invalid_json_schema", message: expect.stringMatching(/keyword "pattern" is not supported/) });
+      // 10,000 enum values cost seconds of CPU per request and stalled the server; past OpenAI's 1,000 they are refused.
+      const enumSchema = (n: number) => ({ type: "object", properties: { a: { enum: Array.from({ length: n - 1 }, (_, i) => `v${i}`) }, b: { const: "k" } } });
+      await expect(client.chat.completions.create({
+        ...base, model: "tiny-base", response_format: { type: "json_schema", json_schema: { name: "s", schema: enumSchema(1001) } },
+      })).rejects.toMatchObject({ status: 400, code: "invalid_json_schema", message: expect.stringMatching(/holds 1001 enum\/const values in all; constrained decoding here takes at most 1000/) });
+      expect(() => compileSchema(enumSchema(1000))).not.toThrow();
       const wrongKey = new OpenAI({ baseURL: transport === "http" ? http.baseURL : IN_PROCESS_BASE_URL, apiKey: "wrong", fetch: transport === "http" ? undefined : server.fetch, maxRetries: 0 });
       await expect(wrongKey.models.list()).rejects.toMatchObject({ status: 401, code: "invalid_api_key" });
     });
