@@ -20,6 +20,8 @@ export interface ServeArgs {
   device: Device;
   slots: number;
   context: number;
+  /** Largest request body in MiB. */
+  maxRequestMb: number;
 }
 
 export const SERVE_USAGE = `usage: art-ts serve --model <dir|hf-id> [options]
@@ -36,9 +38,10 @@ options:
   --api-key <key>      require "Authorization: Bearer <key>" on every request
   --device <d>         auto | cpu | cuda (default auto)
   --slots <n>          sequences decoded at once (default 32)
-  --context <n>        longest prompt + completion in tokens (default 4096, at most the model's)`;
+  --context <n>        longest prompt + completion in tokens (default 4096, at most the model's)
+  --max-request-mb <n> largest request body in MiB (default 8; larger ones get 413 before they are read)`;
 
-const FLAGS = new Set(["--model", "--adapter", "--name", "--host", "--port", "--api-key", "--device", "--slots", "--context"]);
+const FLAGS = new Set(["--model", "--adapter", "--name", "--host", "--port", "--api-key", "--device", "--slots", "--context", "--max-request-mb"]);
 
 export function parseServeArgs(argv: string[]): ServeArgs {
   const values = new Map<string, string>();
@@ -64,6 +67,7 @@ export function parseServeArgs(argv: string[]): ServeArgs {
     device,
     slots: integer(values, "--slots", 32, 1),
     context: integer(values, "--context", 4096, 2),
+    maxRequestMb: integer(values, "--max-request-mb", 8, 1),
   };
 }
 
@@ -78,7 +82,7 @@ function integer(values: Map<string, string>, flag: string, fallback: number, mi
 /** Loads the model and serves it until the returned handle is closed. */
 export async function runServe(args: ServeArgs, log: (line: string) => void = console.log): Promise<{ server: ModelServer; http: HttpServerHandle }> {
   const lm = await loadCausalLM(args.model, { device: args.device, adapter: args.adapter ?? undefined, log });
-  const server = new ModelServer({ apiKey: args.apiKey, batcher: { numSlots: args.slots, maxPositions: args.context } });
+  const server = new ModelServer({ apiKey: args.apiKey, maxRequestBytes: args.maxRequestMb * 1024 * 1024, batcher: { numSlots: args.slots, maxPositions: args.context } });
   if (lm.adapter) {
     server.addBaseModel(args.model, lm);
     server.addAdapter(args.name, args.model, lm.adapter);

@@ -3,6 +3,8 @@
  * server both call it, so they behave the same byte for byte. Routes: GET /v1/models, GET /v1/models/{id},
  * POST /v1/chat/completions (JSON or server-sent events).
  */
+import { createHash, timingSafeEqual } from "node:crypto";
+import { Buffer } from "node:buffer";
 import type { ChatCompletionChunk } from "openai/resources/chat/completions";
 import { ApiError, toApiError } from "./api-error.ts";
 import { ChatCompletionRun, type ModelRoute, type ServeMetrics } from "./chat.ts";
@@ -10,6 +12,8 @@ import { parseChatRequest } from "./request.ts";
 
 export interface HandlerContext {
   apiKey: string | null;
+  /** Request bodies larger than this get a 413 before (or as soon as) they are read past it. */
+  maxRequestBytes: number;
   modelIds(): string[];
   /** The route of a model id, or undefined when it is not served. */
   route(id: string): ModelRoute | undefined;
@@ -32,7 +36,7 @@ export function createHandler(context: HandlerContext): Handler {
 async function handle(context: HandlerContext, request: Request): Promise<Response> {
   const url = new URL(request.url);
   const path = url.pathname.replace(/\/+$/, "");
-  if (context.apiKey !== null && request.headers.get("authorization") !== `Bearer ${context.apiKey}`) {
+  if (context.apiKey !== null && !sameSecret(request.headers.get("authorization") ?? "", `Bearer ${context.apiKey}`)) {
     throw new ApiError(401, "Incorrect API key provided. Pass the key the server was started with (--api-key) as the client's apiKey.", "invalid_request_error", null, "invalid_api_key");
   }
   if (path === "/v1/models" && request.method === "GET") {
@@ -48,9 +52,15 @@ async function handle(context: HandlerContext, request: Request): Promise<Respon
 }
 
 async function chatCompletions(context: HandlerContext, request: Request): Promise<Response> {
+  // Anything but JSON is refused unread: a web page may post text/plain to a loopback server without a preflight.
+  const contentType = request.headers.get("content-type") ?? "";
+  if (!/^application\/json\s*(;|$)/i.test(contentType)) {
+    throw new ApiError(415, `POST /v1/chat/completions takes a JSON body: send Content-Type: application/json (got ${contentType === "" ? "none" : JSON.stringify(contentType)}).`, "invalid_request_error", null, "unsupported_media_type");
+  }
+  const text = await readBody(request, context.maxRequestBytes);
   let body: unknown;
   try {
-    body = JSON.parse(await request.text());
+    body = JSON.parse(text);
   } catch {
     throw ApiError.invalid(null, "We could not parse the JSON body of your request. The body must be a JSON object (Content-Type: application/json).");
   }
@@ -96,6 +106,37 @@ async function chatCompletions(context: HandlerContext, request: Request): Promi
     },
   });
   return new Response(body$, { status: 200, headers: { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" } });
+}
+
+function tooLarge(limit: number): ApiError {
+  return new ApiError(413, `The request body is larger than this server's limit of ${limit} bytes (maxRequestBytes; art-ts serve --max-request-mb).`, "invalid_request_error", null, "request_too_large");
+}
+
+/** The body as text, refusing it as soon as it passes `limit` bytes (by its Content-Length, else while reading). */
+async function readBody(request: Request, limit: number): Promise<string> {
+  const declared = Number(request.headers.get("content-length") ?? NaN);
+  if (declared > limit) throw tooLarge(limit);
+  if (!request.body) return "";
+  const chunks: Uint8Array[] = [];
+  let bytes = 0;
+  const reader = request.body.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    bytes += value.byteLength;
+    if (bytes > limit) {
+      await reader.cancel().catch(() => {});
+      throw tooLarge(limit);
+    }
+    chunks.push(value);
+  }
+  return Buffer.concat(chunks).toString("utf8");
+}
+
+/** Compares two secrets in time that does not depend on where they first differ. */
+function sameSecret(given: string, expected: string): boolean {
+  const a = createHash("sha256").update(given).digest(), b = createHash("sha256").update(expected).digest();
+  return timingSafeEqual(a, b);
 }
 
 function modelObject(id: string, created: number) {

@@ -4,6 +4,7 @@
  */
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import { Readable } from "node:stream";
 import type { Handler } from "./handler.ts";
 
 export interface HttpServerOptions {
@@ -54,8 +55,6 @@ async function serveOne(handler: Handler, req: IncomingMessage, res: ServerRespo
   res.on("close", () => {
     if (!res.writableFinished) abort.abort(new Error("the client closed the connection"));
   });
-  const chunks: Buffer[] = [];
-  for await (const chunk of req) chunks.push(chunk as Buffer);
   const headers = new Headers();
   for (const [name, value] of Object.entries(req.headers)) {
     if (typeof value === "string") headers.set(name, value);
@@ -65,9 +64,11 @@ async function serveOne(handler: Handler, req: IncomingMessage, res: ServerRespo
   const request = new Request(`http://${req.headers.host ?? "localhost"}${req.url ?? "/"}`, {
     method,
     headers,
-    body: method === "GET" || method === "HEAD" ? undefined : Buffer.concat(chunks),
+    // The body streams: the handler checks the key and the declared size before it reads any of it.
+    body: method === "GET" || method === "HEAD" ? undefined : (Readable.toWeb(req) as ReadableStream<Uint8Array>),
+    duplex: "half",
     signal: abort.signal,
-  });
+  } as RequestInit);
   const response = await handler(request);
   res.writeHead(response.status, Object.fromEntries(response.headers));
   if (!response.body) {

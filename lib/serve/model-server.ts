@@ -30,6 +30,8 @@ export interface ServableModel {
 export interface ModelServerOptions {
   /** When set, requests must carry `Authorization: Bearer <apiKey>` (401 otherwise). */
   apiKey?: string | null;
+  /** Largest request body accepted (413 beyond it, before it is read). Default 8 MiB. */
+  maxRequestBytes?: number;
   /** Slots, context length, queue bound, prefill chunk of each base model's batcher. */
   batcher?: BatcherOptions;
 }
@@ -42,6 +44,9 @@ export interface AdapterSource {
   resolve(id: string): { baseId: string; loras: LayerLoras[] | null } | null;
   ids(): string[];
 }
+
+/** 8 MiB: a 32k-token conversation with tools is a few hundred kB of JSON. */
+export const DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024;
 
 /** The base URL the in-process fetch answers; any host works, this one says where requests go. */
 export const IN_PROCESS_BASE_URL = "http://art-ts.local/v1";
@@ -64,6 +69,7 @@ export class ModelServer {
     const created = Math.floor(Date.now() / 1000);
     this.handler = createHandler({
       apiKey: this.apiKey,
+      maxRequestBytes: options.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES,
       modelIds: () => this.modelIds,
       route: (id) => this.routeFor(id),
       metrics: this.metrics,

@@ -13,7 +13,9 @@ import { writeSmallQwenTokenizer } from "../../scripts/serve-small-tokenizer.ts"
 describe("art-ts serve", () => {
   it("parses its flags with loopback defaults and refuses bad ones by name", () => {
     expect(parseServeArgs(["--model", "m"])).toMatchObject({ model: "m", name: "m", host: "127.0.0.1", port: 8000, apiKey: null, device: "auto", adapter: null });
-    expect(parseServeArgs(["--model=m", "--port=0", "--api-key", "k", "--name", "agent"])).toMatchObject({ port: 0, apiKey: "k", name: "agent" });
+    expect(parseServeArgs(["--model=m", "--port=0", "--api-key", "k", "--name", "agent"])).toMatchObject({ port: 0, apiKey: "k", name: "agent", maxRequestMb: 8 });
+    expect(parseServeArgs(["--model", "m", "--max-request-mb", "2"]).maxRequestMb).toBe(2);
+    expect(() => parseServeArgs(["--model", "m", "--max-request-mb", "0"])).toThrow(/--max-request-mb must be an integer >= 1, got "0"/);
     expect(() => parseServeArgs([])).toThrow(/--model is required/);
     expect(() => parseServeArgs(["--model", "m", "--port", "x"])).toThrow(/--port must be an integer/);
     expect(() => parseServeArgs(["--model", "m", "--bogus", "1"])).toThrow(/unknown argument "--bogus"/);

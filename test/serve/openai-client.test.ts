@@ -3,6 +3,7 @@
  * loopback HTTP, chat completions with and without streaming, forced tool calls, and OpenAI-style errors.
  */
 import OpenAI from "openai";
+import { request as httpRequest } from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { ChatCompletionTool } from "openai/resources/chat/completions";
 import { IN_PROCESS_BASE_URL, ModelServer, type ServableModel } from "../../lib/serve/model-server.ts";
@@ -197,5 +198,57 @@ describe("raw requests", () => {
     const response = await server.fetch(`${IN_PROCESS_BASE_URL}/completions`, { method: "POST", body: "{}", headers: { authorization: `Bearer ${API_KEY}` } });
     expect(response.status).toBe(404);
     expect(((await response.json()) as ErrorBody).error.code).toBe("unknown_url");
+  });
+});
+
+describe("request limits over HTTP", () => {
+  let limited: ModelServer;
+  let handle: HttpServerHandle;
+  beforeAll(async () => {
+    limited = new ModelServer({ apiKey: API_KEY, maxRequestBytes: 4096 });
+    limited.addBaseModel("tiny-base", model);
+    handle = await limited.listen();
+  });
+  afterAll(() => limited.close());
+
+  /** Sends the headers and `sent` bytes of a body that claims `declared` bytes (or is chunked), never finishing it. */
+  function unfinishedPost(headers: Record<string, string>, sent: number): Promise<{ status: number; body: ErrorBody }> {
+    return new Promise((resolve, reject) => {
+      const request = httpRequest(`${handle.baseURL}/chat/completions`, { method: "POST", headers }, (response) => {
+        let text = "";
+        response.on("data", (chunk: Buffer) => (text += chunk.toString()));
+        response.on("end", () => {
+          request.destroy();
+          resolve({ status: response.statusCode!, body: JSON.parse(text) as ErrorBody });
+        });
+      });
+      request.on("error", (error) => (error.message.includes("socket hang up") ? undefined : reject(error)));
+      request.write("x".repeat(sent));
+    });
+  }
+
+  it("answers 401 to a wrong key before reading the body", async () => {
+    const reply = await unfinishedPost({ authorization: "Bearer wrong", "content-type": "application/json", "content-length": "100000000" }, 1024);
+    expect(reply.status).toBe(401);
+    expect(reply.body.error.code).toBe("invalid_api_key");
+  });
+
+  it("answers 413 to a body declared or found larger than maxRequestBytes, without reading the rest", async () => {
+    const declared = await unfinishedPost({ authorization: `Bearer ${API_KEY}`, "content-type": "application/json", "content-length": "100000000" }, 1024);
+    expect(declared.status).toBe(413);
+    expect(declared.body.error).toMatchObject({ code: "request_too_large", message: expect.stringMatching(/larger than this server's limit of 4096 bytes/) });
+    const chunked = await unfinishedPost({ authorization: `Bearer ${API_KEY}`, "content-type": "application/json", "transfer-encoding": "chunked" }, 8192);
+    expect(chunked.status).toBe(413);
+  });
+
+  it("refuses a body that is not declared as JSON (a web page can post text/plain to loopback without a preflight)", async () => {
+    const response = await fetch(`${handle.baseURL}/chat/completions`, {
+      method: "POST", headers: { authorization: `Bearer ${API_KEY}`, "content-type": "text/plain" },
+      body: JSON.stringify({ model: "tiny-base", messages: [{ role: "user", content: "hi" }], max_tokens: 1 }),
+    });
+    expect(response.status).toBe(415);
+    expect(((await response.json()) as ErrorBody).error.message).toMatch(/send Content-Type: application\/json \(got "text\/plain"\)/);
+    const ok = await new OpenAI({ baseURL: handle.baseURL, apiKey: API_KEY, maxRetries: 0 }).chat.completions.create({ model: "tiny-base", messages: [{ role: "user", content: "hi" }], max_tokens: 1 });
+    expect(ok.choices).toHaveLength(1);
   });
 });
