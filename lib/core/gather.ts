@@ -6,7 +6,7 @@
 import { ArtError } from "./errors.ts";
 import { interruptScope, throwIfInterrupted } from "./interrupt.ts";
 import { defaultProgressReporter, type GatherProgressState, type ProgressReporter } from "./progress.ts";
-import { errorMessage, isChoice, Trajectory, TrajectoryGroup, type RolloutException } from "./trajectory.ts";
+import { describeValue, errorMessage, isChoice, Trajectory, TrajectoryGroup, type RolloutException } from "./trajectory.ts";
 
 /** A rollout: a pending trajectory, or a function that starts one. */
 export type Rollout = Promise<Trajectory> | (() => Promise<Trajectory>);
@@ -159,7 +159,7 @@ class GatherTracker {
     let failure: RolloutException | null = null;
     try {
       group = await (typeof source === "function" ? source() : source);
-      if (!(group instanceof TrajectoryGroup)) throw new TypeError(`a group resolved to ${describe(group)}, not a TrajectoryGroup`);
+      if (!(group instanceof TrajectoryGroup)) throw new TypeError(`a group resolved to ${describeValue(group)}, not a TrajectoryGroup`);
     } catch (error) {
       failure = { error, message: errorMessage(error) };
       group = null;
@@ -179,7 +179,7 @@ class GatherTracker {
   private async runRollout(rollout: Rollout): Promise<Trajectory | RolloutException> {
     try {
       const trajectory = await (typeof rollout === "function" ? rollout() : rollout);
-      if (!(trajectory instanceof Trajectory)) throw new TypeError(`a rollout returned ${describe(trajectory)}, not a Trajectory`);
+      if (!(trajectory instanceof Trajectory)) throw new TypeError(`a rollout returned ${describeValue(trajectory)}, not a Trajectory`);
       this.recordTrajectory(trajectory);
       return trajectory;
     } catch (error) {
@@ -244,9 +244,4 @@ class GatherTracker {
       elapsedSeconds: (Date.now() - this.startTime) / 1000,
     };
   }
-}
-
-function describe(value: unknown): string {
-  if (value === null || value === undefined) return String(value);
-  return typeof value === "object" ? `an object (${value.constructor?.name ?? "Object"})` : `a ${typeof value}`;
 }

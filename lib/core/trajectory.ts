@@ -158,6 +158,11 @@ export class TrajectoryGroup {
 
   constructor(trajectories: Iterable<Trajectory> = [], options: { exceptions?: RolloutException[]; metadata?: Record<string, MetadataValue> } = {}) {
     this.trajectories = [...trajectories];
+    this.trajectories.forEach((t, i) => {
+      if (!(t instanceof Trajectory)) {
+        throw new ArtError("bad_trajectory", `TrajectoryGroup: item ${i + 1} is ${describeValue(t)}, not a Trajectory; build each one with new Trajectory({ messagesAndChoices, reward, ... })`);
+      }
+    });
     this.exceptions = [...(options.exceptions ?? [])];
     this.metadata = { ...options.metadata };
   }
@@ -168,8 +173,11 @@ export class TrajectoryGroup {
     const settled = await Promise.allSettled(pending);
     const group = new TrajectoryGroup();
     for (const result of settled) {
-      if (result.status === "fulfilled") group.trajectories.push(result.value);
-      else group.exceptions.push({ error: result.reason, message: errorMessage(result.reason) });
+      if (result.status === "fulfilled" && result.value instanceof Trajectory) group.trajectories.push(result.value);
+      else {
+        const error = result.status === "rejected" ? result.reason : new TypeError(`a rollout returned ${describeValue(result.value)}, not a Trajectory`);
+        group.exceptions.push({ error, message: errorMessage(error) });
+      }
     }
     return group;
   }
@@ -190,4 +198,12 @@ export class TrajectoryGroup {
 export function errorMessage(error: unknown): string {
   if (error instanceof Error) return `${error.name}: ${error.message}`;
   return String(error);
+}
+
+/** A short description of a value that is not what was expected: "a plain object", "null", "a string". */
+export function describeValue(value: unknown): string {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return "an array";
+  if (typeof value === "object") return value.constructor === Object || value.constructor === undefined ? "a plain object" : `a ${value.constructor.name}`;
+  return typeof value === "undefined" ? "undefined" : `a ${typeof value}`;
 }

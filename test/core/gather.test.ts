@@ -121,7 +121,7 @@ describe("gatherTrajectoryGroups", () => {
 
   it("counts a rollout that returns something other than a Trajectory as an exception", async () => {
     const bad = async () => ({ reward: 1 }) as unknown as Trajectory;
-    await expect(gatherTrajectoryGroups([[bad]], { progress: false })).rejects.toThrow(/a rollout returned an object \(Object\), not a Trajectory/);
+    await expect(gatherTrajectoryGroups([[bad]], { progress: false })).rejects.toThrow(/a rollout returned a plain object, not a Trajectory/);
   });
 
   it("drops groups whose rollouts all failed", async () => {

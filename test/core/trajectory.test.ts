@@ -41,6 +41,16 @@ describe("Trajectory", () => {
   });
 });
 
+describe("TrajectoryGroup", () => {
+  it("refuses an item that is not a Trajectory, naming it, instead of failing later with a TypeError", async () => {
+    expect(() => new TrajectoryGroup([new Trajectory(), { reward: 1, messagesAndChoices: [] } as never])).toThrow(
+      /TrajectoryGroup: item 2 is a plain object, not a Trajectory; build each one with new Trajectory/);
+    const group = await TrajectoryGroup.fromRollouts([Promise.resolve({ reward: 1 } as never), Promise.resolve(new Trajectory({ reward: 0 }))]);
+    expect(group.rewards).toEqual([0]);
+    expect(group.exceptions.map((e) => e.message)).toEqual(["TypeError: a rollout returned a plain object, not a Trajectory"]);
+  });
+});
+
 describe("TrajectoryGroup.fromRollouts", () => {
   it("keeps a throwing rollout as an exception of the group", async () => {
     const group = await TrajectoryGroup.fromRollouts([
