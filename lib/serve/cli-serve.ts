@@ -2,8 +2,10 @@
  * `art-ts serve`: a checkpoint behind the OpenAI-compatible API over HTTP, for agents in other processes.
  *
  *   art-ts serve --model <dir|hf-id> [--adapter <dir>] [--name <id>] [--host 127.0.0.1] [--port 8000]
- *                [--api-key K] [--device auto|cpu|cuda] [--slots 32] [--context 4096]
+ *                [--api-key K | --api-key-file F] [--device auto|cpu|cuda] [--slots 32] [--context 4096] [--max-request-mb 8]
  */
+import * as fs from "node:fs";
+import process from "node:process";
 import { ArtError } from "../core/errors.ts";
 import { loadCausalLM, type Device } from "../load/causal-lm.ts";
 import { ModelServer } from "./model-server.ts";
@@ -35,15 +37,16 @@ options:
                        directory, while the base model answers under the --model argument)
   --host <addr>        interface to listen on (default 127.0.0.1, loopback only)
   --port <n>           port (default 8000; 0 picks a free one)
-  --api-key <key>      require "Authorization: Bearer <key>" on every request
+  --api-key <key>      require "Authorization: Bearer <key>" on every request (visible in ps: prefer
+                       --api-key-file <path>, the key on the file's first line, or the ART_API_KEY variable)
   --device <d>         auto | cpu | cuda (default auto)
   --slots <n>          sequences decoded at once (default 32)
   --context <n>        longest prompt + completion in tokens (default 4096, at most the model's)
   --max-request-mb <n> largest request body in MiB (default 8; larger ones get 413 before they are read)`;
 
-const FLAGS = new Set(["--model", "--adapter", "--name", "--host", "--port", "--api-key", "--device", "--slots", "--context", "--max-request-mb"]);
+const FLAGS = new Set(["--model", "--adapter", "--name", "--host", "--port", "--api-key", "--api-key-file", "--device", "--slots", "--context", "--max-request-mb"]);
 
-export function parseServeArgs(argv: string[]): ServeArgs {
+export function parseServeArgs(argv: string[], env: Record<string, string | undefined> = process.env): ServeArgs {
   const values = new Map<string, string>();
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
@@ -62,8 +65,8 @@ export function parseServeArgs(argv: string[]): ServeArgs {
     adapter: values.get("--adapter") ?? null,
     name: values.get("--name") ?? values.get("--adapter") ?? model,
     host: values.get("--host") ?? "127.0.0.1",
-    port: integer(values, "--port", 8000, 0),
-    apiKey: values.get("--api-key") ?? null,
+    port: integer(values, "--port", 8000, 0, 65535),
+    apiKey: apiKeyFrom(values, env),
     device,
     slots: integer(values, "--slots", 32, 1),
     context: integer(values, "--context", 4096, 2),
@@ -71,13 +74,34 @@ export function parseServeArgs(argv: string[]): ServeArgs {
   };
 }
 
-function integer(values: Map<string, string>, flag: string, fallback: number, min: number): number {
+function integer(values: Map<string, string>, flag: string, fallback: number, min: number, max = Number.MAX_SAFE_INTEGER): number {
   const raw = values.get(flag);
   if (raw === undefined) return fallback;
   const value = Number(raw);
-  if (!Number.isInteger(value) || value < min) throw new ArtError("bad_arguments", `art-ts serve: ${flag} must be an integer >= ${min}, got ${JSON.stringify(raw)}`);
+  if (!Number.isInteger(value) || value < min || value > max) {
+    throw new ArtError("bad_arguments", `art-ts serve: ${flag} must be an integer >= ${min}${max === Number.MAX_SAFE_INTEGER ? "" : ` and <= ${max}`}, got ${JSON.stringify(raw)}`);
+  }
   return value;
 }
+
+/** --api-key, else the first line of --api-key-file, else ART_API_KEY; null for none. */
+function apiKeyFrom(values: Map<string, string>, env: Record<string, string | undefined>): string | null {
+  const file = values.get("--api-key-file");
+  if (values.has("--api-key") && file !== undefined) throw new ArtError("bad_arguments", "art-ts serve: give --api-key or --api-key-file, not both");
+  if (file !== undefined) {
+    let key: string;
+    try {
+      key = fs.readFileSync(file, "utf8").split(/\r?\n/, 1)[0]!.trim();
+    } catch (error) {
+      throw new ArtError("bad_arguments", `art-ts serve: --api-key-file ${file} cannot be read (${(error as NodeJS.ErrnoException).code ?? String(error)})`);
+    }
+    if (key === "") throw new ArtError("bad_arguments", `art-ts serve: --api-key-file ${file} is empty; put the key on its first line`);
+    return key;
+  }
+  return values.get("--api-key") ?? (env.ART_API_KEY || null);
+}
+
+const LOOPBACK = /^(127\.\d+\.\d+\.\d+|::1|localhost)$/;
 
 /** Loads the model and serves it until the returned handle is closed. */
 export async function runServe(args: ServeArgs, log: (line: string) => void = console.log): Promise<{ server: ModelServer; http: HttpServerHandle }> {
@@ -89,7 +113,21 @@ export async function runServe(args: ServeArgs, log: (line: string) => void = co
   } else {
     server.addBaseModel(args.name, lm);
   }
-  const http = await server.listen({ host: args.host, port: args.port });
+  let http: HttpServerHandle;
+  try {
+    http = await server.listen({ host: args.host, port: args.port });
+  } catch (error) {
+    await server.close();
+    const code = (error as NodeJS.ErrnoException).code;
+    const hint = code === "EADDRINUSE" ? "the port is in use: pick another with --port, or --port 0 for a free one"
+      : code === "EACCES" ? "ports below 1024 need privileges: pick a higher --port"
+      : code === "EADDRNOTAVAIL" || code === "ENOTFOUND" ? "this machine has no such address: check --host"
+      : String((error as Error).message ?? error);
+    throw new ArtError("listen_failed", `art-ts serve: cannot listen on ${args.host}:${args.port} (${code ?? "error"}): ${hint}`);
+  }
+  if (args.apiKey === null && !LOOPBACK.test(args.host)) {
+    log(`art-ts serve: WARNING: listening on ${args.host} without an api key: anyone who can reach this port can use the model. Set --api-key-file or ART_API_KEY.`);
+  }
   log(`art-ts serve: ${args.name} on ${lm.backend.name} at ${http.baseURL}`);
   log(`  new OpenAI({ baseURL: "${http.baseURL}", apiKey: "${args.apiKey === null ? "local" : "<your key>"}" })`);
   return { server, http };

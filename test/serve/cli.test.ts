@@ -1,5 +1,5 @@
 import OpenAI from "openai";
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -20,6 +20,35 @@ describe("art-ts serve", () => {
     expect(() => parseServeArgs(["--model", "m", "--port", "x"])).toThrow(/--port must be an integer/);
     expect(() => parseServeArgs(["--model", "m", "--bogus", "1"])).toThrow(/unknown argument "--bogus"/);
     expect(() => parseServeArgs(["--model"])).toThrow(/--model needs a value/);
+    expect(() => parseServeArgs(["--model", "m", "--port", "70000"])).toThrow(/--port must be an integer >= 0 and <= 65535, got "70000"/);
+  });
+
+  it("takes the key from a file or ART_API_KEY, so it need not show in ps", () => {
+    const dir = mkdtempSync(join(tmpdir(), "art-ts-key-"));
+    writeFileSync(join(dir, "key"), "s3cret\nignored\n");
+    writeFileSync(join(dir, "empty"), "\n");
+    expect(parseServeArgs(["--model", "m", "--api-key-file", join(dir, "key")], {}).apiKey).toBe("s3cret");
+    expect(parseServeArgs(["--model", "m"], { ART_API_KEY: "from-env" }).apiKey).toBe("from-env");
+    expect(parseServeArgs(["--model", "m", "--api-key", "flag"], { ART_API_KEY: "from-env" }).apiKey).toBe("flag");
+    expect(parseServeArgs(["--model", "m"], {}).apiKey).toBeNull();
+    expect(() => parseServeArgs(["--model", "m", "--api-key-file", join(dir, "empty")], {})).toThrow(/is empty; put the key on its first line/);
+    expect(() => parseServeArgs(["--model", "m", "--api-key-file", join(dir, "missing")], {})).toThrow(/cannot be read \(ENOENT\)/);
+    expect(() => parseServeArgs(["--model", "m", "--api-key", "k", "--api-key-file", join(dir, "key")], {})).toThrow(/not both/);
+  });
+
+  it("says in one line why it cannot listen, and warns when it listens beyond loopback without a key", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "art-ts-cli-"));
+    writeSmallQwenTokenizer(dir);
+    writeTinyCheckpoint(dir, { arch: "qwen2", configOverrides: { vocab_size: 682 } });
+    const lines: string[] = [];
+    const open = await runServe(parseServeArgs(["--model", dir, "--port", "0", "--host", "0.0.0.0", "--device", "cpu"], {}), (l) => lines.push(l));
+    try {
+      expect(lines[0]).toMatch(/WARNING: listening on 0\.0\.0\.0 without an api key: anyone who can reach this port can use the model/);
+      await expect(runServe(parseServeArgs(["--model", dir, "--port", String(open.http.port), "--host", "0.0.0.0", "--device", "cpu"], {}), () => {}))
+        .rejects.toThrow(new RegExp(`^art-ts serve: cannot listen on 0\\.0\\.0\\.0:${open.http.port} \\(EADDRINUSE\\): the port is in use: pick another with --port, or --port 0 for a free one$`));
+    } finally {
+      await open.server.close();
+    }
   });
 
   it("serves a checkpoint directory over loopback HTTP with an api key", async () => {
