@@ -127,6 +127,11 @@ export class ChatCompletionRun {
       }
     }
     this.metrics.requests++;
+    // The choices stand or fall together: when one is refused (429) or fails, the others leave the batch at once
+    // instead of decoding to max_tokens for nobody (the openai client retries 429s, which would feed the overload).
+    const together = new AbortController();
+    const abandon = () => together.abort(signal?.reason);
+    signal?.addEventListener("abort", abandon, { once: true });
     let results: SequenceResult[];
     try {
       results = await Promise.all(builders.map((builder, index) =>
@@ -140,17 +145,22 @@ export class ChatCompletionRun {
           stopTokenIds: route.stopTokenIds,
           constraint: firstConstraint ? (index === 0 ? firstConstraint : firstConstraint.fork()) : null,
           loras,
-          signal,
+          signal: together.signal,
           onToken: (token) => {
             const stop = builder.push(token);
             if (onChunk) onChunk(this.chunk([builder.deltaChunk(token)]));
             return stop;
           },
+        }).catch((error: unknown) => {
+          together.abort(error);
+          throw error;
         })
       ));
     } catch (error) {
       if (signal?.aborted) this.metrics.aborted++;
       throw error;
+    } finally {
+      signal?.removeEventListener("abort", abandon);
     }
     const choices = builders.map((builder, i) => ({ ...builder.finish(results[i].finishReason, this.metrics), prompt_token_ids: [...this.promptIds] }));
     if (onChunk) {

@@ -256,6 +256,17 @@ describe("capacity", () => {
     await server.close();
   });
 
+  it("cancels a refused n > 1 request's admitted choices at once, instead of decoding them for nobody", async () => {
+    const { server, client } = serverWith({ numSlots: 1, maxQueued: 1 });
+    const batcher = server.batcherFor("tiny");
+    const passesBefore = batcher.stats.passes;
+    await expect(client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 400, n: 3, temperature: 1, seed: 5 }))
+      .rejects.toMatchObject({ status: 429, code: "queue_full" });
+    while (batcher.load.running + batcher.load.queued > 0) await new Promise((r) => setTimeout(r, 5));
+    expect(batcher.stats.passes - passesBefore).toBeLessThanOrEqual(2);
+    await server.close();
+  });
+
   it("pause holds every forward pass until resume", async () => {
     const { server, client } = serverWith({ numSlots: 4 });
     await server.pause();
