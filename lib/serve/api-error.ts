@@ -26,11 +26,12 @@ export class ApiError extends ArtError {
     return new ApiError(400, message, "invalid_request_error", param, code);
   }
 
-  static contextLength(maxPositions: number, promptTokens: number, completionTokens: number): ApiError {
+  /** `qualifier` "at least " when the prompt's count is a bound found without tokenizing it. */
+  static contextLength(maxPositions: number, promptTokens: number, completionTokens: number, qualifier = ""): ApiError {
     return new ApiError(
       400,
-      `This model's maximum context length is ${maxPositions} tokens. However, you requested ${promptTokens + completionTokens} tokens ` +
-        `(${promptTokens} in the messages, ${completionTokens} in the completion). Please reduce the length of the messages or completion.`,
+      `This model's maximum context length is ${maxPositions} tokens. However, you requested ${qualifier}${promptTokens + completionTokens} tokens ` +
+        `(${qualifier}${promptTokens} in the messages, ${completionTokens} in the completion). Please reduce the length of the messages or completion.`,
       "invalid_request_error",
       "messages",
       "context_length_exceeded",

@@ -7,6 +7,7 @@
  * tokens of a matched stop string, because training must see exactly what the model produced; `message.content`
  * shows neither. `prompt_token_ids` is the prompt as the model read it (in a stream, on each choice's first chunk).
  */
+import { Buffer } from "node:buffer";
 import type { ChatCompletion, ChatCompletionChunk, ChatCompletionTokenLogprob } from "openai/resources/chat/completions";
 import type { Tokenizer } from "../model/tokenizer.ts";
 import { parseToolCalls, TOOL_CALL_CLOSE, TOOL_CALL_OPEN } from "../model/tool-calls.ts";
@@ -64,6 +65,11 @@ export class ChatCompletionRun {
     const { tokenizer, batcher } = route;
     const tools = request.toolChoice === "none" ? [] : request.tools;
     this.toolsActive = tools.length > 0;
+    // Tokenizing is the costly part of a long prompt: refuse one that cannot fit before rendering or tokenizing it.
+    const atLeast = Math.ceil(verbatimBytes(request.messages) / longestTokenBytes(tokenizer));
+    if (atLeast + (request.maxTokens ?? 1) > batcher.maxPositions) {
+      throw ApiError.contextLength(batcher.maxPositions, atLeast, request.maxTokens ?? 1, "at least ");
+    }
     // Chat templates know system, not OpenAI's newer "developer" role, which means the same.
     const messages = request.messages.map((m): Message => (m.role === "developer" ? { role: "system", content: m.content } : m));
     const prompt = tokenizer.applyChatTemplate(messages, { tools: tools.length > 0 ? tools : undefined, addGenerationPrompt: true });
@@ -306,3 +312,32 @@ export class ChoiceBuilder {
     return { ...entry(token.id, token.logprob), top_logprobs: token.topLogprobs.map((t) => entry(t.id, t.logprob)) };
   }
 }
+
+const longestTokens = new WeakMap<Tokenizer, number>();
+
+/** The most bytes one token of the vocabulary stands for: a prompt of B bytes is at least B / this many tokens. */
+function longestTokenBytes(tokenizer: Tokenizer): number {
+  let longest = longestTokens.get(tokenizer);
+  if (longest === undefined) {
+    longest = 1;
+    for (let id = 0; id < tokenizer.vocabSize; id++) longest = Math.max(longest, tokenizer.tokenBytes(id).length);
+    longestTokens.set(tokenizer, longest);
+  }
+  return longest;
+}
+
+/**
+ * Bytes of message text every chat template copies into the prompt: system, user, developer and tool contents,
+ * trimmed (templates may trim; some drop an assistant turn's reasoning, so assistant text is not counted).
+ */
+function verbatimBytes(messages: readonly Message[]): number {
+  let bytes = 0;
+  for (const message of messages) {
+    if (message.role === "assistant") continue;
+    const content = message.content;
+    const text = typeof content === "string" ? content : Array.isArray(content) ? content.map((part) => ("text" in part ? part.text : "")).join("") : "";
+    bytes += Buffer.byteLength(text.trim());
+  }
+  return bytes;
+}
+

@@ -4,7 +4,7 @@
  */
 import OpenAI from "openai";
 import { request as httpRequest } from "node:http";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import type { ChatCompletionTool } from "openai/resources/chat/completions";
 import { IN_PROCESS_BASE_URL, ModelServer, type ServableModel } from "../../lib/serve/model-server.ts";
 import type { HttpServerHandle } from "../../lib/serve/http.ts";
@@ -198,6 +198,17 @@ describe("raw requests", () => {
     const response = await server.fetch(`${IN_PROCESS_BASE_URL}/completions`, { method: "POST", body: "{}", headers: { authorization: `Bearer ${API_KEY}` } });
     expect(response.status).toBe(404);
     expect(((await response.json()) as ErrorBody).error.code).toBe("unknown_url");
+  });
+});
+
+describe("a prompt that cannot fit", () => {
+  it("is refused before the template and the tokenizer run over it", async () => {
+    const encode = vi.spyOn(model.tokenizer, "encode");
+    const huge = "word ".repeat(400_000); // 2 MB: at least 2e6 / (the longest token's bytes) tokens
+    await expect(clients["in-process"]!.chat.completions.create({ model: "tiny-base", messages: [{ role: "user", content: huge }], max_tokens: 4 }))
+      .rejects.toMatchObject({ status: 400, code: "context_length_exceeded", message: expect.stringMatching(/you requested at least \d+ tokens \(at least \d+ in the messages, 4 in the completion\)/) });
+    expect(encode).not.toHaveBeenCalled();
+    encode.mockRestore();
   });
 });
 
