@@ -256,9 +256,12 @@ export class Trainer {
     writeSafetensors(path.join(tmp, OPTIMIZER_FILE), moments);
     const state = { step: this.step, optimizerStep: this.optimizer.step, mode: this.network.lora === null ? "full" : "lora", config: this.config };
     fs.writeFileSync(path.join(tmp, STATE_FILE), JSON.stringify(state, null, 2) + "\n");
+    // On disk before it is named: a power cut leaves either the previous checkpoint or this whole one.
+    syncTree(tmp);
     fs.rmSync(dir, { recursive: true, force: true });
     fs.mkdirSync(path.dirname(dir), { recursive: true });
     fs.renameSync(tmp, dir);
+    syncPath(path.dirname(dir));
   }
 
   /**
@@ -269,7 +272,15 @@ export class Trainer {
   static resume(dir: string, transformer: Transformer, overrides: TrainConfigInit = {}): Trainer {
     const stateFile = path.join(dir, STATE_FILE);
     if (!fs.existsSync(stateFile)) throw new ArtError("not_found", `${stateFile}: missing; is ${dir} a checkpoint written by Trainer.saveCheckpoint?`);
-    const state = JSON.parse(fs.readFileSync(stateFile, "utf8")) as { step: number; optimizerStep: number; mode: "lora" | "full"; config: TrainConfig };
+    let state: { step: number; optimizerStep: number; mode: "lora" | "full"; config: TrainConfig };
+    try {
+      state = JSON.parse(fs.readFileSync(stateFile, "utf8"));
+    } catch (error) {
+      throw new ArtError("bad_checkpoint", `${stateFile}: not a trainer state (${(error as Error).message}); the checkpoint is damaged`);
+    }
+    if (!Number.isInteger(state?.step) || !Number.isInteger(state.optimizerStep) || (state.mode !== "lora" && state.mode !== "full")) {
+      throw new ArtError("bad_checkpoint", `${stateFile}: lacks step, optimizerStep or mode; the checkpoint is damaged`);
+    }
     const trainConfig = resolveTrainConfig({ ...state.config, ...overrides } as TrainConfigInit);
     const backend = transformer.backend;
     let network: DifferentiableTransformer;
@@ -391,4 +402,20 @@ export function toBatch(sequences: TrainingSequence[], sharePrompts = false): Se
     }
   }
   return { tokens: Int32Array.from(tokens), positions: Int32Array.from(positions), segments, targets: Int32Array.from(targets) };
+}
+
+/** fsync of a file or a directory (a directory's entries are durable only once it is synced itself). */
+function syncPath(target: string): void {
+  const fd = fs.openSync(target, "r");
+  try {
+    fs.fsyncSync(fd);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/** fsync of every file in a directory, then of the directory. */
+function syncTree(dir: string): void {
+  for (const entry of fs.readdirSync(dir, { withFileTypes: true })) if (entry.isFile()) syncPath(path.join(dir, entry.name));
+  syncPath(dir);
 }

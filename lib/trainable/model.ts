@@ -19,6 +19,7 @@
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
+import process from "node:process";
 import OpenAI from "openai";
 import { ArtError } from "../core/errors.ts";
 import { seededRandom, shuffleInPlace } from "../core/random.ts";
@@ -29,6 +30,7 @@ import { resolveTrainConfig, type TrainConfigInit } from "../grpo/config.ts";
 import { tokenizeForSft, type TrainingSequence } from "../grpo/tokenize.ts";
 import { Trainer, checkpointDir, type StepResult } from "../grpo/train.ts";
 import { loadCausalLM, type CausalLM, type Device } from "../load/causal-lm.ts";
+import type { Tensor } from "../model/backend.ts";
 import { DEFAULT_LORA, type LayerLoras, type LoraConfig } from "../model/lora.ts";
 import { loadAdapter } from "../model/peft.ts";
 import { DifferentiableTransformer } from "../model/training.ts";
@@ -76,6 +78,14 @@ export interface SftOptions {
   trainOn?: "all" | "last";
   /** of the shuffle; default 0 */
   seed?: number;
+}
+
+/** Device copies of what a training step changes, to put back when the step fails. */
+interface TrainingSnapshot {
+  params: Map<string, Tensor>;
+  m: Map<string, Tensor>;
+  v: Map<string, Tensor>;
+  optimizerStep: number;
 }
 
 /** What trainSft() reports. */
@@ -235,45 +245,105 @@ export class TrainableModel {
   private async trainNow(groups: TrajectoryGroup[], config: Omit<TrainConfigInit, "lora">): Promise<TrainResult> {
     const sampledAt = this.currentStep;
     throwIfInterrupted(`train(), before step ${sampledAt + 1}`);
+    // The rollouts are on disk before anything can fail; a retried step rewrites them.
+    writeTrajectories(this.dir, "train", sampledAt, groups, "replace");
+    const { result, row } = await this.trainStep("train()", (checkpoint) => {
+      const trainer = new Trainer(this.network, { ...config, lora: this.network.lora }, { step: sampledAt, optimizer: this.optimizer });
+      const result = trainer.trainOnGroups(this.lm.tokenizer, groups);
+      trainer.saveCheckpoint(checkpoint, this.baseModel);
+      return result;
+    }, (result, trainerSeconds) => {
+      const now = performance.now();
+      // The step's wall time runs from the end of the previous train() call (rollouts and judging included).
+      const wallSeconds = this.lastTrainEnd === null ? null : (now - this.lastTrainEnd) / 1000;
+      return {
+        step: sampledAt,
+        recorded_at: new Date().toISOString(),
+        training_step: sampledAt + 1,
+        ...summarizeGroups("train", groups),
+        "train/skipped_trajectories": result.skippedTrajectories,
+        "loss/train": result.loss,
+        "loss/grad_norm": result.gradNorm,
+        "loss/learning_rate": result.learningRate,
+        "loss/entropy": result.entropy,
+        "loss/kl_div": result.kl,
+        "loss/clip_fraction": result.clipFraction,
+        "loss/num_gradient_steps": result.gradientSteps,
+        "time/step_trainer_s": trainerSeconds,
+        ...(wallSeconds === null ? {} : { "time/step_wall_s": wallSeconds }),
+        "throughput/trained_tokens": result.trainedTokens,
+        "throughput/trainer_tokens_per_s": result.trainedTokens / trainerSeconds,
+      };
+    });
+    this.lastTrainEnd = performance.now();
+    return { ...result, metrics: row };
+  }
+
+  /**
+   * One training step as a unit, sampling paused: `train` updates the adapter and the AdamW state in memory and
+   * saves the checkpoint of the next step, then `row` is appended to history.jsonl and the step advances. If any
+   * of it fails (a bad batch, a full disk), the adapter and AdamW state are put back as they were, a checkpoint the
+   * call wrote is removed, the step stays, and the error says so; nothing of earlier steps is touched.
+   */
+  private async trainStep<T>(what: string, train: (checkpoint: string) => T, row: (result: T, trainerSeconds: number) => HistoryRow): Promise<{ result: T; row: HistoryRow }> {
+    const step = this.currentStep + 1;
+    const checkpoint = checkpointDir(this.project, this.name, step, this.artDir);
     // A step runs to its checkpoint; an interrupt meanwhile stops the loop at its next boundary.
-    const interrupt = interruptScope(() => `train() step ${sampledAt + 1}`);
+    const interrupt = interruptScope(() => `${what} step ${step}`);
     const started = performance.now();
     await this.server.pause();
-    let result: ReturnType<Trainer["trainOnGroups"]>;
+    const before = this.snapshotTraining();
     try {
-      const trainer = new Trainer(this.network, { ...config, lora: this.network.lora }, { step: sampledAt, optimizer: this.optimizer });
-      result = trainer.trainOnGroups(this.lm.tokenizer, groups);
-      trainer.saveCheckpoint(checkpointDir(this.project, this.name, trainer.step, this.artDir), this.baseModel);
-      this.currentStep = trainer.step;
+      const result = train(checkpoint);
+      const historyRow = row(result, (performance.now() - started) / 1000);
+      try {
+        appendHistory(this.dir, historyRow);
+      } catch (error) {
+        fs.rmSync(checkpoint, { recursive: true, force: true });
+        throw error;
+      }
+      this.currentStep = step;
+      return { result, row: historyRow };
+    } catch (error) {
+      this.restoreTraining(before);
+      if (error instanceof ArtError) throw error; // bad input, said where it is; the state is back as it was
+      const code = (error as NodeJS.ErrnoException).code;
+      throw new ArtError("train_step_failed", `${what}: step ${step} failed while training or saving it under ${checkpoint} (${code ? `${code}: ` : ""}${(error as Error).message ?? String(error)}); it was undone: the adapter and optimizer are as after step ${step - 1}, and the call may be repeated`, { cause: error });
     } finally {
+      this.freeSnapshot(before);
       this.server.resume();
       interrupt.end();
     }
-    const now = performance.now(), trainerSeconds = (now - started) / 1000;
-    // The step's wall time runs from the end of the previous train() call (rollouts and judging included).
-    const wallSeconds = this.lastTrainEnd === null ? null : (now - this.lastTrainEnd) / 1000;
-    this.lastTrainEnd = now;
-    const row: HistoryRow = {
-      step: sampledAt,
-      recorded_at: new Date().toISOString(),
-      training_step: this.currentStep,
-      ...summarizeGroups("train", groups),
-      "train/skipped_trajectories": result.skippedTrajectories,
-      "loss/train": result.loss,
-      "loss/grad_norm": result.gradNorm,
-      "loss/learning_rate": result.learningRate,
-      "loss/entropy": result.entropy,
-      "loss/kl_div": result.kl,
-      "loss/clip_fraction": result.clipFraction,
-      "loss/num_gradient_steps": result.gradientSteps,
-      "time/step_trainer_s": trainerSeconds,
-      ...(wallSeconds === null ? {} : { "time/step_wall_s": wallSeconds }),
-      "throughput/trained_tokens": result.trainedTokens,
-      "throughput/trainer_tokens_per_s": result.trainedTokens / trainerSeconds,
+  }
+
+  /** Copies of the trained tensors and the AdamW moments, on the device, to undo a step that failed. */
+  private snapshotTraining(): TrainingSnapshot {
+    const { backend } = this.network;
+    const copies = (tensors: Map<string, Tensor>) => new Map([...tensors].map(([name, t]) => [name, backend.copy(t)]));
+    return {
+      params: new Map(this.network.parameterTensors().map((p) => [p.name, backend.copy(p.value)])),
+      m: copies(this.optimizer.m), v: copies(this.optimizer.v), optimizerStep: this.optimizer.step,
     };
-    writeTrajectories(this.dir, "train", sampledAt, groups);
-    appendHistory(this.dir, row);
-    return { ...result, metrics: row };
+  }
+
+  private restoreTraining(snapshot: TrainingSnapshot): void {
+    const { backend } = this.network;
+    for (const p of this.network.parameterTensors()) backend.write(p.value, backend.download(snapshot.params.get(p.name)!));
+    for (const [moments, saved] of [[this.optimizer.m, snapshot.m], [this.optimizer.v, snapshot.v]] as const) {
+      for (const [name, tensor] of moments) {
+        const copy = saved.get(name);
+        if (copy) backend.write(tensor, backend.download(copy));
+        else {
+          backend.free(tensor); // created by the failed step
+          moments.delete(name);
+        }
+      }
+    }
+    this.optimizer.step = snapshot.optimizerStep;
+  }
+
+  private freeSnapshot(snapshot: TrainingSnapshot): void {
+    for (const tensors of [snapshot.params, snapshot.m, snapshot.v]) for (const t of tensors.values()) this.network.backend.free(t);
   }
 
   /**
@@ -316,32 +386,24 @@ export class TrainableModel {
     };
     const sampledAt = this.currentStep;
     throwIfInterrupted(`trainSft(), before step ${sampledAt + 1}`);
-    const interrupt = interruptScope(() => `trainSft() step ${sampledAt + 1}`);
-    const started = performance.now();
-    const losses: number[] = [];
-    await this.server.pause();
-    try {
+    const { result: losses, row } = await this.trainStep("trainSft()", (checkpoint) => {
+      const losses: number[] = [];
       // The trainer counts the batches, which is what the schedule runs over; the checkpoint counts the call.
       const trainer = new Trainer(this.network, config, { step: 0, optimizer: this.optimizer });
       for (const batch of batches) losses.push(trainer.sftStep(batch).loss);
       trainer.step = sampledAt + 1;
-      trainer.saveCheckpoint(checkpointDir(this.project, this.name, trainer.step, this.artDir), this.baseModel);
-      this.currentStep = sampledAt + 1;
-    } finally {
-      this.server.resume();
-      interrupt.end();
-    }
-    const row: HistoryRow = {
+      trainer.saveCheckpoint(checkpoint, this.baseModel);
+      return losses;
+    }, (losses, trainerSeconds) => ({
       step: sampledAt,
       recorded_at: new Date().toISOString(),
-      training_step: this.currentStep,
+      training_step: sampledAt + 1,
       "sft/conversations": sequences.length,
       "loss/train": losses.reduce((a, b) => a + b, 0) / losses.length,
       "loss/learning_rate": learningRate,
       "loss/num_gradient_steps": losses.length,
-      "time/step_trainer_s": (performance.now() - started) / 1000,
-    };
-    appendHistory(this.dir, row);
+      "time/step_trainer_s": trainerSeconds,
+    }));
     return { step: this.currentStep, losses, warnings, metrics: row };
   }
 
@@ -536,18 +598,46 @@ interface TrainerState {
 /** A new adapter over the loaded weights, or the latest checkpoint's adapter, optimizer state and step. */
 function attachTrainer(lm: CausalLM, options: TrainableModelOptions, lora: LoraConfig, log: (message: string) => void): TrainerState {
   const artDir = options.artDir ?? ".art";
+  const checkpoints = path.join(artDir, options.project, "models", options.name, "checkpoints");
+  removeStaleTemporaries(checkpoints, log);
   // Training runs where the engine's weights are: the adapter tensors it trains are the ones the server samples with.
-  const steps = checkpointSteps(path.join(artDir, options.project, "models", options.name, "checkpoints"));
-  if (steps.length === 0) {
-    return { network: new DifferentiableTransformer(lm.model, { lora, seed: options.seed ?? 0 }), optimizer: createAdamWState(), step: 0 };
+  for (const step of checkpointSteps(checkpoints).reverse()) {
+    const dir = checkpointDir(options.project, options.name, step, artDir);
+    let trainer: Trainer;
+    try {
+      trainer = Trainer.resume(dir, lm.model);
+    } catch (error) {
+      if (!(error instanceof ArtError) || error.code === "full_parameter_checkpoint") throw error;
+      // A checkpoint cut short (a crash, a power cut) is set aside and the one before it resumes.
+      const aside = `${dir}.damaged-${Date.now()}`;
+      fs.renameSync(dir, aside);
+      log(`art-ts: WARNING: checkpoint ${dir} is damaged (${error.message}); moved to ${aside}, resuming from the one before`);
+      continue;
+    }
+    if (trainer.network.lora === null) {
+      throw new ArtError("full_parameter_checkpoint", `${dir}: a full-parameter checkpoint; TrainableModel trains and serves LoRA adapters over an unchanged base model`);
+    }
+    log(`art-ts: ${options.project}/${options.name} resumes at step ${trainer.step} from ${dir}`);
+    return { network: trainer.network, optimizer: trainer.optimizer, step: trainer.step };
   }
-  const latest = checkpointDir(options.project, options.name, steps.at(-1)!, artDir);
-  const trainer = Trainer.resume(latest, lm.model);
-  if (trainer.network.lora === null) {
-    throw new ArtError("full_parameter_checkpoint", `${latest}: a full-parameter checkpoint; TrainableModel trains and serves LoRA adapters over an unchanged base model`);
+  return { network: new DifferentiableTransformer(lm.model, { lora, seed: options.seed ?? 0 }), optimizer: createAdamWState(), step: 0 };
+}
+
+/** Removes what a save cut short by a crash left behind (`NNNN.tmp-PID` of a process that is gone). */
+function removeStaleTemporaries(checkpoints: string, log: (message: string) => void): void {
+  if (!fs.existsSync(checkpoints)) return;
+  const gone = (pid: number) => {
+    try {
+      process.kill(pid, 0);
+      return false;
+    } catch (error) {
+      return (error as NodeJS.ErrnoException).code === "ESRCH";
+    }
+  };
+  for (const entry of fs.readdirSync(checkpoints).filter((e) => /^\d{4,}\.tmp-\d+$/.test(e) && gone(Number(e.split("-").at(-1))))) {
+    fs.rmSync(path.join(checkpoints, entry), { recursive: true, force: true });
+    log(`art-ts: removed ${path.join(checkpoints, entry)}, left by a save that did not finish`);
   }
-  log(`art-ts: ${options.project}/${options.name} resumes at step ${trainer.step} from ${latest}`);
-  return { network: trainer.network, optimizer: trainer.optimizer, step: trainer.step };
 }
 
 /** The conversations of a JSONL file, one `{"messages": [...], "tools"?: [...]}` per line; errors name the line. */

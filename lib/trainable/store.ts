@@ -45,13 +45,19 @@ export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "tr
   return row;
 }
 
-/** Appends the groups' trajectories to trajectories/{split}/{step:04d}.jsonl, one JSON line each (with its group index). */
-export function writeTrajectories(dir: string, split: string, step: number, groups: Pick<TrajectoryGroup, "trajectories">[]): string {
+/**
+ * Writes the groups' trajectories to trajectories/{split}/{step:04d}.jsonl, one JSON line each (with its group
+ * index): appended to what the file holds, or replacing it (a training step's rollouts, written again when the
+ * step is retried).
+ */
+export function writeTrajectories(dir: string, split: string, step: number, groups: Pick<TrajectoryGroup, "trajectories">[], mode: "append" | "replace" = "append"): string {
   const folder = path.join(dir, "trajectories", split);
   fs.mkdirSync(folder, { recursive: true });
   const file = path.join(folder, `${String(step).padStart(4, "0")}.jsonl`);
   const lines = groups.flatMap((g, group) => g.trajectories.map((t) => JSON.stringify({ group, ...t.toJSON() })));
-  if (lines.length > 0) fs.appendFileSync(file, lines.join("\n") + "\n");
+  const text = lines.length > 0 ? lines.join("\n") + "\n" : "";
+  if (mode === "replace") fs.writeFileSync(file, text);
+  else if (text !== "") fs.appendFileSync(file, text);
   return file;
 }
 

@@ -226,6 +226,67 @@ describe("TrainableModel", () => {
     await model.close();
   });
 
+  describe("crash safety", () => {
+    const adapterOf = (model: TrainableModel) => model.network.parameterTensors().map((p) => Array.from(model.network.backend.download(p.value)));
+    const load = (name: string, log: (line: string) => void = quiet) =>
+      TrainableModel.load({ name, project: "crash", baseModel: baseDir, artDir, lora: { rank: 4, alpha: 8 }, log });
+
+    it("undoes a step whose checkpoint cannot be written, and the retried step equals an undisturbed one", async () => {
+      const reference = await load("undisturbed");
+      const groups = await rolloutGroups(reference.openai(), "undisturbed", 31);
+      await reference.train(groups, { learningRate: 5e-2 });
+      const expected = adapterOf(reference);
+      await reference.close();
+
+      const model = await load("disk-trouble");
+      const initial = adapterOf(model);
+      const checkpoints = path.join(model.dir, "checkpoints");
+      fs.mkdirSync(model.dir, { recursive: true });
+      fs.writeFileSync(checkpoints, "not a folder"); // the save fails as a full or broken disk would
+      await expect(model.train(groups, { learningRate: 5e-2 })).rejects.toThrow(
+        /train\(\): step 1 failed while training or saving it under .*checkpoints\/0001 \(ENOTDIR: .*\); it was undone: the adapter and optimizer are as after step 0/);
+      expect(model.step).toBe(0);
+      expect(adapterOf(model)).toEqual(initial);
+      expect(fs.existsSync(path.join(model.dir, "history.jsonl"))).toBe(false);
+      expect(fs.readFileSync(path.join(model.dir, "trajectories", "train", "0000.jsonl"), "utf8").trim().split("\n")).toHaveLength(8); // the rollouts are logged
+
+      fs.rmSync(checkpoints);
+      await model.train(groups, { learningRate: 5e-2 });
+      expect(adapterOf(model)).toEqual(expected); // AdamW's moments and step were put back too
+      expect(model.checkpoints()).toEqual([1]);
+      expect(fs.readFileSync(path.join(model.dir, "trajectories", "train", "0000.jsonl"), "utf8").trim().split("\n")).toHaveLength(8);
+      await model.close();
+    });
+
+    it("removes a checkpoint whose history row cannot be written, so the step, checkpoint and row advance together", async () => {
+      const model = await load("no-history");
+      const groups = await rolloutGroups(model.openai(), "no-history", 41);
+      fs.mkdirSync(path.join(model.dir, "history.jsonl"), { recursive: true });
+      await expect(model.train(groups)).rejects.toThrow(/step 1 failed .*EISDIR/);
+      expect([model.step, model.checkpoints()]).toEqual([0, []]);
+      await model.close();
+    });
+
+    it("resumes from the last complete checkpoint when the latest is damaged, and clears what crashed saves left", async () => {
+      const model = await load("power-cut");
+      for (const seed of [51, 61]) await model.train(await rolloutGroups(model.openai(), "power-cut", seed));
+      await model.close();
+      const checkpoints = path.join(model.dir, "checkpoints");
+      fs.writeFileSync(path.join(checkpoints, "0002", "trainer_state.json"), ""); // what a power cut can leave
+      fs.mkdirSync(path.join(checkpoints, "0003.tmp-2147483646"));              // a save cut short, its process gone
+      const lines: string[] = [];
+      const resumed = await load("power-cut", (line) => lines.push(line));
+      expect(resumed.step).toBe(1);
+      expect(resumed.checkpoints()).toEqual([1]);
+      expect(lines.join("\n")).toMatch(/removed .*0003\.tmp-2147483646, left by a save that did not finish/);
+      expect(lines.join("\n")).toMatch(/WARNING: checkpoint .*0002 is damaged \(.*trainer_state\.json: not a trainer state .*\); moved to .*0002\.damaged-\d+, resuming from the one before/);
+      expect(fs.readdirSync(checkpoints).filter((e) => e.startsWith("0002.damaged-"))).toHaveLength(1);
+      await resumed.train(await rolloutGroups(resumed.openai(), "power-cut", 71));
+      expect(resumed.checkpoints()).toEqual([1, 2]);
+      await resumed.close();
+    });
+  });
+
   it("says the model was closed, to a client made before close() and to every later call", async () => {
     const model = await TrainableModel.load({ name: "closed", project: "p", baseModel: baseDir, artDir, log: quiet });
     const client = model.openai(); // what a notebook's earlier cell holds when its last cell closed the model
