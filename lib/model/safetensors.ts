@@ -52,6 +52,8 @@ class SafetensorsFile {
   constructor(file: string) {
     this.file = file;
     if (!fs.existsSync(file)) throw new ArtError("not_found", `${file}: no such safetensors file`);
+    // A FIFO or a device would block or stream forever when read.
+    if (!fs.statSync(file).isFile()) throw new ArtError("corrupt_safetensors", `${file}: not a regular file; a safetensors file is a plain file`);
     this.fd = fs.openSync(file, "r");
     try {
       this.parseHeader();
@@ -81,23 +83,29 @@ class SafetensorsFile {
     if (typeof header !== "object" || header === null || Array.isArray(header)) corrupt(this.file, "the header is not a JSON object");
     const dataStart = 8 + headerLength;
     const dataLength = fileSize - dataStart;
+    const isCount = (n: unknown): n is number => Number.isSafeInteger(n) && (n as number) >= 0;
+    const ranges: [number, number, string][] = [];
     for (const [name, raw] of Object.entries(header)) {
       if (name === "__metadata__") {
+        if (typeof raw !== "object" || raw === null || Array.isArray(raw) || !Object.values(raw).every((v) => typeof v === "string")) {
+          corrupt(this.file, "__metadata__ is not an object of strings");
+        }
         Object.assign(this.metadata, raw);
         continue;
       }
-      const { dtype, shape, data_offsets: offsets } = raw as { dtype: string; shape: number[]; data_offsets: number[] };
-      if (!(dtype in BYTES_PER_ELEMENT)) {
+      if (typeof raw !== "object" || raw === null || Array.isArray(raw)) corrupt(this.file, `tensor "${name}" has a malformed header entry`);
+      const { dtype, shape, data_offsets: offsets } = raw as { dtype: unknown; shape: unknown; data_offsets: unknown };
+      if (typeof dtype !== "string" || !Object.hasOwn(BYTES_PER_ELEMENT, dtype)) {
         throw new ArtError(
           "unsupported_dtype",
-          `${this.file}: tensor "${name}" has dtype ${dtype}; art-ts reads F32, BF16 and F16 checkpoints`,
+          `${this.file}: tensor "${name}" has dtype ${String(dtype)}; art-ts reads F32, BF16 and F16 checkpoints`,
         );
       }
-      if (!Array.isArray(shape) || !Array.isArray(offsets) || offsets.length !== 2) {
-        corrupt(this.file, `tensor "${name}" has a malformed header entry`);
+      if (!Array.isArray(shape) || !shape.every(isCount) || !Array.isArray(offsets) || offsets.length !== 2 || !offsets.every(isCount) || offsets[0] > offsets[1]) {
+        corrupt(this.file, `tensor "${name}" has a malformed header entry (shape and data_offsets must be non-negative whole numbers, begin <= end)`);
       }
-      const [begin, end] = offsets;
-      const elements = shape.reduce((a, b) => a * b, 1);
+      const [begin, end] = offsets as [number, number];
+      const elements = (shape as number[]).reduce((a, b) => a * b, 1);
       const byteLength = elements * BYTES_PER_ELEMENT[dtype as SafetensorsDType];
       if (end - begin !== byteLength) {
         corrupt(this.file, `tensor "${name}" of shape [${shape}] ${dtype} needs ${byteLength} bytes, header says ${end - begin}`);
@@ -105,9 +113,16 @@ class SafetensorsFile {
       if (end > dataLength) {
         corrupt(this.file, `tensor "${name}" needs data bytes [${begin}, ${end}) but the file holds only ${dataLength}`);
       }
+      ranges.push([begin, end, name]);
       this.entries.set(name, {
-        name, dtype: dtype as SafetensorsDType, shape, file: this.file, start: dataStart + begin, byteLength,
+        name, dtype: dtype as SafetensorsDType, shape: shape as number[], file: this.file, start: dataStart + begin, byteLength,
       });
+    }
+    // Two tensors sharing bytes would make one write show up in the other.
+    ranges.sort((a, b) => a[0] - b[0]);
+    for (let i = 1; i < ranges.length; i++) {
+      const [previous, current] = [ranges[i - 1]!, ranges[i]!];
+      if (current[0] < previous[1]) corrupt(this.file, `tensors "${previous[2]}" [${previous[0]}, ${previous[1]}) and "${current[2]}" [${current[0]}, ${current[1]}) overlap`);
     }
   }
 
@@ -218,7 +233,11 @@ function openSharded(indexFile: string): TensorStore {
   const files: SafetensorsFile[] = [];
   try {
     for (const shard of new Set(Object.values(weightMap))) {
-      const file = path.join(dir, shard);
+      const file = path.join(dir, String(shard));
+      // An index may only name files beside it: "../x" or an absolute path would read outside the checkpoint.
+      if (typeof shard !== "string" || path.isAbsolute(shard) || path.relative(dir, file).startsWith("..") || path.dirname(path.relative(dir, file)) !== ".") {
+        throw new ArtError("corrupt_index", `${indexFile}: shard ${JSON.stringify(shard)} is not a file name in ${dir}; an index names shards beside it`);
+      }
       if (!fs.existsSync(file)) throw new ArtError("not_found", `${indexFile}: names shard "${shard}", which does not exist`);
       files.push(new SafetensorsFile(file));
     }

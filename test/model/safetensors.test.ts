@@ -1,5 +1,6 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
+import { spawnSync } from "node:child_process";
 import { describe, expect, it } from "vitest";
 import { f16ToF32, f32ToBf16, f32ToF16, openSafetensors, writeSafetensors } from "../../lib/model/safetensors.ts";
 import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";
@@ -92,6 +93,43 @@ describe("safetensors", () => {
       fs.writeFileSync(ints, Buffer.concat([length, header, Buffer.alloc(8)]));
       expect(() => openSafetensors(ints)).toThrow(`${ints}: tensor "ids" has dtype I64; art-ts reads F32, BF16 and F16 checkpoints`);
     });
+    it("header entries that would read outside their tensor: negative, reversed or overlapping ranges, bad shapes", () => {
+      const craft = (header: Record<string, unknown>, dataBytes = 16) => {
+        const file = path.join(tempDir(), "crafted.safetensors");
+        const json = Buffer.from(JSON.stringify(header));
+        const length = Buffer.alloc(8);
+        length.writeBigUInt64LE(BigInt(json.length));
+        fs.writeFileSync(file, Buffer.concat([length, json, Buffer.alloc(dataBytes)]));
+        return () => openSafetensors(file);
+      };
+      const malformed = /has a malformed header entry \(shape and data_offsets must be non-negative whole numbers, begin <= end\)/;
+      expect(craft({ w: { dtype: "F32", shape: [2], data_offsets: [-8, 0] } })).toThrow(malformed); // would read the header as weights
+      expect(craft({ w: { dtype: "F32", shape: [2], data_offsets: [8, 0] } })).toThrow(malformed);
+      expect(craft({ w: { dtype: "F32", shape: [-2], data_offsets: [0, 8] } })).toThrow(malformed);
+      expect(craft({ w: { dtype: "F32", shape: [1.5], data_offsets: [0, 6] } })).toThrow(malformed);
+      expect(craft({ w: null })).toThrow(/tensor "w" has a malformed header entry/);
+      expect(craft({ w: { dtype: "toString", shape: [1], data_offsets: [0, 4] } })).toThrow(/has dtype toString; art-ts reads F32/);
+      expect(craft({ __metadata__: { format: 3 } })).toThrow(/__metadata__ is not an object of strings/);
+      expect(craft({ a: { dtype: "F32", shape: [2], data_offsets: [0, 8] }, b: { dtype: "F32", shape: [2], data_offsets: [4, 12] } }))
+        .toThrow(/tensors "a" \[0, 8\) and "b" \[4, 12\) overlap/);
+      expect(craft({ a: { dtype: "F32", shape: [2], data_offsets: [0, 8] }, b: { dtype: "F32", shape: [2], data_offsets: [8, 16] } })).not.toThrow();
+    });
+
+    it("only regular files, and only shards beside their index", () => {
+      const fifo = path.join(tempDir(), "pipe.safetensors");
+      expect(spawnSync("mkfifo", [fifo]).status).toBe(0);
+      expect(() => openSafetensors(fifo)).toThrow(`${fifo}: not a regular file; a safetensors file is a plain file`);
+      const sharded = tempDir();
+      writeTinyCheckpoint(sharded, { arch: "qwen2", shards: 2 });
+      const indexFile = path.join(sharded, "model.safetensors.index.json");
+      const index = JSON.parse(fs.readFileSync(indexFile, "utf8"));
+      for (const escape of ["../model-00001-of-00002.safetensors", path.join(sharded, "model-00001-of-00002.safetensors"), "sub/x.safetensors"]) {
+        const name = Object.keys(index.weight_map)[0]!;
+        fs.writeFileSync(indexFile, JSON.stringify({ ...index, weight_map: { ...index.weight_map, [name]: escape } }));
+        expect(() => openSafetensors(sharded), escape).toThrow(/is not a file name in .*; an index names shards beside it/);
+      }
+    });
+
     it("no weights in a directory, and a shard the index names but lacks", () => {
       const empty = tempDir();
       expect(() => openSafetensors(empty))
