@@ -43,7 +43,12 @@ async function handle(context: HandlerContext, request: Request): Promise<Respon
     return json(200, { object: "list", data: context.modelIds().map((id) => modelObject(id, context.created)) });
   }
   if (path.startsWith("/v1/models/") && request.method === "GET") {
-    const id = decodeURIComponent(path.slice("/v1/models/".length));
+    let id: string;
+    try {
+      id = decodeURIComponent(path.slice("/v1/models/".length));
+    } catch {
+      throw ApiError.invalid(null, `The model id in ${JSON.stringify(url.pathname.slice(0, 200))} is not valid percent-encoding.`);
+    }
     if (!context.route(id)) throw modelNotFound(id);
     return json(200, modelObject(id, context.created));
   }

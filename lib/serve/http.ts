@@ -61,7 +61,8 @@ async function serveOne(handler: Handler, req: IncomingMessage, res: ServerRespo
     else if (Array.isArray(value)) for (const v of value) headers.append(name, v);
   }
   const method = req.method ?? "GET";
-  const request = new Request(`http://${req.headers.host ?? "localhost"}${req.url ?? "/"}`, {
+  // The handler routes by path alone: a fixed origin keeps a malformed Host header from failing the request.
+  const request = new Request(new URL(req.url ?? "/", "http://localhost"), {
     method,
     headers,
     // The body streams: the handler checks the key and the declared size before it reads any of it.

@@ -48,7 +48,7 @@ export const MAX_ENUM_VALUES = 1000;
 
 /** Compiles a JSON Schema (already parsed JSON) into a SchemaNode, or throws ArtError("invalid_schema"). */
 export function compileSchema(schema: unknown): SchemaNode {
-  const node = compileNode(schema, "#");
+  const node = compileNode(schema, "#", 0);
   const values = literalValues(node);
   if (values > MAX_ENUM_VALUES) {
     throw schemaError("#", `the schema holds ${values} enum/const values in all; constrained decoding here takes at most ${MAX_ENUM_VALUES} (OpenAI's limit for structured outputs): use a string with a description instead of the longest enum`);
@@ -66,7 +66,11 @@ function literalValues(node: SchemaNode): number {
   }
 }
 
-function compileNode(schema: unknown, path: string): SchemaNode {
+/** Nesting a schema may have; deeper ones are refused (a 5,000-deep schema overflowed the stack: a 500). */
+const MAX_SCHEMA_DEPTH = 64;
+
+function compileNode(schema: unknown, path: string, depth: number): SchemaNode {
+  if (depth > MAX_SCHEMA_DEPTH) throw schemaError(`${path.slice(0, 120)}…`, `nests deeper than ${MAX_SCHEMA_DEPTH} levels`);
   if (schema === true || (isPlainObject(schema) && Object.keys(schema).every((k) => ANNOTATIONS.has(k)))) return { kind: "any" };
   if (!isPlainObject(schema)) throw schemaError(path, "a schema must be an object (or true)");
 
@@ -78,7 +82,7 @@ function compileNode(schema: unknown, path: string): SchemaNode {
   if ("anyOf" in schema) {
     checkKeywords(schema, new Set(["anyOf"]), path);
     if (!Array.isArray(schema.anyOf) || schema.anyOf.length === 0) throw schemaError(path, "anyOf must be a non-empty array");
-    return { kind: "anyOf", options: schema.anyOf.map((option, i) => compileNode(option, `${path}/anyOf/${i}`)) };
+    return { kind: "anyOf", options: schema.anyOf.map((option, i) => compileNode(option, `${path}/anyOf/${i}`, depth + 1)) };
   }
 
   const type = schema.type;
@@ -92,17 +96,17 @@ function compileNode(schema: unknown, path: string): SchemaNode {
   const allowed = new Set(["type"]);
   for (const t of types) for (const k of KEYWORDS_BY_TYPE[t]) allowed.add(k);
   checkKeywords(schema, allowed, path);
-  const nodes = types.map((t) => typeNode(t as string, schema, path));
+  const nodes = types.map((t) => typeNode(t as string, schema, path, depth));
   return nodes.length === 1 ? nodes[0] : { kind: "anyOf", options: nodes };
 }
 
-function typeNode(type: string, schema: Record<string, unknown>, path: string): SchemaNode {
+function typeNode(type: string, schema: Record<string, unknown>, path: string, depth: number): SchemaNode {
   switch (type) {
     case "object": {
       const properties = new Map<string, SchemaNode>();
       const props = schema.properties ?? {};
       if (!isPlainObject(props)) throw schemaError(path, "properties must be an object");
-      for (const [name, sub] of Object.entries(props)) properties.set(name, compileNode(sub, `${path}/properties/${name}`));
+      for (const [name, sub] of Object.entries(props)) properties.set(name, compileNode(sub, `${path}/properties/${name}`, depth + 1));
       const required = new Set<string>();
       const req = schema.required ?? [];
       if (!Array.isArray(req) || !req.every((r) => typeof r === "string")) throw schemaError(path, "required must be an array of strings");
@@ -111,7 +115,7 @@ function typeNode(type: string, schema: Record<string, unknown>, path: string): 
       let additional: SchemaNode | null;
       if (extra === false) additional = null;
       else if (extra === undefined || extra === true) additional = { kind: "any" };
-      else additional = compileNode(extra, `${path}/additionalProperties`);
+      else additional = compileNode(extra, `${path}/additionalProperties`, depth + 1);
       if (additional === null) {
         for (const name of required) {
           if (!properties.has(name)) throw schemaError(path, `required property "${name}" is not in properties and additionalProperties is false`);
@@ -123,7 +127,7 @@ function typeNode(type: string, schema: Record<string, unknown>, path: string): 
       const minItems = count(schema.minItems, 0, path, "minItems");
       const maxItems = count(schema.maxItems, Number.POSITIVE_INFINITY, path, "maxItems");
       if (minItems > maxItems) throw schemaError(path, `minItems ${minItems} is larger than maxItems ${maxItems}`);
-      const items = schema.items === undefined ? { kind: "any" as const } : compileNode(schema.items, `${path}/items`);
+      const items = schema.items === undefined ? { kind: "any" as const } : compileNode(schema.items, `${path}/items`, depth + 1);
       return { kind: "array", items, minItems, maxItems };
     }
     case "string": {

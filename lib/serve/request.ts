@@ -142,6 +142,10 @@ function parseTools(value: unknown): Tool[] {
     if (!isObject(tool) || tool.type !== "function" || !isObject(fn) || typeof fn.name !== "string" || fn.name === "") {
       throw ApiError.invalid(`tools[${i}]`, `tools[${i}] must be {type: "function", function: {name, description?, parameters?}}.`);
     }
+    // OpenAI's rule for function names; it also keeps markup such as </tool_call> out of the prompt's tool list.
+    if (!/^[A-Za-z0-9_-]{1,64}$/.test(fn.name)) {
+      throw ApiError.invalid(`tools[${i}].function.name`, `tools[${i}].function.name must be 1 to 64 letters, digits, underscores or dashes, got ${JSON.stringify(fn.name.slice(0, 80))}.`);
+    }
     if (fn.parameters !== undefined && !isObject(fn.parameters)) throw ApiError.invalid(`tools[${i}].function.parameters`, `tools[${i}].function.parameters must be a JSON Schema object.`);
   });
   return value as Tool[];

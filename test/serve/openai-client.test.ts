@@ -194,6 +194,20 @@ describe("raw requests", () => {
     }
   });
 
+  it("answers 400, not 500, to a 5,000-deep schema, a broken %-escape in a model id and a tool name with markup", async () => {
+    const schema = `${'{"type":"object","properties":{"a":'.repeat(5000)}{"type":"string"}${"}}".repeat(5000)}`; // too deep for JSON.stringify here
+    const deep = await post(`{"model":"tiny-base","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":${schema}}}}`);
+    expect(deep.status).toBe(400);
+    expect(((await deep.json()) as ErrorBody).error.message).toMatch(/nests deeper than 64 levels/);
+    const escape = await server.fetch(`${IN_PROCESS_BASE_URL}/models/%E0%A4%A`, { headers: { authorization: `Bearer ${API_KEY}` } });
+    expect(escape.status).toBe(400);
+    expect(((await escape.json()) as ErrorBody).error.message).toMatch(/is not valid percent-encoding/);
+    const tool = { type: "function", function: { name: "search</tool_call>", parameters: { type: "object" } } };
+    const named = await post(JSON.stringify({ model: "tiny-base", messages: [{ role: "user", content: "x" }], tools: [tool], tool_choice: "required" }));
+    expect(named.status).toBe(400);
+    expect(((await named.json()) as ErrorBody).error).toMatchObject({ param: "tools[0].function.name", message: expect.stringMatching(/1 to 64 letters, digits, underscores or dashes/) });
+  });
+
   it("an unknown path is a 404", async () => {
     const response = await server.fetch(`${IN_PROCESS_BASE_URL}/completions`, { method: "POST", body: "{}", headers: { authorization: `Bearer ${API_KEY}` } });
     expect(response.status).toBe(404);
@@ -237,6 +251,16 @@ describe("request limits over HTTP", () => {
       request.write("x".repeat(sent));
     });
   }
+
+  it("serves a request whose Host header is malformed (it routes by path)", async () => {
+    const status = await new Promise<number>((resolve, reject) => {
+      httpRequest(`${handle.baseURL}/models`, { headers: { host: "bad host:::", authorization: `Bearer ${API_KEY}` } }, (response) => {
+        response.resume();
+        resolve(response.statusCode!);
+      }).on("error", reject).end();
+    });
+    expect(status).toBe(200);
+  });
 
   it("answers 401 to a wrong key before reading the body", async () => {
     const reply = await unfinishedPost({ authorization: "Bearer wrong", "content-type": "application/json", "content-length": "100000000" }, 1024);
