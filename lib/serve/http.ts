@@ -4,7 +4,6 @@
  */
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { Readable } from "node:stream";
 import type { Handler } from "./handler.ts";
 
 export interface HttpServerOptions {
@@ -66,12 +65,23 @@ async function serveOne(handler: Handler, req: IncomingMessage, res: ServerRespo
     method,
     headers,
     // The body streams: the handler checks the key and the declared size before it reads any of it.
-    body: method === "GET" || method === "HEAD" ? undefined : (Readable.toWeb(req) as ReadableStream<Uint8Array>),
+    body: method === "GET" || method === "HEAD" ? undefined : bodyStream(req),
     duplex: "half",
     signal: abort.signal,
   } as RequestInit);
   const response = await handler(request);
-  res.writeHead(response.status, Object.fromEntries(response.headers));
+  const responseHeaders = Object.fromEntries(response.headers);
+  if (!req.complete) {
+    // Refused unread (401, 413, 415): a connection with a body still arriving cannot carry another request. The
+    // rest is discarded rather than left unread (closing on unread data would reset the connection and could
+    // lose the answer), the connection closes after the answer, and a client still sending after 10 s is cut off.
+    responseHeaders.connection = "close";
+    req.removeAllListeners("data");
+    req.resume();
+    const cutOff = setTimeout(() => req.socket.destroy(), 10_000).unref();
+    req.once("end", () => clearTimeout(cutOff));
+  }
+  res.writeHead(response.status, responseHeaders);
   if (!response.body) {
     res.end();
     return;
@@ -89,3 +99,29 @@ async function serveOne(handler: Handler, req: IncomingMessage, res: ServerRespo
   }
   res.end();
 }
+
+/** The request body as a web stream that reads only as fast as it is consumed (nothing is buffered ahead). */
+function bodyStream(req: IncomingMessage): ReadableStream<Uint8Array> {
+  req.pause();
+  let cancelled = false;
+  return new ReadableStream<Uint8Array>({
+    start(controller) {
+      req.on("data", (chunk: Buffer) => {
+        controller.enqueue(new Uint8Array(chunk.buffer, chunk.byteOffset, chunk.byteLength));
+        if ((controller.desiredSize ?? 0) <= 0) req.pause();
+      });
+      req.on("end", () => cancelled || controller.close());
+      req.on("error", (error) => cancelled || controller.error(error));
+    },
+    pull() {
+      req.resume();
+    },
+    cancel() {
+      // The rest of the body is discarded, and the connection stays readable for the answer.
+      cancelled = true;
+      req.removeAllListeners("data");
+      req.resume();
+    },
+  }, { highWaterMark: 64 * 1024, size: (chunk) => chunk.byteLength });
+}
+

@@ -3,7 +3,7 @@
  * loopback HTTP, chat completions with and without streaming, forced tool calls, and OpenAI-style errors.
  */
 import OpenAI from "openai";
-import { request as httpRequest } from "node:http";
+import { Agent, request as httpRequest } from "node:http";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import type { ChatCompletionTool } from "openai/resources/chat/completions";
 import { IN_PROCESS_BASE_URL, ModelServer, type ServableModel } from "../../lib/serve/model-server.ts";
@@ -274,6 +274,29 @@ describe("request limits over HTTP", () => {
     expect(declared.body.error).toMatchObject({ code: "request_too_large", message: expect.stringMatching(/larger than this server's limit of 4096 bytes/) });
     const chunked = await unfinishedPost({ authorization: `Bearer ${API_KEY}`, "content-type": "application/json", "transfer-encoding": "chunked" }, 8192);
     expect(chunked.status).toBe(413);
+  });
+
+  it("keeps serving a keep-alive client after refusing a body unread", async () => {
+    const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+    const ask = (method: string, body: string | null, headers: Record<string, string>) => new Promise<number>((resolve, reject) => {
+      const request = httpRequest(`${handle.baseURL}/${method === "GET" ? "models" : "chat/completions"}`, { method, agent, headers }, (response) => {
+        response.resume();
+        response.on("end", () => resolve(response.statusCode!));
+      });
+      request.on("error", reject);
+      request.end(body ?? undefined);
+    });
+    const refused = [
+      ask("POST", "x".repeat(2_000_000), { authorization: `Bearer ${API_KEY}`, "content-type": "application/json" }),
+      ask("POST", "x".repeat(2_000_000), { authorization: `Bearer ${API_KEY}`, "content-type": "text/plain" }),
+      ask("POST", "x".repeat(2_000_000), { authorization: "Bearer wrong", "content-type": "application/json" }),
+    ];
+    const next = ask("GET", null, { authorization: `Bearer ${API_KEY}` }); // queued behind them on the one socket
+    const started = Date.now();
+    expect(await Promise.all(refused)).toEqual([413, 415, 401]);
+    expect(await next).toBe(200);
+    expect(Date.now() - started).toBeLessThan(2000); // an unread body used to hold the socket until a timeout
+    agent.destroy();
   });
 
   it("refuses a body that is not declared as JSON (a web page can post text/plain to loopback without a preflight)", async () => {
