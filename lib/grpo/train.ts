@@ -233,7 +233,8 @@ export class Trainer {
   }
 
   /** Writes adapter (or full weights), optimiser moments and counters into `dir`, atomically (temp dir + rename). */
-  saveCheckpoint(dir: string, baseModel = ""): void {
+  /** `extraFiles`: more files (name → text) saved inside the checkpoint, atomically with it. */
+  saveCheckpoint(dir: string, baseModel = "", extraFiles: Record<string, string> = {}): void {
     const tmp = `${dir}.tmp-${process.pid}`;
     fs.rmSync(tmp, { recursive: true, force: true });
     fs.mkdirSync(tmp, { recursive: true });
@@ -256,6 +257,7 @@ export class Trainer {
     writeSafetensors(path.join(tmp, OPTIMIZER_FILE), moments);
     const state = { step: this.step, optimizerStep: this.optimizer.step, mode: this.network.lora === null ? "full" : "lora", config: this.config };
     fs.writeFileSync(path.join(tmp, STATE_FILE), JSON.stringify(state, null, 2) + "\n");
+    for (const [name, text] of Object.entries(extraFiles)) fs.writeFileSync(path.join(tmp, name), text);
     // On disk before it is named: a power cut leaves either the previous checkpoint or this whole one.
     syncTree(tmp);
     fs.rmSync(dir, { recursive: true, force: true });

@@ -247,11 +247,9 @@ export class TrainableModel {
     throwIfInterrupted(`train(), before step ${sampledAt + 1}`);
     // The rollouts are on disk before anything can fail; a retried step rewrites them.
     writeTrajectories(this.dir, "train", sampledAt, groups, "replace");
-    const { result, row } = await this.trainStep("train()", (checkpoint) => {
+    const { result, row } = await this.trainStep("train()", () => {
       const trainer = new Trainer(this.network, { ...config, lora: this.network.lora }, { step: sampledAt, optimizer: this.optimizer });
-      const result = trainer.trainOnGroups(this.lm.tokenizer, groups);
-      trainer.saveCheckpoint(checkpoint, this.baseModel);
-      return result;
+      return { trainer, result: trainer.trainOnGroups(this.lm.tokenizer, groups) };
     }, (result, trainerSeconds) => {
       const now = performance.now();
       // The step's wall time runs from the end of the previous train() call (rollouts and judging included).
@@ -280,12 +278,13 @@ export class TrainableModel {
   }
 
   /**
-   * One training step as a unit, sampling paused: `train` updates the adapter and the AdamW state in memory and
-   * saves the checkpoint of the next step, then `row` is appended to history.jsonl and the step advances. If any
+   * One training step as a unit, sampling paused: `train` updates the adapter and the AdamW state in memory, the
+   * checkpoint of the next step is saved with `row` inside it, then `row` is appended to history.jsonl and the step
+   * advances. If any
    * of it fails (a bad batch, a full disk), the adapter and AdamW state are put back as they were, a checkpoint the
    * call wrote is removed, the step stays, and the error says so; nothing of earlier steps is touched.
    */
-  private async trainStep<T>(what: string, train: (checkpoint: string) => T, row: (result: T, trainerSeconds: number) => HistoryRow): Promise<{ result: T; row: HistoryRow }> {
+  private async trainStep<T>(what: string, train: () => { trainer: Trainer; result: T }, row: (result: T, trainerSeconds: number) => HistoryRow): Promise<{ result: T; row: HistoryRow }> {
     const step = this.currentStep + 1;
     const checkpoint = checkpointDir(this.project, this.name, step, this.artDir);
     // A step runs to its checkpoint; an interrupt meanwhile stops the loop at its next boundary.
@@ -294,8 +293,10 @@ export class TrainableModel {
     await this.server.pause();
     const before = this.snapshotTraining();
     try {
-      const result = train(checkpoint);
+      const { trainer, result } = train();
       const historyRow = row(result, (performance.now() - started) / 1000);
+      // The row rides inside the checkpoint: a crash between its rename and the append below is repaired on load.
+      trainer.saveCheckpoint(checkpoint, this.baseModel, { [HISTORY_ROW_FILE]: `${JSON.stringify(historyRow)}\n` });
       try {
         appendHistory(this.dir, historyRow);
       } catch (error) {
@@ -386,14 +387,13 @@ export class TrainableModel {
     };
     const sampledAt = this.currentStep;
     throwIfInterrupted(`trainSft(), before step ${sampledAt + 1}`);
-    const { result: losses, row } = await this.trainStep("trainSft()", (checkpoint) => {
+    const { result: losses, row } = await this.trainStep("trainSft()", () => {
       const losses: number[] = [];
       // The trainer counts the batches, which is what the schedule runs over; the checkpoint counts the call.
       const trainer = new Trainer(this.network, config, { step: 0, optimizer: this.optimizer });
       for (const batch of batches) losses.push(trainer.sftStep(batch).loss);
       trainer.step = sampledAt + 1;
-      trainer.saveCheckpoint(checkpoint, this.baseModel);
-      return losses;
+      return { trainer, result: losses };
     }, (losses, trainerSeconds) => ({
       step: sampledAt,
       recorded_at: new Date().toISOString(),
@@ -617,10 +617,30 @@ function attachTrainer(lm: CausalLM, options: TrainableModelOptions, lora: LoraC
     if (trainer.network.lora === null) {
       throw new ArtError("full_parameter_checkpoint", `${dir}: a full-parameter checkpoint; TrainableModel trains and serves LoRA adapters over an unchanged base model`);
     }
+    repairHistory(path.dirname(checkpoints), dir, log);
     log(`art-ts: ${options.project}/${options.name} resumes at step ${trainer.step} from ${dir}`);
     return { network: trainer.network, optimizer: trainer.optimizer, step: trainer.step };
   }
   return { network: new DifferentiableTransformer(lm.model, { lora, seed: options.seed ?? 0 }), optimizer: createAdamWState(), step: 0 };
+}
+
+/** Each checkpoint holds its step's history row, written with it (history.jsonl gets it right after). */
+const HISTORY_ROW_FILE = "history_row.json";
+
+/** Appends the checkpoint's history row when history.jsonl lacks it: the process died between the two writes. */
+function repairHistory(modelDir: string, checkpoint: string, log: (message: string) => void): void {
+  const file = path.join(checkpoint, HISTORY_ROW_FILE);
+  if (!fs.existsSync(file)) return;
+  let row: HistoryRow;
+  try {
+    row = JSON.parse(fs.readFileSync(file, "utf8")) as HistoryRow;
+  } catch (error) {
+    log(`art-ts: WARNING: ${file} is not JSON (${(error as Error).message}); history.jsonl is left as it is`);
+    return;
+  }
+  if (readHistory(modelDir).some((r) => r.training_step === row.training_step && r.recorded_at === row.recorded_at)) return;
+  appendHistory(modelDir, row);
+  log(`art-ts: history.jsonl lacked the row of ${checkpoint} (the process stopped between the two writes); appended it from the checkpoint`);
 }
 
 /** Removes what a save cut short by a crash left behind (`NNNN.tmp-PID` of a process that is gone). */

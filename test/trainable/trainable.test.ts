@@ -267,6 +267,23 @@ describe("TrainableModel", () => {
       await model.close();
     });
 
+    it("restores the history row of a step whose process died between saving the checkpoint and appending the row", async () => {
+      const model = await load("killed");
+      await model.train(await rolloutGroups(model.openai(), "killed", 81));
+      await model.close();
+      const history = path.join(model.dir, "history.jsonl");
+      const row = fs.readFileSync(history, "utf8");
+      expect(JSON.parse(fs.readFileSync(path.join(model.dir, "checkpoints", "0001", "history_row.json"), "utf8"))).toEqual(JSON.parse(row));
+      fs.writeFileSync(history, ""); // kill -9 after the checkpoint's rename, before the append
+      const lines: string[] = [];
+      const resumed = await load("killed", (line) => lines.push(line));
+      expect(fs.readFileSync(history, "utf8")).toBe(row);
+      expect(lines.join("\n")).toMatch(/history\.jsonl lacked the row of .*0001 .*appended it from the checkpoint/);
+      await resumed.close();
+      await (await load("killed")).close(); // a second load finds the row there and adds nothing
+      expect(fs.readFileSync(history, "utf8")).toBe(row);
+    });
+
     it("resumes from the last complete checkpoint when the latest is damaged, and clears what crashed saves left", async () => {
       const model = await load("power-cut");
       for (const seed of [51, 61]) await model.train(await rolloutGroups(model.openai(), "power-cut", seed));
