@@ -11,7 +11,7 @@ import type { ChatCompletionMessageFunctionToolCall } from "openai/resources/cha
 export type ParsedToolCall = ChatCompletionMessageFunctionToolCall;
 
 export interface ParsedToolCalls {
-  /** The text outside the tool-call blocks (trimmed when blocks were removed). */
+  /** The text outside the tool-call blocks (see contentAround for its whitespace when blocks were removed). */
   content: string;
   toolCalls: ParsedToolCall[];
   /** One line per block that could not be turned into a call, and per stray closing tag. */
@@ -45,8 +45,18 @@ export function parseToolCalls(text: string): ParsedToolCalls {
     else toolCalls.push(parsed);
     cursor = close + TOOL_CALL_CLOSE.length;
   }
-  const joined = outside.join("");
-  return { content: blockNumber > 0 ? joined.trim() : joined, toolCalls, errors };
+  return { content: blockNumber > 0 ? contentAround(outside) : outside.join(""), toolCalls, errors };
+}
+
+/**
+ * The text outside the blocks: what came before the first block loses only its trailing whitespace (a stream has
+ * sent the rest of it already, so the answer must begin with exactly that), what follows is kept, blank lines at the
+ * start and whitespace at the end dropped.
+ */
+function contentAround(outside: string[]): string {
+  const head = outside[0]!.trimEnd();
+  const tail = outside.slice(1).join("");
+  return (head === "" ? tail.trimStart() : head + tail).trimEnd();
 }
 
 /** A call, or the error line that says why the block is not one. */

@@ -2,6 +2,7 @@
  * How sampled tokens become an OpenAI choice: tool-call blocks to tool_calls, malformed blocks kept as text with
  * their reasons and a metric, and what a stream may send before a stop string or a tool call is decided.
  */
+import fc from "fast-check";
 import { beforeAll, describe, expect, it } from "vitest";
 import type { Tokenizer } from "../../lib/model/tokenizer.ts";
 import { ChoiceBuilder, type ServeMetrics } from "../../lib/serve/chat.ts";
@@ -33,6 +34,15 @@ function play(text: string, body: Record<string, unknown>, served = metrics()) {
 }
 
 describe("choices from sampled tokens", () => {
+  it("stream the same content a non-streamed answer holds, whatever text and tool calls are around it", () => {
+    const call = '<tool_call>\n{"name": "move", "arguments": {"cell": 4}}\n</tool_call>';
+    const part = fc.constantFrom("Sure.", "a b", " ", "\n", "\n\n", "  x  ", "<tool", "_call>", call, call, "</tool_call>", "done");
+    fc.assert(fc.property(fc.array(part, { maxLength: 8 }), fc.boolean(), (parts, withTools) => {
+      const { choice, streamed } = play(parts.join(""), withTools ? { tools: [tool] } : {});
+      expect(streamed).toBe(choice.message.content ?? "");
+    }), { seed: 20261125, numRuns: 300 });
+  });
+
   it("a well-formed tool call becomes tool_calls with finish_reason tool_calls", () => {
     const { choice, streamed, sentBeforeEnd } = play('Thinking.\n<tool_call>\n{"name": "move", "arguments": {"cell": 4}}\n</tool_call>', { tools: [tool] });
     expect(choice.finish_reason).toBe("tool_calls");
