@@ -171,13 +171,16 @@ export class ChatCompletionRun {
     const choices = builders.map((builder, i) => ({ ...builder.finish(results[i].finishReason, this.metrics), prompt_token_ids: [...this.promptIds] }));
     if (onChunk) {
       for (const c of choices) {
-        const delta: ChatCompletionChunk.Choice.Delta = {};
         const remaining = builders[c.index].unsentContent(c);
-        if (remaining) delta.content = remaining;
-        if (c.message.tool_calls) {
-          delta.tool_calls = c.message.tool_calls.map((call, i) => ({ index: i, id: call.id, type: "function", function: call.type === "function" ? call.function : undefined }));
+        if (remaining) onChunk(this.chunk([{ index: c.index, delta: { content: remaining }, finish_reason: null, logprobs: null }]));
+        // As OpenAI streams them: each call opens with its id and name, its arguments follow in their own delta, and
+        // the finish comes last in a chunk of its own (openai-node's stream() emits a call's "done" events only then).
+        for (const [i, call] of (c.message.tool_calls ?? []).entries()) {
+          if (call.type !== "function") continue;
+          onChunk(this.chunk([{ index: c.index, delta: { tool_calls: [{ index: i, id: call.id, type: "function", function: { name: call.function.name, arguments: "" } }] }, finish_reason: null, logprobs: null }]));
+          onChunk(this.chunk([{ index: c.index, delta: { tool_calls: [{ index: i, function: { arguments: call.function.arguments } }] }, finish_reason: null, logprobs: null }]));
         }
-        onChunk(this.chunk([{ index: c.index, delta, finish_reason: c.finish_reason, logprobs: null }]));
+        onChunk(this.chunk([{ index: c.index, delta: {}, finish_reason: c.finish_reason, logprobs: null }]));
       }
     }
     const completionTokens = results.reduce((sum, r) => sum + r.tokens.length, 0);

@@ -121,11 +121,14 @@ for (const transport of ["in-process", "http"]) {
       const args = JSON.parse(call.type === "function" ? call.function.arguments : "");
       expect(typeof args.city).toBe("string");
 
-      const stream = await clients[transport].chat.completions.create({ ...params, stream: true });
-      const calls: unknown[] = [];
-      for await (const chunk of stream) for (const c of chunk.choices) calls.push(...(c.delta.tool_calls ?? []));
-      expect(calls).toHaveLength(1);
-      expect(calls[0]).toMatchObject({ index: 0, type: "function", function: { name: "get_weather", arguments: call.type === "function" ? call.function.arguments : "" } });
+      // openai-node's stream helper: its per-call "done" event fires only when the finish arrives in a later chunk.
+      const stream = clients[transport]!.chat.completions.stream(params);
+      const done: { name: string; arguments: string }[] = [];
+      stream.on("tool_calls.function.arguments.done", (event) => done.push({ name: event.name, arguments: event.arguments }));
+      const final = await stream.finalChatCompletion();
+      expect(done).toEqual([{ name: "get_weather", arguments: call.type === "function" ? call.function.arguments : "" }]);
+      expect(final.choices[0]!.finish_reason).toBe("tool_calls");
+      expect(final.choices[0]!.message.tool_calls).toMatchObject([{ id: expect.stringMatching(/^call_/), type: "function", function: { name: "get_weather", arguments: call.type === "function" ? call.function.arguments : "" } }]);
     });
 
     it("a tool conversation (assistant tool_calls + tool result) is accepted", async () => {
