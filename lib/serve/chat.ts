@@ -93,8 +93,8 @@ export class ChatCompletionRun {
     const { responseFormat, toolChoice, tools } = this.request;
     // Fixed texts (keys, literals, tool-call tags) cost what the vocabulary writes them in, not their bytes.
     const textCost = tokenTrieFor(this.route.tokenizer).greedyTokenCount;
-    if (responseFormat.type === "json_object") return new JsonGrammar(ANY_OBJECT, { textCost });
-    if (responseFormat.type === "json_schema") return new JsonGrammar(responseFormat.schema, { textCost });
+    // A forced call comes first: response_format shapes the answer given after the tools have run (OpenAI's order;
+    // the Agents SDK sends both to an agent that must call its tool, then answer in the format).
     if (toolChoice === "required" || typeof toolChoice === "object") {
       const options: SchemaNode[] = [];
       tools.forEach((tool, i) => {
@@ -116,6 +116,8 @@ export class ChatCompletionRun {
       const root: SchemaNode = options.length === 1 ? options[0] : { kind: "anyOf", options };
       return new JsonGrammar(root, { prefix: `${TOOL_CALL_OPEN}\n`, suffix: `\n${TOOL_CALL_CLOSE}`, textCost });
     }
+    if (responseFormat.type === "json_object") return new JsonGrammar(ANY_OBJECT, { textCost });
+    if (responseFormat.type === "json_schema") return new JsonGrammar(responseFormat.schema, { textCost });
     return null;
   }
 

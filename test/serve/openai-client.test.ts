@@ -131,6 +131,20 @@ for (const transport of ["in-process", "http"]) {
       expect(final.choices[0]!.message.tool_calls).toMatchObject([{ id: expect.stringMatching(/^call_/), type: "function", function: { name: "get_weather", arguments: call.type === "function" ? call.function.arguments : "" } }]);
     });
 
+    it("a required tool call wins over a response_format, which shapes the answer after the tool ran", async () => {
+      const format = { type: "json_schema" as const, json_schema: { name: "answer", strict: true, schema: { type: "object", properties: { summary: { type: "string", maxLength: 8 } }, required: ["summary"], additionalProperties: false } } };
+      const base = { model: "tiny-base", tools: [weatherTool], response_format: format, max_tokens: 100, seed: 7 };
+      const first = await clients[transport]!.chat.completions.create({ ...base, messages: [{ role: "user", content: "Weather in Paris?" }], tool_choice: "required" });
+      expect(first.choices[0]!.finish_reason).toBe("tool_calls");
+      const call = first.choices[0]!.message.tool_calls![0]!;
+      expect(call.type === "function" && call.function.name).toBe("get_weather");
+      const after = await clients[transport]!.chat.completions.create({
+        ...base, tool_choice: "auto", max_tokens: 60,
+        messages: [{ role: "user", content: "Weather in Paris?" }, first.choices[0]!.message, { role: "tool", tool_call_id: call.id, content: "sunny" }],
+      });
+      expect(JSON.parse(after.choices[0]!.message.content!)).toEqual({ summary: expect.any(String) });
+    });
+
     it("a tool conversation (assistant tool_calls + tool result) is accepted", async () => {
       const completion = await clients[transport].chat.completions.create({
         model: "tiny-base",
