@@ -4,9 +4,10 @@
  *
  * Supported: type (one or a list), object with properties / required / additionalProperties (boolean or a
  * schema), array with items / minItems / maxItems, string with enum / minLength / maxLength, number, integer,
- * boolean, null, enum, const, anyOf. Annotations (title, description, default, examples, $schema, $id, $comment) are ignored.
- * Everything else (oneOf, allOf, $ref, pattern, format, minimum, ...) is refused with an error naming the
- * keyword, so a schema is never silently weakened.
+ * boolean, null, enum and const (with or without a type they must match), anyOf, oneOf of a discriminated union,
+ * number bounds at ±2^53 (which every written number meets). Annotations (title, description, default, examples,
+ * $schema, $id, $comment) are ignored. Everything else (allOf, $ref, pattern, format, binding minimum, ...) is
+ * refused with an error naming the keyword, so a schema is never silently weakened.
  */
 import { ArtError } from "../core/errors.ts";
 
@@ -27,8 +28,8 @@ const KEYWORDS_BY_TYPE: Record<string, Set<string>> = {
   object: new Set(["properties", "required", "additionalProperties"]),
   array: new Set(["items", "minItems", "maxItems"]),
   string: new Set(["minLength", "maxLength"]),
-  number: new Set(),
-  integer: new Set(),
+  number: new Set(["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]),
+  integer: new Set(["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]),
   boolean: new Set(),
   null: new Set(),
 };
@@ -74,15 +75,23 @@ function compileNode(schema: unknown, path: string, depth: number): SchemaNode {
   if (schema === true || (isPlainObject(schema) && Object.keys(schema).every((k) => ANNOTATIONS.has(k)))) return { kind: "any" };
   if (!isPlainObject(schema)) throw schemaError(path, "a schema must be an object (or true)");
 
-  if ("const" in schema) return literalNode([schema.const], path, schema, ["const"]);
+  // zod and openai's zodResponseFormat write every literal as {type, const}.
+  if ("const" in schema) return literalNode([schema.const], path, schema, ["const", "type"]);
   if ("enum" in schema) {
     if (!Array.isArray(schema.enum) || schema.enum.length === 0) throw schemaError(path, "enum must be a non-empty array");
     return literalNode(schema.enum, path, schema, ["enum", "type"]);
   }
-  if ("anyOf" in schema) {
-    checkKeywords(schema, new Set(["anyOf"]), path);
-    if (!Array.isArray(schema.anyOf) || schema.anyOf.length === 0) throw schemaError(path, "anyOf must be a non-empty array");
-    return { kind: "anyOf", options: schema.anyOf.map((option, i) => compileNode(option, `${path}/anyOf/${i}`, depth + 1)) };
+  for (const keyword of ["anyOf", "oneOf"] as const) {
+    if (!(keyword in schema)) continue;
+    checkKeywords(schema, new Set([keyword]), path);
+    const list = schema[keyword];
+    if (!Array.isArray(list) || list.length === 0) throw schemaError(path, `${keyword} must be a non-empty array`);
+    const options = list.map((option, i) => compileNode(option, `${path}/${keyword}/${i}`, depth + 1));
+    // oneOf means exactly one option matches; decoding can promise that only when no value matches two of them.
+    if (keyword === "oneOf" && !discriminated(options)) {
+      throw schemaError(path, "oneOf is enforced only when its options are objects told apart by a required property with different const/enum values (a discriminated union); use anyOf if a value may match several");
+    }
+    return { kind: "anyOf", options };
   }
 
   const type = schema.type;
@@ -96,6 +105,7 @@ function compileNode(schema: unknown, path: string, depth: number): SchemaNode {
   const allowed = new Set(["type"]);
   for (const t of types) for (const k of KEYWORDS_BY_TYPE[t]) allowed.add(k);
   checkKeywords(schema, allowed, path);
+  if (types.includes("number") || types.includes("integer")) checkUnboundingLimits(schema, path);
   const nodes = types.map((t) => typeNode(t as string, schema, path, depth));
   return nodes.length === 1 ? nodes[0] : { kind: "anyOf", options: nodes };
 }
@@ -150,13 +160,64 @@ function literalNode(values: unknown[], path: string, schema: Record<string, unk
   checkKeywords(schema, new Set(keywords), path);
   const texts = values.map((v) => JSON.stringify(v));
   if (texts.some((t) => t === undefined)) throw schemaError(path, "enum/const values must be JSON values");
+  if (schema.type !== undefined) {
+    const types = Array.isArray(schema.type) ? schema.type : [schema.type];
+    for (const value of values) {
+      if (!types.some((t) => jsonTypeMatches(value, t))) throw schemaError(path, `the value ${JSON.stringify(value)} is not of type ${JSON.stringify(schema.type)}`);
+    }
+  }
   return { kind: "literal", texts: [...new Set(texts)] };
+}
+
+function jsonTypeMatches(value: unknown, type: unknown): boolean {
+  switch (type) {
+    case "string": return typeof value === "string";
+    case "number": return typeof value === "number";
+    case "integer": return Number.isInteger(value);
+    case "boolean": return typeof value === "boolean";
+    case "null": return value === null;
+    case "array": return Array.isArray(value);
+    case "object": return isPlainObject(value);
+    default: return false;
+  }
+}
+
+/**
+ * Number bounds the output cannot break are accepted: the grammar writes at most 15 integer digits, so bounds at
+ * or beyond ±2^53 (zod's .int(), JavaScript's safe integers) hold anyway. Bounds that would bind are refused: they
+ * are not enforced here, and a schema is never silently weakened.
+ */
+function checkUnboundingLimits(schema: Record<string, unknown>, path: string): void {
+  const reach = 2 ** 53 - 1;
+  for (const [key, holds] of [["minimum", (b: number) => b <= -reach], ["exclusiveMinimum", (b: number) => b < -reach], ["maximum", (b: number) => b >= reach], ["exclusiveMaximum", (b: number) => b > reach]] as const) {
+    const bound = schema[key];
+    if (bound === undefined) continue;
+    if (typeof bound !== "number" || !holds(bound)) {
+      throw schemaError(path, `keyword "${key}" ${JSON.stringify(bound)} is not enforced by constrained decoding here (only bounds at or beyond ±(2^53 - 1), which every written number meets, are accepted)`);
+    }
+  }
+}
+
+/** Whether the options are objects with a required property whose literal values no two options share. */
+function discriminated(options: SchemaNode[]): boolean {
+  if (!options.every((o) => o.kind === "object")) return false;
+  const objects = options as Extract<SchemaNode, { kind: "object" }>[];
+  return [...objects[0]!.required].some((key) => {
+    const seen = new Set<string>();
+    return objects.every((o) => {
+      const property = o.properties.get(key);
+      if (!o.required.has(key) || property?.kind !== "literal") return false;
+      if (property.texts.some((t) => seen.has(t))) return false;
+      for (const t of property.texts) seen.add(t);
+      return true;
+    });
+  });
 }
 
 function checkKeywords(schema: Record<string, unknown>, allowed: Set<string>, path: string): void {
   for (const key of Object.keys(schema)) {
     if (!allowed.has(key) && !ANNOTATIONS.has(key)) {
-      throw schemaError(path, `keyword "${key}" is not supported by constrained decoding here (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, anyOf)`);
+      throw schemaError(path, `keyword "${key}" is not supported by constrained decoding here (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, anyOf, oneOf of a discriminated union, minimum/maximum at ±2^53)`);
     }
   }
 }

@@ -124,6 +124,25 @@ describe("JSON schema subset", () => {
     expect(() => compileSchema({ type: "array", minItems: 3, maxItems: 1 })).toThrow(/minItems 3 is larger than maxItems 1/);
   });
 
+  it("takes what zod and zodResponseFormat write: literals as {type, const}, .int() as ±2^53 bounds, discriminated unions as oneOf", () => {
+    expect(compileSchema({ type: "string", const: "done" })).toEqual({ kind: "literal", texts: ['"done"'] });
+    expect(() => compileSchema({ type: "number", const: "done" })).toThrow(/the value "done" is not of type "number"/);
+    expect(() => compileSchema({ type: "integer", enum: [1, 2.5] })).toThrow(/the value 2.5 is not of type "integer"/);
+    const safeInt = compileSchema({ type: "integer", minimum: -9007199254740991, maximum: 9007199254740991 });
+    expect(safeInt).toEqual({ kind: "number", integer: true });
+    expect(() => compileSchema({ type: "integer", minimum: 0 })).toThrow(/keyword "minimum" 0 is not enforced by constrained decoding here/);
+    const shape = (kind: string, extra: Record<string, unknown>) => ({
+      type: "object", properties: { kind: { type: "string", const: kind }, ...extra }, required: ["kind", ...Object.keys(extra)], additionalProperties: false,
+    });
+    const union = compileSchema({ oneOf: [shape("circle", { r: { type: "number" } }), shape("square", { side: { type: "number" } })] });
+    const grammar = new JsonGrammar(union);
+    expect(accepts(grammar, '{"kind":"circle","r":2}')).toBe(true);
+    expect(accepts(grammar, '{"kind":"circle","side":2}')).toBe(false);
+    expect(validateAgainstSchema({ kind: "square", side: 1 }, union)).toBeNull();
+    expect(() => compileSchema({ oneOf: [{ type: "string" }, { type: "number" }] })).toThrow(/oneOf is enforced only when its options are objects told apart/);
+    expect(() => compileSchema({ oneOf: [shape("a", {}), shape("a", { x: { type: "null" } })] })).toThrow(/oneOf is enforced only/);
+  });
+
   it("validates values against the compiled schema", () => {
     const node = compileSchema(personSchema);
     expect(validateAgainstSchema({ name: "a", age: 1, tags: ["b"] }, node)).toBeNull();
