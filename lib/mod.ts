@@ -10,11 +10,11 @@
 export { isChoice, Trajectory, TrajectoryGroup } from "./core/trajectory.ts";
 export type { Choice, History, Message, MessageOrChoice, MetricValue, Tool } from "./core/trajectory.ts";
 export { gatherTrajectories, gatherTrajectoryGroups } from "./core/gather.ts";
+export { captureTrajectory } from "./core/capture.ts";
 export type { GatherOptions } from "./core/gather.ts";
 export { iterateDataset, limitConcurrency, retry } from "./core/concurrency.ts";
 export type { DatasetStep, IterateDatasetOptions, RetryOptions } from "./core/concurrency.ts";
 export { ArtError } from "./core/errors.ts";
-export { InterruptedError } from "./core/interrupt.ts";
 export { seededRandom, type Rng } from "./core/random.ts";
 
 // The trainable model: rollouts and training in one process, and its configuration.

@@ -7,7 +7,9 @@ import { createHash, timingSafeEqual } from "node:crypto";
 import { Buffer } from "node:buffer";
 import type { ChatCompletionChunk } from "openai/resources/chat/completions";
 import { ApiError, toApiError } from "./api-error.ts";
-import { ChatCompletionRun, type ModelRoute, type ServeMetrics } from "./chat.ts";
+import { recordCompletion } from "../core/capture.ts";
+import type { Choice } from "../core/trajectory.ts";
+import { ChatCompletionRun, type ChatResponse, type ModelRoute, type ServeMetrics } from "./chat.ts";
 import { parseChatRequest } from "./request.ts";
 
 export interface HandlerContext {
@@ -73,7 +75,13 @@ async function chatCompletions(context: HandlerContext, request: Request): Promi
   const route = context.route(chat.model);
   if (!route) throw modelNotFound(chat.model);
   const run = new ChatCompletionRun(route, chat, context.metrics);
-  if (!chat.stream) return json(200, await run.run(request.signal));
+  // Inside captureTrajectory (in-process requests only), the answered call joins the agent's trajectory.
+  const record = (response: ChatResponse) => recordCompletion({ messages: chat.messages, tools: chat.tools.length > 0 ? chat.tools : undefined, choice: response.choices[0]! as Choice });
+  if (!chat.stream) {
+    const response = await run.run(request.signal);
+    record(response);
+    return json(200, response);
+  }
 
   // Streaming: the run stops when the client goes away (request signal) or cancels the body.
   const abort = new AbortController();
@@ -89,6 +97,7 @@ async function chatCompletions(context: HandlerContext, request: Request): Promi
       run
         .run(abort.signal, (chunk: ChatCompletionChunk) => send(chunk))
         .then((response) => {
+          record(response);
           if (chat.includeUsage) send(run.chunk([], response.usage));
         })
         .catch((error) => {
