@@ -1,7 +1,7 @@
 /**
  * The HTTP surface, as a function from a web `Request` to a `Response`: the in-process fetch and the node:http
  * server both call it, so they behave the same byte for byte. Routes: GET /v1/models, GET /v1/models/{id},
- * POST /v1/chat/completions (JSON or server-sent events).
+ * POST /v1/chat/completions and POST /v1/responses (JSON or server-sent events).
  */
 import { createHash, timingSafeEqual } from "node:crypto";
 import { Buffer } from "node:buffer";
@@ -10,7 +10,8 @@ import { ApiError, toApiError } from "./api-error.ts";
 import { recordCompletion } from "../core/capture.ts";
 import type { Choice } from "../core/trajectory.ts";
 import { ChatCompletionRun, type ChatResponse, type ModelRoute, type ServeMetrics } from "./chat.ts";
-import { parseChatRequest } from "./request.ts";
+import { parseChatRequest, type ChatRequest } from "./request.ts";
+import { parseResponsesRequest, ResponseEvents, toResponseObject } from "./responses.ts";
 
 export interface HandlerContext {
   apiKey: string | null;
@@ -55,35 +56,74 @@ async function handle(context: HandlerContext, request: Request): Promise<Respon
     return json(200, modelObject(id, context.created));
   }
   if (path === "/v1/chat/completions" && request.method === "POST") return chatCompletions(context, request);
-  throw new ApiError(404, `Unknown request URL: ${request.method} ${url.pathname}. This server serves GET /v1/models and POST /v1/chat/completions.`, "invalid_request_error", null, "unknown_url");
+  if (path === "/v1/responses" && request.method === "POST") return responses(context, request);
+  throw new ApiError(404, `Unknown request URL: ${request.method} ${url.pathname}. This server serves GET /v1/models, POST /v1/chat/completions and POST /v1/responses.`, "invalid_request_error", null, "unknown_url");
 }
 
-async function chatCompletions(context: HandlerContext, request: Request): Promise<Response> {
+/** The JSON body of a POST to `endpoint`, refused unread when it is not declared as JSON or is too large. */
+async function readJson(context: HandlerContext, request: Request, endpoint: string): Promise<unknown> {
   // Anything but JSON is refused unread: a web page may post text/plain to a loopback server without a preflight.
   const contentType = request.headers.get("content-type") ?? "";
   if (!/^application\/json\s*(;|$)/i.test(contentType)) {
-    throw new ApiError(415, `POST /v1/chat/completions takes a JSON body: send Content-Type: application/json (got ${contentType === "" ? "none" : JSON.stringify(contentType)}).`, "invalid_request_error", null, "unsupported_media_type");
+    throw new ApiError(415, `POST ${endpoint} takes a JSON body: send Content-Type: application/json (got ${contentType === "" ? "none" : JSON.stringify(contentType)}).`, "invalid_request_error", null, "unsupported_media_type");
   }
   const text = await readBody(request, context.maxRequestBytes);
-  let body: unknown;
   try {
-    body = JSON.parse(text);
+    return JSON.parse(text);
   } catch {
     throw ApiError.invalid(null, "We could not parse the JSON body of your request. The body must be a JSON object (Content-Type: application/json).");
   }
-  const chat = parseChatRequest(body);
+}
+
+/** A chat request's run on its model, and the recorder that adds the answer to a running captureTrajectory. */
+function startRun(context: HandlerContext, chat: ChatRequest): { run: ChatCompletionRun; record: (response: ChatResponse) => void } {
   const route = context.route(chat.model);
   if (!route) throw modelNotFound(chat.model);
   const run = new ChatCompletionRun(route, chat, context.metrics);
   // Inside captureTrajectory (in-process requests only), the answered call joins the agent's trajectory.
   const record = (response: ChatResponse) => recordCompletion({ messages: chat.messages, tools: chat.tools.length > 0 ? chat.tools : undefined, choice: response.choices[0]! as Choice });
+  return { run, record };
+}
+
+async function chatCompletions(context: HandlerContext, request: Request): Promise<Response> {
+  const chat = parseChatRequest(await readJson(context, request, "/v1/chat/completions"));
+  const { run, record } = startRun(context, chat);
   if (!chat.stream) {
     const response = await run.run(request.signal);
     record(response);
     return json(200, response);
   }
+  return eventStream(request, async (send, signal) => {
+    const response = await run.run(signal, (chunk: ChatCompletionChunk) => send(chunk));
+    record(response);
+    if (chat.includeUsage) send(run.chunk([], response.usage));
+  }, (error) => toApiError(error).toJSON(), true);
+}
 
-  // Streaming: the run stops when the client goes away (request signal) or cancels the body.
+async function responses(context: HandlerContext, request: Request): Promise<Response> {
+  const { chat, echo } = parseResponsesRequest(await readJson(context, request, "/v1/responses"));
+  const { run, record } = startRun(context, chat);
+  if (!chat.stream) {
+    const response = await run.run(request.signal);
+    record(response);
+    return json(200, toResponseObject(response, echo));
+  }
+  const events = new ResponseEvents(echo);
+  return eventStream(request, async (send, signal) => {
+    for (const event of events.start()) send(event);
+    const response = await run.run(signal, (chunk: ChatCompletionChunk) => {
+      for (const event of events.chunk(chunk)) send(event);
+    });
+    record(response);
+    for (const event of events.finish(response)) send(event);
+  }, (error) => events.error(toApiError(error)), false);
+}
+
+/**
+ * Server-sent events from `produce`, which stops when the client goes away (the request's signal) or cancels the
+ * body. An error after the headers went out is sent as `onError`'s event; `doneMarker` ends chat streams with [DONE].
+ */
+function eventStream(request: Request, produce: (send: (data: unknown) => void, signal: AbortSignal) => Promise<void>, onError: (error: unknown) => unknown, doneMarker: boolean): Response {
   const abort = new AbortController();
   const onRequestAbort = () => abort.abort(request.signal.reason);
   request.signal.addEventListener("abort", onRequestAbort, { once: true });
@@ -92,17 +132,14 @@ async function chatCompletions(context: HandlerContext, request: Request): Promi
   const body$ = new ReadableStream<Uint8Array>({
     start(controller) {
       const send = (data: unknown) => {
-        if (!abort.signal.aborted) controller.enqueue(encoder.encode(`data: ${JSON.stringify(data)}\n\n`));
+        if (abort.signal.aborted) return;
+        // Responses events name themselves on the event: line too, as OpenAI sends them.
+        const type = (data as { type?: unknown }).type;
+        const event = !doneMarker && typeof type === "string" ? `event: ${type}\n` : "";
+        controller.enqueue(encoder.encode(`${event}data: ${JSON.stringify(data)}\n\n`));
       };
-      run
-        .run(abort.signal, (chunk: ChatCompletionChunk) => send(chunk))
-        .then((response) => {
-          record(response);
-          if (chat.includeUsage) send(run.chunk([], response.usage));
-        })
-        .catch((error) => {
-          if (!abort.signal.aborted) send(toApiError(error).toJSON());
-        })
+      produce(send, abort.signal)
+        .catch((error) => send(onError(error)))
         .finally(() => {
           request.signal.removeEventListener("abort", onRequestAbort);
           if (abort.signal.aborted) {
@@ -110,7 +147,7 @@ async function chatCompletions(context: HandlerContext, request: Request): Promi
             if (!cancelled) controller.error(abort.signal.reason);
             return;
           }
-          controller.enqueue(encoder.encode("data: [DONE]\n\n"));
+          if (doneMarker) controller.enqueue(encoder.encode("data: [DONE]\n\n"));
           controller.close();
         });
     },
