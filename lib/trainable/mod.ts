@@ -3,3 +3,5 @@ export { TrainableModel } from "./model.ts";
 export type { JsonValue, ModelState, SftConversation, SftOptions, SftResult, TrainableModelOptions, TrainResult } from "./model.ts";
 export { readHistory, summarizeGroups } from "./store.ts";
 export type { HistoryRow } from "./store.ts";
+export { alarms, metricSeries, stopDecision } from "./monitor.ts";
+export type { Alarm, AlarmOptions, PlateauRule, Point, StopDecision, StoppingRule } from "./monitor.ts";

@@ -38,6 +38,7 @@ import { ApiError } from "../serve/api-error.ts";
 import type { BatcherOptions } from "../serve/batcher.ts";
 import type { HttpServerHandle, HttpServerOptions } from "../serve/http.ts";
 import { IN_PROCESS_BASE_URL, ModelServer } from "../serve/model-server.ts";
+import { alarms, stopDecision, type Alarm, type AlarmOptions, type StopDecision, type StoppingRule } from "./monitor.ts";
 import { appendHistory, readHistory, summarizeGroups, writeTrajectories, type HistoryRow } from "./store.ts";
 
 export interface TrainableModelOptions {
@@ -425,6 +426,23 @@ export class TrainableModel {
   /** Metrics rows of history.jsonl, oldest first. */
   history(): HistoryRow[] {
     return readHistory(this.dir);
+  }
+
+  /**
+   * Asks stopping rules about this model's history (a target, a plateau beyond the metric's noise, both of two
+   * metrics on a plateau, a budget; docs/stopping.md). The decision and its reason go to the log.
+   */
+  stopDecision(rules: StoppingRule[]): StopDecision {
+    const decision = stopDecision(this.history(), rules);
+    this.info(`art-ts: ${this.name} at step ${this.currentStep}: ${decision.reason}`);
+    return decision;
+  }
+
+  /** The alarms this model's history raises at its latest step (reward hacking, collapse, no signal), each logged. */
+  alarms(options: AlarmOptions = {}): Alarm[] {
+    const raised = alarms(this.history(), options);
+    for (const alarm of raised) this.info(`art-ts: ALARM ${alarm.kind} at step ${alarm.step}: ${alarm.message}`);
+    return raised;
   }
 
   /** Checkpoint steps on disk, ascending. */

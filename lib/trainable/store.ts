@@ -15,7 +15,7 @@ export interface HistoryRow {
  * The metrics ART logs for a split: `{split}/reward` and the mean of each numeric or boolean trajectory metric
  * (booleans count as 0/1); `{split}/reward_std_dev`, the mean over groups of more than one trajectory of the
  * population std of their rewards; `{split}/exception_rate`, the share of the groups' entries that are exceptions;
- * and `{split}/trajectories`, their count.
+ * `{split}/flat_groups`, the share of those groups whose rewards are all equal; and `{split}/trajectories`, their count.
  */
 export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "trajectories" | "exceptions">[]): Record<string, number> {
   const sums = new Map<string, { total: number; count: number }>();
@@ -30,7 +30,8 @@ export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "tr
     add("reward", t.reward);
     for (const [key, value] of Object.entries(t.metrics)) add(key, typeof value === "boolean" ? Number(value) : value);
   }
-  const spreads = groups.filter((g) => g.trajectories.length > 1).map((g) => {
+  const multi = groups.filter((g) => g.trajectories.length > 1);
+  const spreads = multi.map((g) => {
     const rewards = g.trajectories.map((t) => t.reward);
     const mean = rewards.reduce((a, b) => a + b, 0) / rewards.length;
     return Math.sqrt(rewards.reduce((a, r) => a + (r - mean) ** 2, 0) / rewards.length);
@@ -40,6 +41,8 @@ export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "tr
     [`${split}/trajectories`]: trajectories.length,
     [`${split}/reward_std_dev`]: spreads.length === 0 ? 0 : spreads.reduce((a, b) => a + b, 0) / spreads.length,
     [`${split}/exception_rate`]: trajectories.length + exceptions === 0 ? 0 : exceptions / (trajectories.length + exceptions),
+    // Groups whose rewards are all equal give GRPO nothing to learn from (lib/trainable/monitor.ts alarms on them).
+    [`${split}/flat_groups`]: multi.length === 0 ? 0 : spreads.filter((s) => s === 0).length / multi.length,
   };
   for (const [key, { total, count }] of sums) row[`${split}/${key}`] = total / count;
   return row;

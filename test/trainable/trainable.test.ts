@@ -304,6 +304,17 @@ describe("TrainableModel", () => {
     });
   });
 
+  it("asks stopping rules and alarms about its own history, logging the decision", async () => {
+    const lines: string[] = [];
+    const model = await TrainableModel.load({ name: "monitored", project: "p", baseModel: baseDir, artDir, lora: { rank: 4, alpha: 8 }, log: (line) => lines.push(line) });
+    for (const seed of [91, 92]) await model.train(await rolloutGroups(model.openai(), "monitored", seed));
+    expect(model.stopDecision([{ kind: "budget", steps: 2 }])).toEqual({ stop: true, reason: "stop: budget: steps 2/2" });
+    expect(lines.at(-1)).toBe("art-ts: monitored at step 2: stop: budget: steps 2/2");
+    expect(model.stopDecision([{ kind: "budget", steps: 3 }]).stop).toBe(false);
+    expect(model.alarms()).toEqual([]); // two steps: too few to judge
+    await model.close();
+  });
+
   it("says the model was closed, to a client made before close() and to every later call", async () => {
     const model = await TrainableModel.load({ name: "closed", project: "p", baseModel: baseDir, artDir, log: quiet });
     const client = model.openai(); // what a notebook's earlier cell holds when its last cell closed the model

@@ -1,0 +1,221 @@
+/**
+ * Knowing when to stop, and when a run has gone wrong, from what history.jsonl already holds.
+ *
+ * Stopping rules a loop asks each step (`stopDecision`): a target reached, a plateau (the best three-evaluation
+ * average has not improved beyond the metric's noise for `patience` evaluations), both of two metrics on a plateau (validation first, train
+ * reward second), or a budget spent (steps, seconds, trained tokens, money). Alarms (`alarms`): train reward rising
+ * while validation falls, a sudden jump after a plateau (both classic signs of reward hacking), entropy collapse,
+ * groups that carry no signal, failure rates rising. docs/stopping.md gives the numbers that trigger each.
+ *
+ * Noise: a `{split}/reward` value carries a standard error from its row (`reward_std_dev` over the square root of
+ * `trajectories`); other metrics use `minDelta`, or the spread of their own step-to-step changes.
+ */
+import type { HistoryRow } from "./store.ts";
+
+/** One logged value of a metric, with the standard error of its mean when the row lets us know it. */
+export interface Point {
+  step: number;
+  value: number;
+  stdErr: number;
+}
+
+/** The values of `metric` in history order (rows without it skipped); several rows at one step keep the last. */
+export function metricSeries(history: readonly HistoryRow[], metric: string): Point[] {
+  const byStep = new Map<number, Point>();
+  const split = metric.includes("/") ? metric.slice(0, metric.indexOf("/")) : "";
+  for (const row of history) {
+    const value = row[metric];
+    if (typeof value !== "number" || !Number.isFinite(value)) continue;
+    const spread = row[`${split}/reward_std_dev`], count = row[`${split}/trajectories`];
+    const stdErr = metric === `${split}/reward` && typeof spread === "number" && typeof count === "number" && count > 1 ? spread / Math.sqrt(count) : 0;
+    byStep.set(row.step, { step: row.step, value, stdErr });
+  }
+  return [...byStep.values()].sort((a, b) => a.step - b.step);
+}
+
+/**
+ * How far a value must move past the best to count as better: two standard errors of the difference of two means
+ * (2√2 SE), else the typical step-to-step change.
+ */
+function noiseOf(points: readonly Point[], minDelta?: number): number {
+  if (minDelta !== undefined) return minDelta;
+  const errors = points.map((p) => p.stdErr).filter((e) => e > 0);
+  if (errors.length > 0) return 2 * Math.SQRT2 * median(errors);
+  const changes = points.slice(1).map((p, i) => Math.abs(p.value - points[i]!.value));
+  return changes.length === 0 ? 0 : median(changes);
+}
+
+function median(values: readonly number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = Math.floor(sorted.length / 2);
+  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+}
+
+export interface PlateauRule {
+  kind: "plateau";
+  metric: string;
+  /** Evaluations in a row without an improvement beyond the noise. */
+  patience: number;
+  /** The smallest change that counts; default: the metric's noise (see the module comment). */
+  minDelta?: number;
+  /** "max" (default) or "min" for metrics where lower is better (a loss). */
+  goal?: "max" | "min";
+}
+
+export type StoppingRule =
+  | { kind: "target"; metric: string; atLeast?: number; atMost?: number }
+  | PlateauRule
+  | { kind: "hybrid"; primary: PlateauRule; secondary: PlateauRule }
+  | { kind: "budget"; steps?: number; seconds?: number; tokens?: number; pricePerMillionTokens?: number; money?: number };
+
+export interface StopDecision {
+  stop: boolean;
+  /** Why (which rule fired, with the numbers), or what each rule still waits for. */
+  reason: string;
+}
+
+/** Each value averaged with the two before it (and its standard error with them): steadier to track a best on. */
+function smoothed(points: readonly Point[]): Point[] {
+  return points.map((p, i) => {
+    const span = points.slice(Math.max(0, i - 2), i + 1);
+    const value = span.reduce((s, q) => s + q.value, 0) / span.length;
+    return { step: p.step, value, stdErr: Math.sqrt(span.reduce((s, q) => s + q.stdErr ** 2, 0)) / span.length };
+  });
+}
+
+/**
+ * Whether `rule`'s metric has stopped improving: its three-evaluation average has not passed its best by more
+ * than the noise for `patience` evaluations. The reason says where it stands either way.
+ */
+function plateau(history: readonly HistoryRow[], rule: PlateauRule): StopDecision {
+  const points = smoothed(metricSeries(history, rule.metric));
+  const sign = rule.goal === "min" ? -1 : 1;
+  if (points.length <= rule.patience) return { stop: false, reason: `${rule.metric}: ${points.length} evaluation(s), a plateau needs more than ${rule.patience}` };
+  const noise = noiseOf(points, rule.minDelta);
+  let best = 0;
+  let sinceBest = 0;
+  points.forEach((p, i) => {
+    if (i === 0 || sign * (p.value - points[best]!.value) > noise) [best, sinceBest] = [i, 0];
+    else sinceBest += 1;
+  });
+  const at = points[best]!;
+  const where = `${rule.metric}: best ${at.value.toPrecision(3)} at step ${at.step}, ${sinceBest} evaluation(s) since without a change beyond ${noise.toPrecision(2)}`;
+  return { stop: sinceBest >= rule.patience, reason: where };
+}
+
+function budget(history: readonly HistoryRow[], rule: Extract<StoppingRule, { kind: "budget" }>): StopDecision {
+  const trained = history.filter((r) => typeof r.training_step === "number");
+  const sum = (key: string) => trained.reduce((total, r) => total + (typeof r[key] === "number" ? (r[key] as number) : 0), 0);
+  const steps = trained.length, seconds = sum("time/step_wall_s") || sum("time/step_trainer_s"), tokens = sum("throughput/trained_tokens");
+  const money = rule.pricePerMillionTokens === undefined ? 0 : (tokens / 1e6) * rule.pricePerMillionTokens;
+  const spent: [string, number, number | undefined][] = [["steps", steps, rule.steps], ["seconds", seconds, rule.seconds], ["trained tokens", tokens, rule.tokens], ["money", money, rule.money]];
+  const over = spent.find(([, used, limit]) => limit !== undefined && used >= limit);
+  const summary = spent.filter(([, , limit]) => limit !== undefined).map(([name, used, limit]) => `${name} ${Number(used.toPrecision(4))}/${limit}`).join(", ");
+  return { stop: over !== undefined, reason: `budget: ${summary}` };
+}
+
+/** Asks each rule in turn; the first that says stop decides. */
+export function stopDecision(history: readonly HistoryRow[], rules: readonly StoppingRule[]): StopDecision {
+  const waiting: string[] = [];
+  for (const rule of rules) {
+    let decision: StopDecision;
+    if (rule.kind === "target") {
+      const last = metricSeries(history, rule.metric).at(-1);
+      const reached = last !== undefined && (rule.atLeast === undefined || last.value >= rule.atLeast) && (rule.atMost === undefined || last.value <= rule.atMost);
+      const bound = [rule.atLeast === undefined ? "" : `>= ${rule.atLeast}`, rule.atMost === undefined ? "" : `<= ${rule.atMost}`].filter(Boolean).join(" and ");
+      decision = { stop: reached, reason: `target ${rule.metric} ${bound}: ${last === undefined ? "not logged yet" : `${last.value.toPrecision(3)} at step ${last.step}`}` };
+    } else if (rule.kind === "plateau") {
+      decision = plateau(history, rule);
+      decision.reason = `plateau of ${decision.reason}`;
+    } else if (rule.kind === "hybrid") {
+      const [primary, secondary] = [plateau(history, rule.primary), plateau(history, rule.secondary)];
+      decision = { stop: primary.stop && secondary.stop, reason: `both on a plateau: ${primary.reason}; ${secondary.reason}` };
+    } else {
+      decision = budget(history, rule);
+    }
+    if (decision.stop) return { stop: true, reason: `stop: ${decision.reason}` };
+    waiting.push(decision.reason);
+  }
+  return { stop: false, reason: `go on: ${waiting.join("; ")}` };
+}
+
+export interface Alarm {
+  kind: "reward_up_validation_down" | "reward_jump" | "entropy_collapse" | "no_signal" | "rising_failures";
+  step: number;
+  message: string;
+}
+
+export interface AlarmOptions {
+  /** Train and validation metrics compared for divergence; default "train/reward" and "val/reward". */
+  train?: string;
+  validation?: string;
+  /** Evaluations looked back over; default 6. */
+  window?: number;
+  /** Metrics whose rise is a failure (default: every train metric named like invalid, error or exception). */
+  failureMetrics?: string[];
+}
+
+/** Half-window means of a series' last `window` points, and the noise of their difference. */
+function trend(points: readonly Point[], window: number): { change: number; noise: number } | null {
+  const recent = Number.isFinite(window) ? points.slice(-window) : points;
+  if (recent.length < 4) return null;
+  const half = Math.floor(recent.length / 2);
+  const mean = (ps: readonly Point[]) => ps.reduce((s, p) => s + p.value, 0) / ps.length;
+  const [early, late] = [recent.slice(0, half), recent.slice(half)];
+  // Two standard errors of a difference of means, from the points' own errors or, lacking them, their spread.
+  const spread = (ps: readonly Point[]) => {
+    const errors = ps.map((p) => p.stdErr);
+    if (errors.every((e) => e > 0)) return Math.sqrt(errors.reduce((s, e) => s + e * e, 0)) / ps.length;
+    const m = mean(ps);
+    return Math.sqrt(ps.reduce((s, p) => s + (p.value - m) ** 2, 0) / Math.max(1, ps.length - 1) / ps.length);
+  };
+  return { change: mean(late) - mean(early), noise: 2 * Math.hypot(spread(early), spread(late)) };
+}
+
+/** The alarms the history raises at its latest step. */
+export function alarms(history: readonly HistoryRow[], options: AlarmOptions = {}): Alarm[] {
+  const window = options.window ?? 6;
+  const trainMetric = options.train ?? "train/reward", valMetric = options.validation ?? "val/reward";
+  const train = metricSeries(history, trainMetric);
+  const step = history.at(-1)?.step ?? 0;
+  const raised: Alarm[] = [];
+
+  // Both over the steps of the last `window` validations, however often validation runs.
+  const val = metricSeries(history, valMetric).slice(-window);
+  const trainTrend = val.length > 0 ? trend(train.filter((p) => p.step >= val[0]!.step), Infinity) : null;
+  const valTrend = trend(val, window);
+  if (trainTrend && valTrend && trainTrend.change > trainTrend.noise && valTrend.change < -valTrend.noise) {
+    raised.push({ kind: "reward_up_validation_down", step, message: `${trainMetric} rose by ${trainTrend.change.toPrecision(2)} while ${valMetric} fell by ${(-valTrend.change).toPrecision(2)} over the last ${window} evaluations (noise ${trainTrend.noise.toPrecision(2)} / ${valTrend.noise.toPrecision(2)}): the reward may be hacked; read the latest transcripts` });
+  }
+
+  // A jump: the last value far above a flat stretch before it.
+  if (train.length > window) {
+    const before = train.slice(-window - 1, -1), last = train.at(-1)!;
+    const mean = before.reduce((s, p) => s + p.value, 0) / before.length;
+    const sd = Math.sqrt(before.reduce((s, p) => s + (p.value - mean) ** 2, 0) / (before.length - 1));
+    const noise = Math.max(sd, last.stdErr, ...before.map((p) => p.stdErr));
+    if (noise > 0 && last.value - mean > 6 * noise) {
+      raised.push({ kind: "reward_jump", step, message: `${trainMetric} jumped to ${last.value.toPrecision(3)} from a plateau at ${mean.toPrecision(3)} (${((last.value - mean) / noise).toFixed(1)} times its noise): check the step's transcripts for a loophole` });
+    }
+  }
+
+  const entropy = metricSeries(history, "loss/entropy");
+  if (entropy.length >= 3 && entropy[0]!.value > 0 && entropy.at(-1)!.value < 0.1 * entropy[0]!.value) {
+    raised.push({ kind: "entropy_collapse", step, message: `loss/entropy fell to ${entropy.at(-1)!.value.toPrecision(2)} from ${entropy[0]!.value.toPrecision(2)}: the policy has nearly stopped exploring, so groups stop differing` });
+  }
+
+  const flat = metricSeries(history, "train/flat_groups").at(-1);
+  if (flat !== undefined && flat.value >= 0.5) {
+    raised.push({ kind: "no_signal", step, message: `${Math.round(flat.value * 100)}% of the step's groups had equal rewards, which GRPO learns nothing from: make the task harder or easier, or the reward finer` });
+  }
+
+  const keys = new Set(history.flatMap((row) => Object.keys(row)));
+  const failures = options.failureMetrics ?? [...keys].filter((k) => k.startsWith("train/") && /invalid|error|exception/.test(k));
+  for (const metric of failures) {
+    const t = trend(metricSeries(history, metric), window);
+    if (t && t.change > Math.max(t.noise, 0.05)) {
+      raised.push({ kind: "rising_failures", step, message: `${metric} rose by ${t.change.toPrecision(2)} over the last ${window} evaluations` });
+    }
+  }
+  return raised;
+}
