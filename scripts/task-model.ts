@@ -55,7 +55,8 @@ export async function makeTaskModel(dir: string, task: Task, options: TaskModelO
     // Initial weights and the tokenizer files, from the engine's tiny-checkpoint writer.
     writeTinyCheckpoint(work, { arch: "qwen2", seed: options.seed, tokenizer: true, configOverrides: options.shape });
     const tokenizer = await loadTokenizer(work);
-    const transformer = loadTransformer(work, new CpuBackend());
+    // The portable products: a system BLAS rounds by its library and CPU, and the model must be the same bytes everywhere.
+    const transformer = loadTransformer(work, new CpuBackend({ blas: "portable" }));
     const model = new DifferentiableTransformer(transformer, { lora: null });
     // The writer draws embeddings with std 1; the tied head then gives logits of std ~sqrt(hidden). Starting
     // near uniform (std 0.1) lets SFT converge in a few hundred steps.

@@ -10,10 +10,10 @@
  */
 import { ArtError } from "../core/errors.ts";
 import { type DiscoveryInputs, type FoundLibrary, findCudaLibrary, systemDiscoveryInputs } from "./discovery.ts";
-import { type NativeLibrary, openLibrary } from "./ffi.ts";
+import { type NativeLibrary, openLibrary } from "../core/ffi.ts";
 import { hostMemory } from "./host-memory.ts";
 
-import type { NativeSignature } from "./ffi.ts";
+import type { NativeSignature } from "../core/ffi.ts";
 
 /** Every cuBLAS / cuBLASLt symbol bound, with its C signature (test/cuda/abi.test.ts checks them against the headers). */
 export const cublasSignatures = {

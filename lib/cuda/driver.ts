@@ -6,7 +6,7 @@
  * names used here. Every call is checked; a failure throws ArtError with the driver's error name.
  */
 import { ArtError } from "../core/errors.ts";
-import { cString, type NativeLibrary, type NativeSignature, openLibrary } from "./ffi.ts";
+import { cString, type NativeLibrary, type NativeSignature, openLibrary } from "../core/ffi.ts";
 import { type HostMemory, hostMemory } from "./host-memory.ts";
 import { type KernelArg, kernelArgBlockBytes, packKernelArgs } from "./kernel-args.ts";
 import { MemoryPool } from "./memory-pool.ts";

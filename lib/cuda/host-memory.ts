@@ -4,7 +4,7 @@
  * C strings a library returns). Copies go through memcpy, so no runtime-specific "view an address" API is needed.
  */
 import { ArtError } from "../core/errors.ts";
-import { type NativeLibrary, type NativeSignature, openLibrary } from "./ffi.ts";
+import { type NativeLibrary, type NativeSignature, openLibrary } from "../core/ffi.ts";
 
 export interface HostMemory {
   malloc(bytes: number): bigint;

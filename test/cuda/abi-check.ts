@@ -8,7 +8,7 @@ import { execFileSync } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { NativeSignature, NativeType } from "../../lib/cuda/ffi.ts";
+import type { NativeSignature, NativeType } from "../../lib/core/ffi.ts";
 
 /** One library's bindings: the tables lib/cuda opens it with, and the headers that declare them. */
 export interface BindingGroup {

@@ -11,7 +11,7 @@ import {
   cudaIncludeDirectories, type CudaLibraryName, systemDiscoveryInputs, tryFindCudaLibrary,
 } from "../../lib/cuda/discovery.ts";
 import { driverConstants, driverSignatures } from "../../lib/cuda/driver.ts";
-import type { NativeSignature } from "../../lib/cuda/ffi.ts";
+import type { NativeSignature } from "../../lib/core/ffi.ts";
 import { libcSignatures, memcpySignatures } from "../../lib/cuda/host-memory.ts";
 import { nvrtcSignatures } from "../../lib/cuda/nvrtc.ts";
 import { type BindingGroup, exportedSymbols, generateAbiCheck, missingExports, runAbiCheck } from "./abi-check.ts";

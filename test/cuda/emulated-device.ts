@@ -12,7 +12,7 @@ import { fileURLToPath } from "node:url";
 import { CudaBackend, type CudaBackendOptions, type DeviceQueue, type GemmRunner } from "../../lib/cuda/backend.ts";
 import { type GemmExArguments, gemmExArguments, linearGemmArguments } from "../../lib/cuda/blas.ts";
 import type { KernelFunction, LaunchConfig } from "../../lib/cuda/driver.ts";
-import { cString, type NativeLibrary, openLibrary } from "../../lib/cuda/ffi.ts";
+import { cString, type NativeLibrary, openLibrary } from "../../lib/core/ffi.ts";
 import { hostMemory } from "../../lib/cuda/host-memory.ts";
 import { type KernelArg, kernelArgBlockBytes, packKernelArgs } from "../../lib/cuda/kernel-args.ts";
 import { type KernelName, kernelModules, kernelSourceDirectory } from "../../lib/cuda/kernel-build.ts";

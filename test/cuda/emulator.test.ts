@@ -5,10 +5,10 @@
 // written out again here from the ISA's tables.
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
-import { openLibrary, type NativeLibrary } from "../../lib/cuda/ffi.ts";
+import { openLibrary, type NativeLibrary } from "../../lib/core/ffi.ts";
 import { hostMemory } from "../../lib/cuda/host-memory.ts";
 import { type KernelArg, kernelArgBlockBytes, packKernelArgs } from "../../lib/cuda/kernel-args.ts";
-import { cString } from "../../lib/cuda/ffi.ts";
+import { cString } from "../../lib/core/ffi.ts";
 import { f32ToBf16 } from "../../lib/model/safetensors.ts";
 import { buildEmulator, findCompiler } from "./emulated-device.ts";
 

@@ -1,5 +1,5 @@
 // FFI checks against libc, shared by the Node test and the Deno run of the same checks (no test framework here).
-import { cString, ffiRuntime, openLibrary } from "../../lib/cuda/ffi.ts";
+import { cString, ffiRuntime, openLibrary } from "../../lib/core/ffi.ts";
 import { hostMemory } from "../../lib/cuda/host-memory.ts";
 import { packKernelArgs } from "../../lib/cuda/kernel-args.ts";
 

@@ -2,7 +2,7 @@ import { execFileSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import { ArtError } from "../../lib/core/errors.ts";
-import { openLibrary } from "../../lib/cuda/ffi.ts";
+import { openLibrary } from "../../lib/core/ffi.ts";
 import { kernelArgBlockBytes, packKernelArgs } from "../../lib/cuda/kernel-args.ts";
 import { expectedFfiResults, runFfiChecks } from "./ffi-checks.ts";
 

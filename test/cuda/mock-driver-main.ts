@@ -2,7 +2,7 @@
 // first: drives the real CudaContext through the paths a GPU would take and prints what came back as JSON.
 import { ArtError } from "../../lib/core/errors.ts";
 import { CudaContext } from "../../lib/cuda/driver.ts";
-import { openLibrary } from "../../lib/cuda/ffi.ts";
+import { openLibrary } from "../../lib/core/ffi.ts";
 import { hostMemory } from "../../lib/cuda/host-memory.ts";
 
 const mebibyte = 1 << 20;

@@ -6,7 +6,8 @@
  * transposed; the backward is tiled the same way over the blocks the causal mask leaves.
  */
 import type { PackedSegment } from "../backend.ts";
-import { matmulNT, transposeRows } from "./matmul.ts";
+import type { Gemm } from "./gemm.ts";
+import { transposeRows } from "./matmul.ts";
 
 /**
  * Softmax of row[at .. at+last] in place, row[at+last+1 .. at+end) = 0: one attention row over the keys its query
@@ -40,17 +41,17 @@ export const ATTENTION_BLOCK = 32;
  * same way into `rowSums`. Decoding (CpuBackend.attention) and training (packedAttention) both attend through this.
  */
 export function attendBlock(
-  q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array | null, out: Float32Array, positions: Int32Array,
+  gemm: Gemm, q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array | null, out: Float32Array, positions: Int32Array,
   headDim: number, qStride: number, kvStride: number, runKeys: number, scores: Float32Array, rowSums: Float64Array,
 ): void {
   const blockRows = positions.length;
   let blockKeys = 0;
   for (let r = 0; r < blockRows; r++) blockKeys = Math.max(blockKeys, positions[r] + 1);
-  matmulNT(q, keys, blockRows, headDim, blockKeys, scores,
+  gemm.nt(q, keys, blockRows, headDim, blockKeys, scores,
     { alpha: 1 / Math.sqrt(headDim), xStride: qStride, wStride: kvStride, outStride: runKeys });
   for (let r = 0; r < blockRows; r++) causalSoftmax(scores, r * runKeys, positions[r], blockKeys);
   if (valuesT) {
-    matmulNT(scores, valuesT, blockRows, blockKeys, headDim, out, { xStride: runKeys, wStride: runKeys, outStride: qStride });
+    gemm.nt(scores, valuesT, blockRows, blockKeys, headDim, out, { xStride: runKeys, wStride: runKeys, outStride: qStride });
     return;
   }
   for (let r = 0; r < blockRows; r++) {
@@ -74,7 +75,7 @@ export function attendBlock(
  * the same code as the engine's attention.
  */
 function segmentAttention(
-  out: Float32Array, probs: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
+  gemm: Gemm, out: Float32Array, probs: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
   queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
   const group = heads / kvHeads;
@@ -88,7 +89,7 @@ function segmentAttention(
     for (let h = kvh * group; h < (kvh + 1) * group; h++) {
       const p = probs.subarray(h * queryLen * keyLen, (h + 1) * queryLen * keyLen);
       for (let t0 = 0; t0 < queryLen; t0 += ATTENTION_BLOCK) {
-        attendBlock(q.subarray(t0 * qStride + h * headDim), k.subarray(kvh * headDim), v.subarray(kvh * headDim), valuesT,
+        attendBlock(gemm, q.subarray(t0 * qStride + h * headDim), k.subarray(kvh * headDim), v.subarray(kvh * headDim), valuesT,
           out.subarray(t0 * qStride + h * headDim), positions.subarray(t0, Math.min(queryLen, t0 + ATTENTION_BLOCK)), headDim, qStride,
           kvStride, keyLen, p.subarray(t0 * keyLen), new Float64Array(0));
       }
@@ -102,7 +103,7 @@ function segmentAttention(
  * a tiled matmul over the blocks the causal mask leaves (key block s sees only queries t ≥ s − offset).
  */
 function segmentAttentionBackward(
-  dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array, probs: Float32Array,
+  gemm: Gemm, dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array, probs: Float32Array,
   q: Float32Array, k: Float32Array, v: Float32Array,
   queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
@@ -121,7 +122,7 @@ function segmentAttentionBackward(
       const p = probs.subarray(h * queryLen * keyLen, (h + 1) * queryLen * keyLen);
       for (let t0 = 0; t0 < queryLen; t0 += ATTENTION_BLOCK) {
         const rows = Math.min(ATTENTION_BLOCK, queryLen - t0), keys = offset + t0 + rows;
-        matmulNT(dout.subarray(t0 * qStride + h * headDim), v.subarray(kvh * headDim), rows, headDim, keys, dScores.subarray(t0 * keyLen),
+        gemm.nt(dout.subarray(t0 * qStride + h * headDim), v.subarray(kvh * headDim), rows, headDim, keys, dScores.subarray(t0 * keyLen),
           { xStride: qStride, wStride: kvStride, outStride: keyLen });
         for (let t = t0; t < t0 + rows; t++) {
           const at = t * keyLen, last = offset + t;
@@ -130,15 +131,15 @@ function segmentAttentionBackward(
           for (let s = 0; s <= last; s++) dScores[at + s] = p[at + s] * (dScores[at + s] - weighted) * scale;
           dScores.fill(0, at + last + 1, at + keys);
         }
-        matmulNT(dScores.subarray(t0 * keyLen), keysT, rows, keys, headDim, dq.subarray(t0 * qStride + h * headDim),
+        gemm.nt(dScores.subarray(t0 * keyLen), keysT, rows, keys, headDim, dq.subarray(t0 * qStride + h * headDim),
           { accumulate: true, xStride: keyLen, wStride: keyLen, outStride: qStride });
       }
       transposeCausal(dScores, queryLen, keyLen, scoresT);
       transposeRows(q.subarray(h * headDim), queryLen, headDim, qStride, rowsT);
-      keyBlockProducts(scoresT, rowsT, dk.subarray(kvh * headDim), queryLen, keyLen, headDim, kvStride);
+      keyBlockProducts(gemm, scoresT, rowsT, dk.subarray(kvh * headDim), queryLen, keyLen, headDim, kvStride);
       transposeCausal(p, queryLen, keyLen, scoresT);
       transposeRows(dout.subarray(h * headDim), queryLen, headDim, qStride, rowsT);
-      keyBlockProducts(scoresT, rowsT, dv.subarray(kvh * headDim), queryLen, keyLen, headDim, kvStride);
+      keyBlockProducts(gemm, scoresT, rowsT, dv.subarray(kvh * headDim), queryLen, keyLen, headDim, kvStride);
     }
   }
 }
@@ -157,12 +158,12 @@ function transposeCausal(scores: Float32Array, queryLen: number, keyLen: number,
  * only the queries that see them (t ≥ s − offset): the causal zeros are skipped, not multiplied.
  */
 function keyBlockProducts(
-  scoresT: Float32Array, rowsT: Float32Array, out: Float32Array, queryLen: number, keyLen: number, headDim: number, outStride: number,
+  gemm: Gemm, scoresT: Float32Array, rowsT: Float32Array, out: Float32Array, queryLen: number, keyLen: number, headDim: number, outStride: number,
 ): void {
   const offset = keyLen - queryLen;
   for (let s0 = 0; s0 < keyLen; s0 += ATTENTION_BLOCK) {
     const keys = Math.min(ATTENTION_BLOCK, keyLen - s0), first = Math.max(0, s0 - offset);
-    matmulNT(scoresT.subarray(s0 * queryLen + first), rowsT.subarray(first), keys, queryLen - first, headDim,
+    gemm.nt(scoresT.subarray(s0 * queryLen + first), rowsT.subarray(first), keys, queryLen - first, headDim,
       out.subarray(s0 * outStride), { accumulate: true, xStride: queryLen, wStride: queryLen, outStride });
   }
 }
@@ -199,7 +200,7 @@ function keyLength(segment: PackedSegment): number {
  * segment [heads, length, keys], segments one after another. q, out: [rows, heads·hd]; k, v: [rows, kvHeads·hd].
  */
 export function packedAttention(
-  q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number, kvHeads: number, headDim: number,
+  gemm: Gemm, q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number, kvHeads: number, headDim: number,
   out: Float32Array,
 ): Float32Array {
   const probs = new Float32Array(segments.reduce((total, s) => total + heads * s.length * keyLength(s), 0));
@@ -209,7 +210,7 @@ export function packedAttention(
     const { start, length } = segment;
     const keyLen = keyLength(segment);
     const segmentProbs = probs.subarray(offset, offset + heads * length * keyLen);
-    segmentAttention(out.subarray(start * qWidth, (start + length) * qWidth), segmentProbs, q.subarray(start * qWidth, (start + length) * qWidth),
+    segmentAttention(gemm, out.subarray(start * qWidth, (start + length) * qWidth), segmentProbs, q.subarray(start * qWidth, (start + length) * qWidth),
       segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
     offset += segmentProbs.length;
   }
@@ -218,7 +219,7 @@ export function packedAttention(
 
 /** Backward of packedAttention from its saved probabilities; dq, dk, dv accumulate. */
 export function packedAttentionBackward(
-  q: Float32Array, k: Float32Array, v: Float32Array, probs: Float32Array, segments: readonly PackedSegment[], heads: number,
+  gemm: Gemm, q: Float32Array, k: Float32Array, v: Float32Array, probs: Float32Array, segments: readonly PackedSegment[], heads: number,
   kvHeads: number, headDim: number, dOut: Float32Array, dq: Float32Array, dk: Float32Array, dv: Float32Array,
 ): void {
   const qWidth = heads * headDim, kvWidth = kvHeads * headDim;
@@ -230,7 +231,7 @@ export function packedAttentionBackward(
     const dKeys = new Float32Array(keyLen * kvWidth);
     const dValues = new Float32Array(keyLen * kvWidth);
     const size = heads * length * keyLen;
-    segmentAttentionBackward(rowsOf(dq), dKeys, dValues, rowsOf(dOut), probs.subarray(offset, offset + size), rowsOf(q),
+    segmentAttentionBackward(gemm, rowsOf(dq), dKeys, dValues, rowsOf(dOut), probs.subarray(offset, offset + size), rowsOf(q),
       segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
     scatterKeyGradients(dk, dKeys, segment, kvWidth);
     scatterKeyGradients(dv, dValues, segment, kvWidth);

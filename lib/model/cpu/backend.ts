@@ -1,7 +1,8 @@
 /**
- * The CPU backend: every Backend op over Float32Array, single-threaded (docs/engine.md has the worker-thread
- * measurement behind that choice), the bodies in kernels.ts, matmul.ts (+ the WASM SIMD matmul), attention.ts and
- * logprobs.ts. "bf16" tensors are rounded to bf16 values and kept in f32 storage, so the CPU reproduces the numbers
+ * The CPU backend: every Backend op over Float32Array, the bodies in kernels.ts, attention.ts and logprobs.ts, their
+ * matrix products through a `Gemm` (gemm.ts): the machine's optimised BLAS on all cores when one is installed, else
+ * the portable products (matmul.ts, and the WASM SIMD kernel for linear layers). Everything else runs on the calling
+ * thread. "bf16" tensors are rounded to bf16 values and kept in f32 storage, so the CPU reproduces the numbers
  * of a GPU that stores bf16 weights. Every training op exists here, full-parameter gradients included: this is the
  * reference the CUDA backend is checked against.
  */
@@ -17,7 +18,8 @@ import {
   rmsNormRowsBackward, sumOfSquares, swigluRows, swigluRowsBackward,
 } from "./kernels.ts";
 import { chunkedLogprobs, chunkedLogprobsBackward } from "./logprobs.ts";
-import { matmulNT, transposeRows } from "./matmul.ts";
+import { chooseGemm, type CpuBlasChoice, type Gemm } from "./gemm.ts";
+import { transposeRows } from "./matmul.ts";
 import { sampleRows } from "./sample.ts";
 import { WasmMatmul } from "./wasm-matmul.ts";
 
@@ -107,16 +109,31 @@ function expectMultiple(name: string, tensor: Tensor, rowWidth: number): void {
   }
 }
 
+export interface CpuBackendOptions {
+  /** Who computes the matrix products (gemm.ts): "auto", "portable", "system" or a library's path. Default `ART_CPU_BLAS`, else "auto". */
+  blas?: CpuBlasChoice;
+  /** Threads of the system BLAS. Default `ART_CPU_THREADS`, else the machine's cores. */
+  threads?: number;
+}
+
 export class CpuBackend implements Backend {
   readonly name = "cpu" as const;
   readonly fullParameterTraining = true;
   readonly logitChunks: ChunkSizes = { rowChunk: 16, vocabChunk: 4096 };
-  /** The WASM SIMD matmul `linear` runs on; null where the runtime has no WebAssembly SIMD. */
-  readonly #kernel = WasmMatmul.create();
+  /** The matrix products' provider, and why it was chosen (for logs and bench reports). */
+  readonly gemm: Gemm;
+  readonly gemmReason: string;
+  /** The WASM SIMD matmul the portable `linear` runs on; null with a system BLAS or without WebAssembly SIMD. */
+  readonly #kernel: WasmMatmul | null;
   // Attention scratch, grown as needed and reused across calls.
   #scores = new Float32Array(0);
   #valuesT = new Float32Array(0);
   #rowSums = new Float64Array(0);
+
+  constructor(options: CpuBackendOptions = {}) {
+    ({ gemm: this.gemm, reason: this.gemmReason } = chooseGemm(options.blas, options.threads));
+    this.#kernel = this.gemm.library === null ? WasmMatmul.create() : null;
+  }
 
   // ---- memory -----------------------------------------------------------------------------------------------------
 
@@ -190,7 +207,9 @@ export class CpuBackend implements Backend {
     expectMultiple("linear input", xs, inFeatures);
     const n = xs.size / inFeatures;
     expectSize("linear out", o, n * outFeatures);
-    if (!this.#wasmMatmul(xs, w, n, inFeatures, outFeatures, o)) matmulNT(xs.data, w.data, n, inFeatures, outFeatures, o.data);
+    if (this.gemm.library !== null || !this.#wasmMatmul(xs, w, n, inFeatures, outFeatures, o)) {
+      this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, o.data);
+    }
     if (bias) {
       const b = cpu(bias).data;
       expectSize("linear bias", bias, outFeatures);
@@ -203,7 +222,7 @@ export class CpuBackend implements Backend {
       expectSize("LoRA B", b, outFeatures * rank);
       if (loraDown) expectSize("LoRA x·Aᵀ", loraDown, n * rank);
       const down = loraDown ? cpu(loraDown).data : new Float32Array(n * rank);
-      loraRows(xs.data, a.data, b.data, lora.scale, n, inFeatures, outFeatures, rank, o.data, down);
+      loraRows(this.gemm, xs.data, a.data, b.data, lora.scale, n, inFeatures, outFeatures, rank, o.data, down);
     }
   }
 
@@ -301,7 +320,7 @@ export class CpuBackend implements Backend {
         if (transposeValues) transposeRows(headValues, runKeys, headDim, kvWidth, this.#valuesT);
         for (let h = kvHead * groupSize; h < (kvHead + 1) * groupSize; h++) {
           for (let b0 = start; b0 < end; b0 += ATTENTION_BLOCK) {
-            attendBlock(qs.subarray(b0 * qStride + h * headDim), headKeys, headValues, transposeValues ? this.#valuesT : null,
+            attendBlock(this.gemm, qs.subarray(b0 * qStride + h * headDim), headKeys, headValues, transposeValues ? this.#valuesT : null,
               o.subarray(b0 * qStride + h * headDim), rows.positions.subarray(b0, Math.min(end, b0 + ATTENTION_BLOCK)), headDim, qStride,
               kvWidth, runKeys, this.#scores, this.#rowSums);
           }
@@ -346,7 +365,7 @@ export class CpuBackend implements Backend {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
     expectSize("attention v", v, k.size);
     expectSize("attention out", out, q.size);
-    const probs = packedAttention(cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim, cpu(out).data);
+    const probs = packedAttention(this.gemm, cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim, cpu(out).data);
     return new CpuTensor([probs.length], "f32", probs);
   }
 
@@ -354,7 +373,7 @@ export class CpuBackend implements Backend {
   packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, _out: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
     dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor): void {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
-    packedAttentionBackward(cpu(q).data, cpu(k).data, cpu(v).data, cpu(saved).data, segments, heads, kvHeads, headDim,
+    packedAttentionBackward(this.gemm, cpu(q).data, cpu(k).data, cpu(v).data, cpu(saved).data, segments, heads, kvHeads, headDim,
       cpu(dOut).data, cpu(dq).data, cpu(dk).data, cpu(dv).data);
   }
 
@@ -371,12 +390,12 @@ export class CpuBackend implements Backend {
   linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null): void {
     const w = cpu(weight);
     const [outFeatures, inFeatures] = w.shape;
-    linearRowsBackward(cpu(x).data, w.data, cpu(dOut).data, x.size / inFeatures, inFeatures, outFeatures, optional(dx), optional(dWeight), optional(dBias));
+    linearRowsBackward(this.gemm, cpu(x).data, w.data, cpu(dOut).data, x.size / inFeatures, inFeatures, outFeatures, optional(dx), optional(dWeight), optional(dBias));
   }
 
   loraBackward(x: Tensor, lora: LoraWeights, loraDown: Tensor, dOut: Tensor, dx: Tensor | null, dA: Tensor, dB: Tensor): void {
     const [rank, inFeatures] = lora.a.shape, outFeatures = lora.b.shape[0];
-    loraRowsBackward(cpu(x).data, cpu(lora.a).data, cpu(lora.b).data, lora.scale, cpu(loraDown).data, cpu(dOut).data,
+    loraRowsBackward(this.gemm, cpu(x).data, cpu(lora.a).data, cpu(lora.b).data, lora.scale, cpu(loraDown).data, cpu(dOut).data,
       x.size / inFeatures, inFeatures, outFeatures, rank, optional(dx), cpu(dA).data, cpu(dB).data);
   }
 
@@ -399,13 +418,13 @@ export class CpuBackend implements Backend {
 
   targetLogprobs(hidden: Tensor, head: Tensor, targets: Int32Array, chunks: ChunkSizes): TokenLogprobs {
     const h = cpu(head);
-    return chunkedLogprobs(cpu(hidden).data, h.data, targets, h.cols, h.rows, chunks);
+    return chunkedLogprobs(this.gemm, cpu(hidden).data, h.data, targets, h.cols, h.rows, chunks);
   }
 
   targetLogprobsBackward(hidden: Tensor, head: Tensor, targets: Int32Array, logsumexp: Float32Array, dLogprobs: Float32Array,
     dHidden: Tensor, dHead: Tensor | null, chunks: ChunkSizes): void {
     const h = cpu(head);
-    chunkedLogprobsBackward(cpu(dHidden).data, optional(dHead), dLogprobs, cpu(hidden).data, h.data, targets, logsumexp, h.cols, h.rows, chunks);
+    chunkedLogprobsBackward(this.gemm, cpu(dHidden).data, optional(dHead), dLogprobs, cpu(hidden).data, h.data, targets, logsumexp, h.cols, h.rows, chunks);
   }
 
   sumOfSquares(tensors: readonly Tensor[]): number {

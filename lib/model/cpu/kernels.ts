@@ -5,7 +5,7 @@
  * Backward functions ACCUMULATE (+=) into gradients the caller zeroed; a null gradient is skipped.
  */
 import type { AdamWScalars } from "../backend.ts";
-import { matmulNNAccumulate, matmulNT, matmulTNAccumulate } from "./matmul.ts";
+import type { Gemm } from "./gemm.ts";
 
 /**
  * RMSNorm of each consecutive group of `weight.length` values: out = x / sqrt(mean(x²) + eps) · weight (out may be
@@ -95,20 +95,20 @@ export function embeddingRowsBackward(ids: ArrayLike<number>, dOut: Float32Array
 
 /** out += scale · (x Aᵀ) Bᵀ with A [rank, in], B [out, rank]; `down` [rows, rank] receives x Aᵀ. */
 export function loraRows(
-  x: Float32Array, a: Float32Array, b: Float32Array, scale: number, rows: number, inFeatures: number, outFeatures: number,
+  gemm: Gemm, x: Float32Array, a: Float32Array, b: Float32Array, scale: number, rows: number, inFeatures: number, outFeatures: number,
   rank: number, out: Float32Array, down: Float32Array,
 ): void {
-  matmulNT(x, a, rows, inFeatures, rank, down);
-  matmulNT(down, b, rows, rank, outFeatures, out, { alpha: scale, accumulate: true });
+  gemm.nt(x, a, rows, inFeatures, rank, down);
+  gemm.nt(down, b, rows, rank, outFeatures, out, { alpha: scale, accumulate: true });
 }
 
 /** Backward of out = x Wᵀ + b: dx += dOut · W; dWeight += dOutᵀ · x; dBias += Σ_rows dOut. */
 export function linearRowsBackward(
-  x: Float32Array, weight: Float32Array, dOut: Float32Array, rows: number, inFeatures: number, outFeatures: number,
+  gemm: Gemm, x: Float32Array, weight: Float32Array, dOut: Float32Array, rows: number, inFeatures: number, outFeatures: number,
   dx: Float32Array | null, dWeight: Float32Array | null, dBias: Float32Array | null,
 ): void {
-  if (dx !== null) matmulNNAccumulate(dx, dOut, weight, rows, outFeatures, inFeatures);
-  if (dWeight !== null) matmulTNAccumulate(dWeight, dOut, x, rows, outFeatures, inFeatures);
+  if (dx !== null) gemm.nnAccumulate(dx, dOut, weight, rows, outFeatures, inFeatures);
+  if (dWeight !== null) gemm.tnAccumulate(dWeight, dOut, x, rows, outFeatures, inFeatures);
   if (dBias !== null) {
     for (let n = 0; n < rows; n++) for (let o = 0; o < outFeatures; o++) dBias[o] += dOut[n * outFeatures + o];
   }
@@ -116,7 +116,7 @@ export function linearRowsBackward(
 
 /** Backward of loraRows: dB += scale · dOutᵀ · down; g = scale · dOut B; dA += gᵀ · x; dx += g · A. */
 export function loraRowsBackward(
-  x: Float32Array, a: Float32Array, b: Float32Array, scale: number, down: Float32Array, dOut: Float32Array, rows: number,
+  gemm: Gemm, x: Float32Array, a: Float32Array, b: Float32Array, scale: number, down: Float32Array, dOut: Float32Array, rows: number,
   inFeatures: number, outFeatures: number, rank: number, dx: Float32Array | null, dA: Float32Array, dB: Float32Array,
 ): void {
   const dDown = new Float32Array(rows * rank);
@@ -133,7 +133,7 @@ export function loraRowsBackward(
       }
     }
   }
-  linearRowsBackward(x, a, dDown, rows, inFeatures, rank, dx, dA, null);
+  linearRowsBackward(gemm, x, a, dDown, rows, inFeatures, rank, dx, dA, null);
 }
 
 /** Log-softmax of the `length` values of x at `start`, written to out at `outStart` (may be the same array). */

@@ -8,17 +8,17 @@
  * The backward recomputes each block (cheaper than storing it) and needs only the saved logsumexp.
  */
 import type { ChunkSizes, TokenLogprobs } from "../backend.ts";
-import { matmulNNAccumulate, matmulNT, matmulTNAccumulate } from "./matmul.ts";
+import type { Gemm } from "./gemm.ts";
 
 /** logits block [rc × vc] = hidden[r0..r0+rc] · head[v0..v0+vc]ᵀ */
 function logitBlock(
-  block: Float32Array, hidden: Float32Array, head: Float32Array, r0: number, rc: number, v0: number, vc: number, dim: number,
+  gemm: Gemm, block: Float32Array, hidden: Float32Array, head: Float32Array, r0: number, rc: number, v0: number, vc: number, dim: number,
 ): void {
-  matmulNT(hidden.subarray(r0 * dim, (r0 + rc) * dim), head.subarray(v0 * dim, (v0 + vc) * dim), rc, dim, vc, block);
+  gemm.nt(hidden.subarray(r0 * dim, (r0 + rc) * dim), head.subarray(v0 * dim, (v0 + vc) * dim), rc, dim, vc, block);
 }
 
 export function chunkedLogprobs(
-  hidden: Float32Array, head: Float32Array, targets: ArrayLike<number>, dim: number, vocab: number,
+  gemm: Gemm, hidden: Float32Array, head: Float32Array, targets: ArrayLike<number>, dim: number, vocab: number,
   chunks: ChunkSizes,
 ): TokenLogprobs {
   const rows = targets.length;
@@ -34,7 +34,7 @@ export function chunkedLogprobs(
     const targetLogit = new Float64Array(rc).fill(NaN);
     for (let v0 = 0; v0 < vocab; v0 += chunks.vocabChunk) {
       const vc = Math.min(chunks.vocabChunk, vocab - v0);
-      logitBlock(block, hidden, head, r0, rc, v0, vc, dim);
+      logitBlock(gemm, block, hidden, head, r0, rc, v0, vc, dim);
       for (let r = 0; r < rc; r++) {
         const off = r * vc;
         let m = max[r];
@@ -72,7 +72,7 @@ export function chunkedLogprobs(
  * Rows whose gradient is 0 cost nothing.
  */
 export function chunkedLogprobsBackward(
-  dHidden: Float32Array, dHead: Float32Array | null, dLogprobs: Float32Array,
+  gemm: Gemm, dHidden: Float32Array, dHead: Float32Array | null, dLogprobs: Float32Array,
   hidden: Float32Array, head: Float32Array, targets: ArrayLike<number>, logsumexp: Float32Array,
   dim: number, vocab: number, chunks: ChunkSizes,
 ): void {
@@ -88,7 +88,7 @@ export function chunkedLogprobsBackward(
     packedDHidden.fill(0);
     for (let v0 = 0; v0 < vocab; v0 += chunks.vocabChunk) {
       const vc = Math.min(chunks.vocabChunk, vocab - v0);
-      logitBlock(block, packedHidden, head, 0, rc, v0, vc, dim);
+      logitBlock(gemm, block, packedHidden, head, 0, rc, v0, vc, dim);
       for (let r = 0; r < rc; r++) {
         const row = active[c0 + r];
         const g = dLogprobs[row];
@@ -101,8 +101,8 @@ export function chunkedLogprobsBackward(
         }
       }
       const dz = block.subarray(0, rc * vc);
-      matmulNNAccumulate(packedDHidden, dz, head.subarray(v0 * dim, (v0 + vc) * dim), rc, vc, dim);
-      if (dHead !== null) matmulTNAccumulate(dHead.subarray(v0 * dim, (v0 + vc) * dim), dz, packedHidden, rc, vc, dim);
+      gemm.nnAccumulate(packedDHidden, dz, head.subarray(v0 * dim, (v0 + vc) * dim), rc, vc, dim);
+      if (dHead !== null) gemm.tnAccumulate(dHead.subarray(v0 * dim, (v0 + vc) * dim), dz, packedHidden, rc, vc, dim);
     }
     for (let r = 0; r < rc; r++) {
       const dOff = active[c0 + r] * dim;

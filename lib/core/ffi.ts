@@ -9,7 +9,7 @@
  * Memory that must outlive one call (kernel argument blocks, staging) lives in native memory the caller owns.
  */
 import { createRequire } from "node:module";
-import { ArtError } from "../core/errors.ts";
+import { ArtError } from "./errors.ts";
 
 /** C types a binding may use. "pointer" is an address as bigint (0n is NULL); "buffer" is host memory for the call. */
 export type NativeType = "void" | "u8" | "i32" | "u32" | "i64" | "u64" | "f32" | "f64" | "pointer" | "buffer";

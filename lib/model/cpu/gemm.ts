@@ -1,0 +1,166 @@
+/**
+ * The three matrix products every CPU op is built from, and who computes them. `portableGemm` is matmul.ts: the
+ * readable JavaScript reference, the same numbers on every machine. `systemGemm` hands the same products to the
+ * machine's optimised BLAS through the FFI (`cblas_sgemm`: OpenBLAS on Linux, Accelerate on macOS, MKL or BLIS where
+ * installed), which runs at several times the speed of anything WebAssembly can express (AVX2/AVX-512 FMA, cache
+ * blocking, packed panels) and on all cores. Its rounding depends on the library and the CPU's kernels, so results
+ * match the portable products to float rounding, not bit for bit; for a given library, machine and thread count they
+ * are deterministic (BLAS splits the output among threads, never a sum).
+ *
+ * Choosing: `ART_CPU_BLAS` is `auto` (the default: the system BLAS when one opens, else portable), `portable`,
+ * `system` (an error when none opens) or the path of a library exporting `cblas_sgemm`. `ART_CPU_THREADS` sets the
+ * BLAS's thread count (default: the machine's cores); backends with different counts may share a process.
+ */
+import * as os from "node:os";
+import { ArtError } from "../../core/errors.ts";
+import { type NativeFunction, type NativeSignature, openLibrary } from "../../core/ffi.ts";
+import { matmulNNAccumulate, matmulNT, matmulTNAccumulate, type MatmulOptions } from "./matmul.ts";
+
+export interface Gemm {
+  /** Who computes: "portable (JavaScript)" or e.g. "system BLAS libopenblas.so.0, 2 threads". */
+  readonly description: string;
+  /** The system library, or null for the portable products. */
+  readonly library: string | null;
+  readonly threads: number;
+  /** out[n, m] = (accumulate ? out : 0) + alpha · x[n, k] · w[m, k]ᵀ (strides as in MatmulOptions). */
+  nt(x: Float32Array, w: Float32Array, n: number, k: number, m: number, out: Float32Array, options?: MatmulOptions): void;
+  /** out[n, m] += a[n, k] · b[k, m] */
+  nnAccumulate(out: Float32Array, a: Float32Array, b: Float32Array, n: number, k: number, m: number): void;
+  /** out[m, k] += a[n, m]ᵀ · b[n, k] */
+  tnAccumulate(out: Float32Array, a: Float32Array, b: Float32Array, n: number, m: number, k: number): void;
+}
+
+export const portableGemm: Gemm = {
+  description: "portable (JavaScript, WebAssembly SIMD for linear layers)",
+  library: null,
+  threads: 1,
+  nt: matmulNT,
+  nnAccumulate: matmulNNAccumulate,
+  tnAccumulate: matmulTNAccumulate,
+};
+
+export type CpuBlasChoice = "auto" | "portable" | "system" | (string & {});
+
+export interface GemmChoice {
+  gemm: Gemm;
+  /** Why this one: the library opened, or why none did. */
+  reason: string;
+}
+
+// CBLAS's enum values (cblas.h).
+const ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112;
+
+export const cblasSignatures: Record<string, NativeSignature> = {
+  // void cblas_sgemm(order, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
+  cblas_sgemm: { result: "void", args: ["i32", "i32", "i32", "i32", "i32", "i32", "f32", "buffer", "i32", "buffer", "i32", "f32", "buffer", "i32"] },
+  // Each library's own thread setting; a library has at most one of them.
+  openblas_set_num_threads: { result: "void", args: ["i32"], optional: true },
+  MKL_Set_Num_Threads: { result: "void", args: ["i32"], optional: true },
+  bli_thread_set_num_threads: { result: "void", args: ["i64"], optional: true },
+};
+
+/** Where optimised BLAS libraries are, most common first; the loader resolves sonames. */
+export function blasCandidates(platform = process.platform): string[] {
+  if (platform === "darwin") return ["/System/Library/Frameworks/Accelerate.framework/Accelerate"];
+  if (platform === "win32") return ["libopenblas.dll", "mkl_rt.2.dll"];
+  // libopenblasp: Fedora's pthread build; libblas.so.3 is left out: it is the unoptimised reference BLAS unless
+  // the distribution's alternatives point it at one of these.
+  return ["libopenblas.so.0", "libopenblasp.so.0", "libopenblas.so", "libmkl_rt.so.2", "libmkl_rt.so", "libblis.so.4"];
+}
+
+/** The thread count `ART_CPU_THREADS` asks for, else the machine's cores. */
+export function defaultCpuThreads(env: Record<string, string | undefined> = process.env): number {
+  const text = env.ART_CPU_THREADS;
+  if (text === undefined || text === "") return os.availableParallelism();
+  const threads = Number(text);
+  if (!Number.isInteger(threads) || threads < 1) {
+    throw new ArtError("bad_cpu_threads", `ART_CPU_THREADS=${JSON.stringify(text)} is not a positive whole number of threads`);
+  }
+  return threads;
+}
+
+/**
+ * The products a CPU backend uses. `choice` "auto" never throws (a library that does not open is the reason given
+ * for the portable products); "system" and a path throw ArtError("cpu_blas_unavailable") naming what was tried.
+ */
+export function chooseGemm(choice: CpuBlasChoice = process.env.ART_CPU_BLAS || "auto", threads = defaultCpuThreads()): GemmChoice {
+  if (choice === "portable") return { gemm: portableGemm, reason: "portable products asked for" };
+  const explicit = choice !== "auto" && choice !== "system";
+  const failures: string[] = [];
+  for (const path of explicit ? [choice] : blasCandidates()) {
+    try {
+      return { gemm: systemGemm(path, threads), reason: `opened ${path}` };
+    } catch (error) {
+      failures.push(`${path}: ${(error as Error).message}`);
+    }
+  }
+  const reason = `no system BLAS opened (${failures.join("; ")})`;
+  if (choice === "auto") return { gemm: portableGemm, reason };
+  throw new ArtError("cpu_blas_unavailable", `${reason}. Install one (Debian/Ubuntu: apt-get install libopenblas0-pthread), ` +
+    `name its file in ART_CPU_BLAS, or use ART_CPU_BLAS=portable`);
+}
+
+/** Bindings by path: a backend per model or test binds each library once. */
+const opened = new Map<string, Record<string, NativeFunction>>();
+const threadsApplied = new Map<string, number>();
+
+/** The products through `path`'s cblas_sgemm, on `threads` threads. Throws when it does not open. */
+export function systemGemm(path: string, threads: number): Gemm {
+  if (!Number.isInteger(threads) || threads < 1) throw new ArtError("bad_cpu_threads", `${threads} is not a positive whole number of threads`);
+  const symbols = opened.get(path) ?? openLibrary(path, cblasSignatures).symbols;
+  opened.set(path, symbols);
+  const cblasSgemm = symbols.cblas_sgemm;
+  // The library's thread count is process-wide: each Gemm applies its own before a product when another changed it.
+  const sgemm: NativeFunction = (...args) => {
+    if (threadsApplied.get(path) !== threads) {
+      symbols.openblas_set_num_threads?.(threads);
+      symbols.MKL_Set_Num_Threads?.(threads);
+      symbols.bli_thread_set_num_threads?.(threads);
+      threadsApplied.set(path, threads);
+    }
+    return cblasSgemm(...args);
+  };
+  return {
+    description: `system BLAS ${path}, ${threads} thread${threads === 1 ? "" : "s"}`,
+    library: path,
+    threads,
+    nt(x, w, n, k, m, out, options = {}) {
+      const { alpha = 1, accumulate = false, columnStart = 0, columnEnd = m, xStride = k, wStride = k, outStride = m } = options;
+      product(sgemm, NO_TRANS, TRANS, n, columnEnd - columnStart, k, alpha, x, xStride, w.subarray(columnStart * wStride), wStride,
+        accumulate, out.subarray(columnStart), outStride);
+    },
+    nnAccumulate(out, a, b, n, k, m) {
+      product(sgemm, NO_TRANS, NO_TRANS, n, m, k, 1, a, k, b, m, true, out, m);
+    },
+    tnAccumulate(out, a, b, n, m, k) {
+      product(sgemm, TRANS, NO_TRANS, m, k, n, 1, a, m, b, k, true, out, k);
+    },
+  };
+}
+
+/**
+ * C[rows, cols] = alpha · op(A) · op(B) (+ C when accumulating), row-major. Empty products are handled here: BLAS
+ * rejects a leading dimension of 0 (it would print an error and compute nothing), and a sum over no terms is 0.
+ */
+function product(sgemm: NativeFunction, transA: number, transB: number, rows: number, cols: number, depth: number, alpha: number,
+  a: Float32Array, lda: number, b: Float32Array, ldb: number, accumulate: boolean, c: Float32Array, ldc: number): void {
+  if (rows === 0 || cols === 0) return;
+  // The library reads and writes wherever the arguments point: an operand too short for its shape would be memory
+  // corruption, not a wrong answer, so each is checked here.
+  checkOperand("A", a, transA === TRANS ? depth : rows, transA === TRANS ? rows : depth, lda);
+  checkOperand("B", b, transB === TRANS ? cols : depth, transB === TRANS ? depth : cols, ldb);
+  checkOperand("C", c, rows, cols, ldc);
+  if (depth === 0) {
+    if (!accumulate) for (let i = 0; i < rows; i++) c.fill(0, i * ldc, i * ldc + cols);
+    return;
+  }
+  sgemm(ROW_MAJOR, transA, transB, rows, cols, depth, alpha, a, lda, b, ldb, accumulate ? 1 : 0, c, ldc);
+}
+
+/** An operand stored as `rows` rows of `width` values, `stride` apart, must lie inside its array. */
+function checkOperand(name: string, values: Float32Array, rows: number, width: number, stride: number): void {
+  if (rows === 0 || width === 0) return;
+  if (stride < width || (rows - 1) * stride + width > values.length) {
+    throw new ArtError("bad_matmul_operands", `BLAS operand ${name}: ${rows} rows of ${width} values ${stride} apart do not fit in its ${values.length} values`);
+  }
+}
