@@ -1,7 +1,9 @@
 /**
  * CPU engine throughput: prefill and decode tokens/s for a tiny and a ~20M-parameter checkpoint, with the ratio to
  * PyTorch on the CPU doing the same work (bench/peers/torch_cpu_engine.py: same checkpoint, same batch, same
- * lengths, greedy, KV cache) measured in the same run. Prints JSON.
+ * lengths, greedy, KV cache) measured in the same run. art-ts runs on the system BLAS at 1 thread and at all cores,
+ * each beside torch at the same count, and on the portable products; every side's BLAS is in the report (torch's as
+ * the libraries mapped into its process). Prints JSON.
  *
  * The machine may be shared, so the sides are measured in alternating rounds and each keeps its best time: a burst
  * of load from elsewhere then slows one round, not one side.
@@ -17,6 +19,7 @@ import { decode } from "../lib/model/generate.ts";
 import { loadTransformer } from "../lib/model/transformer.ts";
 import { type Transformer } from "../lib/model/transformer.ts";
 import { writeTinyCheckpoint } from "../scripts/make-tiny-checkpoint.ts";
+import { peerEnvironment } from "./peers/environment.ts";
 
 interface Workload { name: "tiny" | "20m"; batch: number; promptLength: number; decodeTokens: number; repeats: number }
 
@@ -52,10 +55,12 @@ function measureEngine(model: Transformer, w: Workload): Throughput {
   };
 }
 
-function measureTorch(dir: string, w: Workload, threads: number): Throughput {
+interface TorchThroughput extends Throughput { blas: string[]; threads: number; torch: string }
+
+function measureTorch(dir: string, w: Workload, threads: number): TorchThroughput {
   const script = path.join(import.meta.dirname, "peers", "torch_cpu_engine.py");
   const args = [script, dir, String(w.batch), String(w.promptLength), String(w.decodeTokens), String(w.repeats), String(threads)];
-  return JSON.parse(execFileSync("/usr/bin/python3", args, { encoding: "utf8" }));
+  return JSON.parse(execFileSync("/usr/bin/python3", args, { encoding: "utf8", env: peerEnvironment(threads) }));
 }
 
 function parameterCount(model: Transformer): number {
@@ -67,52 +72,65 @@ function parameterCount(model: Transformer): number {
 function main(argv: string[]): void {
   const quick = argv.includes("--quick");
   const outIndex = argv.indexOf("--out");
+  const cores = os.availableParallelism();
   const workloads: Workload[] = [
     { name: "tiny", batch: 4, promptLength: 64, decodeTokens: 32, repeats: 2 },
     { name: "20m", batch: 4, promptLength: 64, decodeTokens: 16, repeats: 2 },
     // A long prompt (an ART·E research prompt runs to about a thousand tokens): attention's share of prefill grows.
     { name: "20m", batch: 1, promptLength: 1024, decodeTokens: 16, repeats: 1 },
   ];
+  // art-ts on the system BLAS at 1 thread and at all cores (each beside torch at the same count), and on the portable
+  // products (one thread) for what a machine without a BLAS gets.
+  const system = new CpuBackend({ blas: "auto", threads: 1 }).gemm.library;
+  const sides = [
+    ...(system ? [{ name: "artTs1Thread", blas: system, threads: 1 }, { name: `artTs${cores}Threads`, blas: system, threads: cores }] : []),
+    { name: "artTsPortable", blas: "portable", threads: 1 },
+  ];
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "art-bench-"));
   const results = [];
+  let torch: { version: string; blas: string[] } | null = null;
   try {
     for (const w of workloads) {
       const dir = path.join(tmp, w.name);
       writeTinyCheckpoint(dir, { arch: "qwen2", size: w.name, seed: 1 });
-      const model = loadTransformer(dir, new CpuBackend());
+      const backends = sides.map((side) => new CpuBackend({ blas: side.blas, threads: side.threads }));
+      const models = backends.map((backend) => loadTransformer(dir, backend));
       const rounds = Array.from({ length: quick ? 1 : 3 }, () => ({
-        engine: measureEngine(model, w),
+        engine: models.map((model) => measureEngine(model, w)),
         torch1: measureTorch(dir, w, 1),
-        torchAll: measureTorch(dir, w, os.availableParallelism()),
+        torchAll: measureTorch(dir, w, cores),
       }));
       const best = (pick: (r: (typeof rounds)[number]) => Throughput): Throughput => ({
         prefillTokensPerSecond: Math.max(...rounds.map((r) => pick(r).prefillTokensPerSecond)),
         decodeTokensPerSecond: Math.max(...rounds.map((r) => pick(r).decodeTokensPerSecond)),
       });
-      const engine = best((r) => r.engine), torch1 = best((r) => r.torch1), torchAll = best((r) => r.torchAll);
+      const engines = sides.map((_, i) => best((r) => r.engine[i]));
+      const torch1 = best((r) => r.torch1), torchAll = best((r) => r.torchAll);
       const ratio = (a: Throughput, b: Throughput) => ({
         prefill: round(a.prefillTokensPerSecond / b.prefillTokensPerSecond),
         decode: round(a.decodeTokensPerSecond / b.decodeTokensPerSecond),
       });
+      const sameThreads = (i: number) => (sides[i].threads === 1 ? torch1 : torchAll);
       results.push({
-        parameters: parameterCount(model), ...w,
-        artTs: roundAll(engine),
-        torch1Thread: roundAll(torch1),
-        [`torch${os.availableParallelism()}Threads`]: roundAll(torchAll),
-        ratioToTorch1Thread: ratio(engine, torch1),
-        ratioToTorchAllThreads: ratio(engine, torchAll),
+        parameters: parameterCount(models[0]), ...w,
+        ...Object.fromEntries(sides.map((side, i) => [side.name, { ...roundAll(engines[i]), products: backends[i].gemm.description }])),
+        torch1Thread: { ...roundAll(torch1), threads: rounds[0].torch1.threads },
+        [`torch${cores}Threads`]: { ...roundAll(torchAll), threads: rounds[0].torchAll.threads },
+        ratioToTorchSameThreads: Object.fromEntries(sides.map((side, i) => [side.name, ratio(engines[i], sameThreads(i))])),
       });
-      model.free();
+      for (const model of models) model.free();
+      torch = { version: rounds[0].torch1.torch, blas: rounds[0].torch1.blas };
     }
   } finally {
     fs.rmSync(tmp, { recursive: true, force: true });
   }
   const report = {
     benchmark: "cpu-engine", command: `node bench/cpu-engine.ts${quick ? " --quick" : ""}`,
-    machine: `${os.cpus()[0]?.model ?? "cpu"} × ${os.availableParallelism()}`, node: process.version,
+    machine: `${os.cpus()[0]?.model ?? "cpu"} × ${cores}`, node: process.version,
     loadAverageAtEnd: os.loadavg().map((l) => Number(l.toFixed(2))),
-    note: "art-ts CPU backend is single-threaded; tokens/s = best over rounds of best-of-repeats after one warm-up; " +
-      "ratio = art-ts / torch. Debian's torch 1.13 is built with the generic (reference) BLAS.",
+    note: "tokens/s = best over rounds of best-of-repeats after one warm-up; ratio = art-ts / torch at the same thread count " +
+      "(the portable side, single-threaded, against torch on 1 thread). Each side's products are named in the results.",
+    torch,
     results,
   };
   const json = JSON.stringify(report, null, 2);

@@ -1,4 +1,4 @@
-/** Timing helpers shared by the micro-benchmarks (bench/cpu-matmul-*.ts). */
+/** Timing helpers shared by the micro-benchmarks (bench/cpu-matmul.ts). */
 
 /** Mean ms per call over a short window. */
 export function timeIt(run: () => void, windowMs = 300): number {

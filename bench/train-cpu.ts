@@ -17,6 +17,7 @@ import { type TrainingSequence } from "../lib/grpo/tokenize.ts";
 import { CpuBackend } from "../lib/model/cpu/backend.ts";
 import { loadTransformer } from "../lib/model/transformer.ts";
 import { writeTinyCheckpoint } from "../scripts/make-tiny-checkpoint.ts";
+import { peerEnvironment } from "./peers/environment.ts";
 
 function arg(name: string, fallback: string): string {
   const i = process.argv.indexOf(`--${name}`);
@@ -31,8 +32,19 @@ const rank = 8, alpha = 16;
 
 const root = path.join(import.meta.dirname, "out", `train-cpu-${size}`);
 writeTinyCheckpoint(root, { arch: "qwen2", size, seed: 1 });
-const transformer = loadTransformer(root, new CpuBackend());
-const vocab = transformer.config.vocabSize;
+const cores = os.availableParallelism();
+
+// art-ts on the system BLAS at 1 thread and at all cores (each beside torch at the same count), and on the portable
+// products (one thread), each side with its own copy of the model and trainer.
+const system = new CpuBackend({ blas: "auto", threads: 1 }).gemm.library;
+const sides = [
+  ...(system ? [{ name: "artTs1Thread", blas: system, threads: 1 }, { name: `artTs${cores}Threads`, blas: system, threads: cores }] : []),
+  { name: "artTsPortable", blas: "portable", threads: 1 },
+];
+const backends = sides.map((side) => new CpuBackend({ blas: side.blas, threads: side.threads }));
+const transformers = backends.map((backend) => loadTransformer(root, backend));
+const config = transformers[0].config;
+const vocab = config.vocabSize;
 
 // Prompt = first half (not trained), completion = second half (trained); advantages alternate ±1.
 const random = seededRandom(5);
@@ -44,47 +56,58 @@ const sequences: TrainingSequence[] = Array.from({ length: seqs }, (_, s) => {
   };
 });
 
-const model = new DifferentiableTransformer(transformer, { lora: { rank, alpha, targetModules: [...PROJECTIONS], useRslora: false } });
-const trainer = new Trainer(model, { microBatchSize: seqs });
-trainer.trainStep(sequences); // warm-up (JIT)
+const trainers = transformers.map((transformer) => {
+  const model = new DifferentiableTransformer(transformer, { lora: { rank, alpha, targetModules: [...PROJECTIONS], useRslora: false } });
+  const trainer = new Trainer(model, { microBatchSize: seqs });
+  trainer.trainStep(sequences); // warm-up (JIT)
+  return trainer;
+});
 
 const batchFile = path.join(root, "batch.json");
 fs.writeFileSync(batchFile, JSON.stringify({
   rank, alpha, tokens: sequences.map((s) => s.tokens), trainable: sequences.map((s) => Array.from(s.trainable)),
   advantages: sequences.map((s) => s.advantage),
 }));
-const peer = (threads: number): number[] => JSON.parse(execFileSync("/usr/bin/python3",
-  [path.join(import.meta.dirname, "peers", "torch_train_step.py"), root, batchFile, "1", String(threads)], { encoding: "utf8" })).stepSeconds;
+interface PeerRun { stepSeconds: number[]; blas: string[]; threads: number; torch: string }
+const peer = (threads: number): PeerRun => JSON.parse(execFileSync("/usr/bin/python3",
+  [path.join(import.meta.dirname, "peers", "torch_train_step.py"), root, batchFile, "1", String(threads)], { encoding: "utf8", env: peerEnvironment(threads) }));
 
-// Alternating rounds (ours, torch 1 thread, torch all threads) so a busy machine slows every side alike;
+// Alternating rounds (each art-ts side, torch 1 thread, torch all threads) so a busy machine slows every side alike;
 // the best round of each side is reported (the least disturbed), with the median beside it.
 const loadBefore = os.loadavg();
-const times = { artTs: [] as number[], torch1: [] as number[], torchAll: [] as number[] };
+const times = { artTs: sides.map(() => [] as number[]), torch1: [] as number[], torchAll: [] as number[] };
+let torchInfo: PeerRun | null = null;
 for (let round = 0; round < rounds; round++) {
-  const start = performance.now();
-  trainer.trainStep(sequences);
-  times.artTs.push((performance.now() - start) / 1000);
-  times.torch1.push(...peer(1));
-  times.torchAll.push(...peer(os.cpus().length));
+  trainers.forEach((trainer, i) => {
+    const start = performance.now();
+    trainer.trainStep(sequences);
+    times.artTs[i].push((performance.now() - start) / 1000);
+  });
+  torchInfo = peer(1);
+  times.torch1.push(...torchInfo.stepSeconds);
+  times.torchAll.push(...peer(cores).stepSeconds);
 }
 const summary = (name: string, seconds: number[]) => {
   const sorted = [...seconds].sort((a, b) => a - b);
   const best = sorted[0];
   return { runtime: name, bestSecondsPerStep: best, medianSecondsPerStep: sorted[Math.floor(sorted.length / 2)], tokensPerSecond: (seqs * len) / best, rounds: seconds };
 };
-const ours = summary("art-ts CPU (single thread, Node " + process.version + ")", times.artTs);
-const torchOne = summary("pytorch (CPU, 1 thread)", times.torch1);
-const torchAll = summary(`pytorch (CPU, ${os.cpus().length} threads)`, times.torchAll);
+const ours = sides.map((side, i) => summary(`art-ts CPU (Node ${process.version}), ${backends[i].gemm.description}`, times.artTs[i]));
+const torchOne = summary(`pytorch ${torchInfo?.torch} (CPU, 1 thread)`, times.torch1);
+const torchAll = summary(`pytorch ${torchInfo?.torch} (CPU, ${cores} threads)`, times.torchAll);
 
 const result = {
   bench: "train-cpu: one LoRA GRPO step (forward + backward + AdamW), tokens/s",
-  model: { arch: "qwen2", size, ...Object.fromEntries(["hiddenSize", "numLayers", "numHeads", "numKvHeads", "intermediateSize", "vocabSize"].map((k) => [k, (transformer.config as unknown as Record<string, number>)[k]])) },
+  command: `node bench/train-cpu.ts ${process.argv.slice(2).join(" ")}`.trim(),
+  model: { arch: "qwen2", size, ...Object.fromEntries(["hiddenSize", "numLayers", "numHeads", "numKvHeads", "intermediateSize", "vocabSize"].map((k) => [k, (config as unknown as Record<string, number>)[k]])) },
   batch: { sequences: seqs, tokensPerSequence: len, lora: { rank, alpha, targets: "all 7 projections" } },
-  machine: { cpus: os.cpus().length, cpu: os.cpus()[0]?.model ?? "unknown", loadAverageBefore: loadBefore, loadAverageAfter: os.loadavg() },
-  artTs: ours,
+  machine: { cpus: cores, cpu: os.cpus()[0]?.model ?? "unknown", loadAverageBefore: loadBefore, loadAverageAfter: os.loadavg() },
+  torchBlas: torchInfo?.blas,
+  artTs: Object.fromEntries(sides.map((side, i) => [side.name, ours[i]])),
   peers: [torchOne, torchAll],
-  ratioVsTorchSameThreads: ours.tokensPerSecond / torchOne.tokensPerSecond,
-  ratioVsTorchAllThreads: ours.tokensPerSecond / torchAll.tokensPerSecond,
+  // Each art-ts side against torch on the same number of threads (the portable side is single-threaded).
+  ratioToTorchSameThreads: Object.fromEntries(sides.map((side, i) =>
+    [side.name, ours[i].tokensPerSecond / (side.threads === 1 ? torchOne : torchAll).tokensPerSecond])),
 };
 console.log(JSON.stringify(result, null, 2));
 fs.mkdirSync(path.join(import.meta.dirname, "results"), { recursive: true });

@@ -15,6 +15,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "reference"))
 from transformer_reference import inverse_frequencies, read_checkpoint  # noqa: E402
+sys.path.insert(0, os.path.dirname(__file__))
+from torch_blas import blas_report  # noqa: E402
 
 
 def rms_norm(x, weight, eps):
@@ -94,6 +96,7 @@ def main():
     print(json.dumps({
         "prefillTokensPerSecond": batch * prompt_length / best_prefill,
         "decodeTokensPerSecond": batch * decode_tokens / best_decode,
+        **blas_report(),
     }))
 
 

@@ -16,6 +16,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "reference"))
 from transformer_reference import read_safetensors  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_blas import blas_report  # noqa: E402
 
 PROJ = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
         "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
@@ -101,7 +103,7 @@ def main():
         step()
         times.append(time.perf_counter() - start)
     print(json.dumps({"peer": f"pytorch {torch.__version__} (CPU, {threads} thread{'s' if threads > 1 else ''})",
-                      "stepSeconds": times}))
+                      "stepSeconds": times, **blas_report()}))
 
 
 main()

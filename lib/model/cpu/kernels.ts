@@ -119,20 +119,12 @@ export function loraRowsBackward(
   gemm: Gemm, x: Float32Array, a: Float32Array, b: Float32Array, scale: number, down: Float32Array, dOut: Float32Array, rows: number,
   inFeatures: number, outFeatures: number, rank: number, dx: Float32Array | null, dA: Float32Array, dB: Float32Array,
 ): void {
+  // The scale rides on the [rows, rank] operands, the small ones.
+  const scaledDown = Float32Array.from(down.subarray(0, rows * rank), (v) => v * scale);
+  gemm.tnAccumulate(dB, dOut, scaledDown, rows, outFeatures, rank);
   const dDown = new Float32Array(rows * rank);
-  for (let n = 0; n < rows; n++) {
-    const dOff = n * outFeatures;
-    const downOff = n * rank;
-    for (let o = 0; o < outFeatures; o++) {
-      const g = scale * dOut[dOff + o];
-      if (g === 0) continue;
-      const bOff = o * rank;
-      for (let r = 0; r < rank; r++) {
-        dB[bOff + r] += g * down[downOff + r];
-        dDown[downOff + r] += g * b[bOff + r];
-      }
-    }
-  }
+  gemm.nnAccumulate(dDown, dOut, b, rows, outFeatures, rank);
+  for (let i = 0; i < dDown.length; i++) dDown[i] *= scale;
   linearRowsBackward(gemm, x, a, dDown, rows, inFeatures, rank, dx, dA, null);
 }
 

@@ -1,0 +1,86 @@
+/**
+ * The CPU's matrix products side by side: `x Wᵀ` on the 20M bench config's linear shapes (decode: 1 and 4 rows,
+ * prefill: 256 rows) by the JavaScript kernel, the WASM SIMD kernel (weight resident, activations copied in and out
+ * as CpuBackend.linear does) and the system BLAS at 1 thread and at all cores (what CpuBackend uses by default), beside
+ * the machine's measured peak: the system BLAS on a 1024³ product, where packing and call costs vanish. Variants
+ * alternate in short windows so outside load hits them alike. Prints JSON.
+ *
+ * usage: node bench/cpu-matmul.ts [--out bench/results/cpu-matmul.json]
+ */
+import * as fs from "node:fs";
+import * as os from "node:os";
+import { seededRandom } from "../lib/core/random.ts";
+import { chooseGemm, type Gemm, systemGemm } from "../lib/model/cpu/gemm.ts";
+import { matmulNT } from "../lib/model/cpu/matmul.ts";
+import { WasmMatmul } from "../lib/model/cpu/wasm-matmul.ts";
+import { compare } from "./timing.ts";
+
+// hidden 384, intermediate 1536, 6 query heads and 2 KV heads of 64, vocabulary 8192 (scripts/make-tiny-checkpoint.ts).
+const projections = [
+  { name: "q_proj", k: 384, m: 384 },
+  { name: "k_proj", k: 384, m: 128 },
+  { name: "gate_proj", k: 384, m: 1536 },
+  { name: "down_proj", k: 1536, m: 384 },
+  { name: "lm_head", k: 384, m: 8192 },
+];
+
+const gflops = (n: number, k: number, m: number, ms: number) => Number(((2 * n * k * m) / ms / 1e6).toFixed(1));
+
+function main(argv: string[]): void {
+  const kernel = WasmMatmul.create();
+  if (!kernel) throw new Error("this runtime has no WebAssembly SIMD");
+  const library = chooseGemm("auto", 1).gemm.library;
+  const cores = os.availableParallelism();
+  const blas: { name: string; gemm: Gemm }[] = library
+    ? [{ name: "blas1Thread", gemm: systemGemm(library, 1) }, { name: `blas${cores}Threads`, gemm: systemGemm(library, cores) }]
+    : [];
+  const rng = seededRandom(3);
+  const fill = (length: number) => Float32Array.from({ length }, () => rng() - 0.5);
+
+  const peak = blas.map(({ name, gemm }) => {
+    const size = 1024, a = fill(size * size), b = fill(size * size), out = new Float32Array(size * size);
+    const [ms] = compare([() => gemm.nt(a, b, size, size, size, out)], 3);
+    return { side: name, gflops: gflops(size, size, size, ms) };
+  });
+
+  const results = [];
+  for (const { name, k, m } of projections) {
+    // The lm_head only sees the last row of each sequence, never a whole prefill.
+    for (const n of name === "lm_head" ? [1, 4] : [1, 4, 256]) {
+      const x = fill(n * k), w = fill(m * k), out = new Float32Array(n * m);
+      const wAt = 0, xAt = w.byteLength, outAt = xAt + x.byteLength;
+      if (!kernel.ensureBytes(outAt + out.byteLength)) throw new Error("WASM memory refused to grow");
+      kernel.heap.set(w, wAt / 4);
+      const times = compare([
+        () => matmulNT(x, w, n, k, m, out),
+        () => {
+          const heap = kernel.heap;
+          heap.set(x, xAt / 4);
+          kernel.matmulNT(xAt, wAt, outAt, n, k, m);
+          out.set(heap.subarray(outAt / 4, outAt / 4 + n * m));
+        },
+        ...blas.map(({ gemm }) => () => gemm.nt(x, w, n, k, m, out)),
+      ], 5);
+      const sides = ["javascript", "wasm", ...blas.map((b) => b.name)];
+      results.push({
+        shape: `${n === 256 ? "prefill" : "decode"} ${name}`, n, k, m,
+        gflops: Object.fromEntries(sides.map((side, i) => [side, gflops(n, k, m, times[i])])),
+      });
+    }
+  }
+  const report = {
+    benchmark: "cpu-matmul", command: "node bench/cpu-matmul.ts",
+    machine: `${os.cpus()[0]?.model ?? "cpu"} × ${cores}`, node: process.version, systemBlas: library,
+    loadAverageAtEnd: os.loadavg().map((l) => Number(l.toFixed(2))),
+    note: "GFLOP/s = 2·n·k·m / best of 5 alternating 300 ms windows; javascript and wasm are single-threaded; " +
+      "peak = the system BLAS on a 1024 × 1024 × 1024 product",
+    peak,
+    results,
+  };
+  const json = JSON.stringify(report, null, 2);
+  console.log(json);
+  const outIndex = argv.indexOf("--out");
+  if (outIndex >= 0) fs.writeFileSync(argv[outIndex + 1], `${json}\n`);
+}
+
+main(process.argv.slice(2));

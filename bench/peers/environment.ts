@@ -1,0 +1,10 @@
+/**
+ * The environment a PyTorch peer runs in with `threads` threads. torch.set_num_threads sets torch's own (OpenMP)
+ * pool only: the BLAS it calls keeps its own threads, all cores by default, so a "1 thread" torch multiplies on every
+ * core (measured: 194 GFLOP/s for one 256 × 384 × 1536 linear on 2 cores, 96 with OPENBLAS_NUM_THREADS=1). The
+ * BLAS libraries' variables pin them to the same count.
+ */
+export function peerEnvironment(threads: number): NodeJS.ProcessEnv {
+  const count = String(threads);
+  return { ...process.env, OMP_NUM_THREADS: count, OPENBLAS_NUM_THREADS: count, MKL_NUM_THREADS: count, BLIS_NUM_THREADS: count };
+}
