@@ -8,14 +8,14 @@ import { seededRandom } from "../../lib/core/random.ts";
 import { CpuBackend, type CpuTensor } from "../../lib/model/cpu/backend.ts";
 import { matmulNT } from "../../lib/model/cpu/matmul.ts";
 import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
-import { generatedModuleSource, generatedPath } from "../../scripts/build-wasm.ts";
+import { generatedModuleSource, generatedPath, WASM_MODULES } from "../../scripts/build-wasm.ts";
 import { maxAbsDiff } from "./helpers.ts";
 
 const F32_EPSILON = 2 ** -24;
 
 describe("WASM SIMD matmul", () => {
-  it("the committed module is what scripts/build-wasm.ts assembles from matmul.wat", async () => {
-    expect(readFileSync(generatedPath, "utf8")).toBe(await generatedModuleSource());
+  it.each(WASM_MODULES)("the committed $name module is what scripts/build-wasm.ts assembles from $name.wat", async ({ name, constant }) => {
+    expect(readFileSync(generatedPath(name), "utf8")).toBe(await generatedModuleSource(name, constant));
   });
 
   it("matches a float64 x·Wᵀ within f32 rounding on every tile and remainder", () => {

@@ -21,6 +21,7 @@ import { chunkedLogprobs, chunkedLogprobsBackward } from "./logprobs.ts";
 import { chooseGemm, type CpuBlasChoice, type Gemm } from "./gemm.ts";
 import { transposeRows } from "./matmul.ts";
 import { sampleRows } from "./sample.ts";
+import { WasmElementwise } from "./wasm-elementwise.ts";
 import { WasmMatmul } from "./wasm-matmul.ts";
 
 export class CpuTensor implements Tensor {
@@ -125,6 +126,9 @@ export class CpuBackend implements Backend {
   readonly gemmReason: string;
   /** The WASM SIMD matmul the portable `linear` runs on; null with a system BLAS or without WebAssembly SIMD. */
   readonly #kernel: WasmMatmul | null;
+  /** SwiGLU's and the target logprobs' vectorised exponentials, with the system BLAS only (the portable products keep
+   * the reference's bits). */
+  readonly #elementwise: WasmElementwise | null;
   // Attention scratch, grown as needed and reused across calls.
   #scores = new Float32Array(0);
   #valuesT = new Float32Array(0);
@@ -133,6 +137,7 @@ export class CpuBackend implements Backend {
   constructor(options: CpuBackendOptions = {}) {
     ({ gemm: this.gemm, reason: this.gemmReason } = chooseGemm(options.blas, options.threads));
     this.#kernel = this.gemm.library === null ? WasmMatmul.create() : null;
+    this.#elementwise = this.gemm.library === null ? null : WasmElementwise.create();
   }
 
   // ---- memory -----------------------------------------------------------------------------------------------------
@@ -252,7 +257,8 @@ export class CpuBackend implements Backend {
   swiglu(gate: Tensor, up: Tensor, out: Tensor): void {
     expectSize("swiglu up", up, gate.size);
     expectSize("swiglu out", out, gate.size);
-    swigluRows(cpu(gate).data, cpu(up).data, cpu(out).data);
+    if (this.#elementwise) this.#elementwise.swiglu(cpu(gate).data, cpu(up).data, cpu(out).data);
+    else swigluRows(cpu(gate).data, cpu(up).data, cpu(out).data);
   }
 
   add(a: Tensor, b: Tensor, out: Tensor): void {
@@ -404,7 +410,9 @@ export class CpuBackend implements Backend {
   }
 
   swigluBackward(gate: Tensor, up: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void {
-    swigluRowsBackward(cpu(gate).data, cpu(up).data, cpu(dOut).data, cpu(dGate).data, cpu(dUp).data);
+    for (const [name, tensor] of [["up", up], ["dOut", dOut], ["dGate", dGate], ["dUp", dUp]] as const) expectSize(`swigluBackward ${name}`, tensor, gate.size);
+    if (this.#elementwise) this.#elementwise.swigluBackward(cpu(gate).data, cpu(up).data, cpu(dOut).data, cpu(dGate).data, cpu(dUp).data);
+    else swigluRowsBackward(cpu(gate).data, cpu(up).data, cpu(dOut).data, cpu(dGate).data, cpu(dUp).data);
   }
 
   gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void {
@@ -418,13 +426,13 @@ export class CpuBackend implements Backend {
 
   targetLogprobs(hidden: Tensor, head: Tensor, targets: Int32Array, chunks: ChunkSizes): TokenLogprobs {
     const h = cpu(head);
-    return chunkedLogprobs(this.gemm, cpu(hidden).data, h.data, targets, h.cols, h.rows, chunks);
+    return chunkedLogprobs(this.gemm, this.#elementwise, cpu(hidden).data, h.data, targets, h.cols, h.rows, chunks);
   }
 
   targetLogprobsBackward(hidden: Tensor, head: Tensor, targets: Int32Array, logsumexp: Float32Array, dLogprobs: Float32Array,
     dHidden: Tensor, dHead: Tensor | null, chunks: ChunkSizes): void {
     const h = cpu(head);
-    chunkedLogprobsBackward(this.gemm, cpu(dHidden).data, optional(dHead), dLogprobs, cpu(hidden).data, h.data, targets, logsumexp, h.cols, h.rows, chunks);
+    chunkedLogprobsBackward(this.gemm, this.#elementwise, cpu(dHidden).data, optional(dHead), dLogprobs, cpu(hidden).data, h.data, targets, logsumexp, h.cols, h.rows, chunks);
   }
 
   sumOfSquares(tensors: readonly Tensor[]): number {

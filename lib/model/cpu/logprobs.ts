@@ -6,9 +6,12 @@
  * [rowChunk × vocabChunk] block of logits exists at once. Per row an online log-sum-exp keeps the running
  * max m, s = Σ e^(z−m) and u = Σ e^(z−m)·z, so that logsumexp = m + ln s and entropy = logsumexp − u/s.
  * The backward recomputes each block (cheaper than storing it) and needs only the saved logsumexp.
+ * `fastExp` (the fast path's, with a system BLAS) computes a row's exponentials in f32 four at a time; without it
+ * each is Math.exp in float64, the portable reference.
  */
 import type { ChunkSizes, TokenLogprobs } from "../backend.ts";
 import type { Gemm } from "./gemm.ts";
+import type { WasmElementwise } from "./wasm-elementwise.ts";
 
 /** logits block [rc × vc] = hidden[r0..r0+rc] · head[v0..v0+vc]ᵀ */
 function logitBlock(
@@ -18,7 +21,7 @@ function logitBlock(
 }
 
 export function chunkedLogprobs(
-  gemm: Gemm, hidden: Float32Array, head: Float32Array, targets: ArrayLike<number>, dim: number, vocab: number,
+  gemm: Gemm, fastExp: WasmElementwise | null, hidden: Float32Array, head: Float32Array, targets: ArrayLike<number>, dim: number, vocab: number,
   chunks: ChunkSizes,
 ): TokenLogprobs {
   const rows = targets.length;
@@ -26,6 +29,7 @@ export function chunkedLogprobs(
   const entropies = new Float32Array(rows);
   const logsumexp = new Float32Array(rows);
   const block = new Float32Array(chunks.rowChunk * chunks.vocabChunk);
+  const exps = new Float32Array(fastExp ? chunks.vocabChunk : 0);
   for (let r0 = 0; r0 < rows; r0 += chunks.rowChunk) {
     const rc = Math.min(chunks.rowChunk, rows - r0);
     const max = new Float64Array(rc).fill(-Infinity);
@@ -43,9 +47,10 @@ export function chunkedLogprobs(
         const rescale = Math.exp(max[r] - m);
         let s = sum[r] * rescale;
         let u = sumZ[r] * rescale;
+        fastExp?.expShifted(block.subarray(off, off + vc), m, exps);
         for (let v = 0; v < vc; v++) {
           const z = block[off + v];
-          const e = Math.exp(z - m);
+          const e = fastExp ? exps[v] : Math.exp(z - m);
           s += e;
           u += e * z;
         }
@@ -72,7 +77,7 @@ export function chunkedLogprobs(
  * Rows whose gradient is 0 cost nothing.
  */
 export function chunkedLogprobsBackward(
-  gemm: Gemm, dHidden: Float32Array, dHead: Float32Array | null, dLogprobs: Float32Array,
+  gemm: Gemm, fastExp: WasmElementwise | null, dHidden: Float32Array, dHead: Float32Array | null, dLogprobs: Float32Array,
   hidden: Float32Array, head: Float32Array, targets: ArrayLike<number>, logsumexp: Float32Array,
   dim: number, vocab: number, chunks: ChunkSizes,
 ): void {
@@ -95,8 +100,9 @@ export function chunkedLogprobsBackward(
         const lse = logsumexp[row];
         const target = targets[row];
         const off = r * vc;
+        fastExp?.expShifted(block.subarray(off, off + vc), lse, block.subarray(off, off + vc));
         for (let v = 0; v < vc; v++) {
-          const p = Math.exp(block[off + v] - lse);
+          const p = fastExp ? block[off + v] : Math.exp(block[off + v] - lse);
           block[off + v] = g * ((v0 + v === target ? 1 : 0) - p);
         }
       }
