@@ -7,20 +7,28 @@
  */
 import type { PackedSegment } from "../backend.ts";
 import type { Gemm } from "./gemm.ts";
+import type { WasmElementwise } from "./wasm-elementwise.ts";
 import { transposeRows } from "./matmul.ts";
 
 /**
  * Softmax of row[at .. at+last] in place, row[at+last+1 .. at+end) = 0: one attention row over the keys its query
  * sees, zero for the keys a block's later rows see (so a product over the whole block adds nothing for them).
+ * `fastExp` (the fast path's) takes the exponentials four at a time in f32; without it each is Math.exp.
  */
-export function causalSoftmax(row: Float32Array, at: number, last: number, end: number): void {
+export function causalSoftmax(fastExp: WasmElementwise | null, row: Float32Array, at: number, last: number, end: number): void {
   let max = -Infinity;
   for (let s = 0; s <= last; s++) max = Math.max(max, row[at + s]);
   let sum = 0;
-  for (let s = 0; s <= last; s++) {
-    const e = Math.exp(row[at + s] - max);
-    row[at + s] = e;
-    sum += e;
+  if (fastExp) {
+    const seen = row.subarray(at, at + last + 1);
+    fastExp.expShifted(seen, max, seen);
+    for (let s = 0; s <= last; s++) sum += row[at + s];
+  } else {
+    for (let s = 0; s <= last; s++) {
+      const e = Math.exp(row[at + s] - max);
+      row[at + s] = e;
+      sum += e;
+    }
   }
   const inverse = 1 / sum;
   for (let s = 0; s <= last; s++) row[at + s] *= inverse;
@@ -41,7 +49,7 @@ export const ATTENTION_BLOCK = 32;
  * same way into `rowSums`. Decoding (CpuBackend.attention) and training (packedAttention) both attend through this.
  */
 export function attendBlock(
-  gemm: Gemm, q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array | null, out: Float32Array, positions: Int32Array,
+  gemm: Gemm, fastExp: WasmElementwise | null, q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array | null, out: Float32Array, positions: Int32Array,
   headDim: number, qStride: number, kvStride: number, runKeys: number, scores: Float32Array, rowSums: Float64Array,
 ): void {
   const blockRows = positions.length;
@@ -49,7 +57,7 @@ export function attendBlock(
   for (let r = 0; r < blockRows; r++) blockKeys = Math.max(blockKeys, positions[r] + 1);
   gemm.nt(q, keys, blockRows, headDim, blockKeys, scores,
     { alpha: 1 / Math.sqrt(headDim), xStride: qStride, wStride: kvStride, outStride: runKeys });
-  for (let r = 0; r < blockRows; r++) causalSoftmax(scores, r * runKeys, positions[r], blockKeys);
+  for (let r = 0; r < blockRows; r++) causalSoftmax(fastExp, scores, r * runKeys, positions[r], blockKeys);
   if (valuesT) {
     gemm.nt(scores, valuesT, blockRows, blockKeys, headDim, out, { xStride: runKeys, wStride: runKeys, outStride: qStride });
     return;
@@ -75,7 +83,7 @@ export function attendBlock(
  * the same code as the engine's attention.
  */
 function segmentAttention(
-  gemm: Gemm, out: Float32Array, probs: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
+  gemm: Gemm, fastExp: WasmElementwise | null, out: Float32Array, probs: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
   queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
   const group = heads / kvHeads;
@@ -89,7 +97,7 @@ function segmentAttention(
     for (let h = kvh * group; h < (kvh + 1) * group; h++) {
       const p = probs.subarray(h * queryLen * keyLen, (h + 1) * queryLen * keyLen);
       for (let t0 = 0; t0 < queryLen; t0 += ATTENTION_BLOCK) {
-        attendBlock(gemm, q.subarray(t0 * qStride + h * headDim), k.subarray(kvh * headDim), v.subarray(kvh * headDim), valuesT,
+        attendBlock(gemm, fastExp, q.subarray(t0 * qStride + h * headDim), k.subarray(kvh * headDim), v.subarray(kvh * headDim), valuesT,
           out.subarray(t0 * qStride + h * headDim), positions.subarray(t0, Math.min(queryLen, t0 + ATTENTION_BLOCK)), headDim, qStride,
           kvStride, keyLen, p.subarray(t0 * keyLen), new Float64Array(0));
       }
@@ -200,7 +208,7 @@ function keyLength(segment: PackedSegment): number {
  * segment [heads, length, keys], segments one after another. q, out: [rows, heads·hd]; k, v: [rows, kvHeads·hd].
  */
 export function packedAttention(
-  gemm: Gemm, q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number, kvHeads: number, headDim: number,
+  gemm: Gemm, fastExp: WasmElementwise | null, q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number, kvHeads: number, headDim: number,
   out: Float32Array,
 ): Float32Array {
   const probs = new Float32Array(segments.reduce((total, s) => total + heads * s.length * keyLength(s), 0));
@@ -210,7 +218,7 @@ export function packedAttention(
     const { start, length } = segment;
     const keyLen = keyLength(segment);
     const segmentProbs = probs.subarray(offset, offset + heads * length * keyLen);
-    segmentAttention(gemm, out.subarray(start * qWidth, (start + length) * qWidth), segmentProbs, q.subarray(start * qWidth, (start + length) * qWidth),
+    segmentAttention(gemm, fastExp, out.subarray(start * qWidth, (start + length) * qWidth), segmentProbs, q.subarray(start * qWidth, (start + length) * qWidth),
       segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
     offset += segmentProbs.length;
   }

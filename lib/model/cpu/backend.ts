@@ -126,8 +126,8 @@ export class CpuBackend implements Backend {
   readonly gemmReason: string;
   /** The WASM SIMD matmul the portable `linear` runs on; null with a system BLAS or without WebAssembly SIMD. */
   readonly #kernel: WasmMatmul | null;
-  /** SwiGLU's and the target logprobs' vectorised exponentials, with the system BLAS only (the portable products keep
-   * the reference's bits). */
+  /** The exponentials of SwiGLU, attention's softmax and the target logprobs, vectorised, with the system BLAS only
+   * (the portable products keep the reference's bits). */
   readonly #elementwise: WasmElementwise | null;
   // Attention scratch, grown as needed and reused across calls.
   #scores = new Float32Array(0);
@@ -326,7 +326,7 @@ export class CpuBackend implements Backend {
         if (transposeValues) transposeRows(headValues, runKeys, headDim, kvWidth, this.#valuesT);
         for (let h = kvHead * groupSize; h < (kvHead + 1) * groupSize; h++) {
           for (let b0 = start; b0 < end; b0 += ATTENTION_BLOCK) {
-            attendBlock(this.gemm, qs.subarray(b0 * qStride + h * headDim), headKeys, headValues, transposeValues ? this.#valuesT : null,
+            attendBlock(this.gemm, this.#elementwise, qs.subarray(b0 * qStride + h * headDim), headKeys, headValues, transposeValues ? this.#valuesT : null,
               o.subarray(b0 * qStride + h * headDim), rows.positions.subarray(b0, Math.min(end, b0 + ATTENTION_BLOCK)), headDim, qStride,
               kvWidth, runKeys, this.#scores, this.#rowSums);
           }
@@ -371,7 +371,7 @@ export class CpuBackend implements Backend {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
     expectSize("attention v", v, k.size);
     expectSize("attention out", out, q.size);
-    const probs = packedAttention(this.gemm, cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim, cpu(out).data);
+    const probs = packedAttention(this.gemm, this.#elementwise, cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim, cpu(out).data);
     return new CpuTensor([probs.length], "f32", probs);
   }
 

@@ -1,6 +1,6 @@
 ;; SwiGLU, its backward and softmax's exponentials, four f32 lanes at a time: the CPU backend's fast path (with a
-;; system BLAS), where V8's Math.exp, about 13 ns a call, made SwiGLU a quarter of a prefill and the target logprobs'
-;; exponentials a sixth of a training step. Pointers are byte offsets into this module's
+;; system BLAS), where V8's Math.exp, about 13 ns a call, made SwiGLU a quarter of a short prefill and attention's
+;; softmax a third of a long one. Pointers are byte offsets into this module's
 ;; memory; `vectors` counts groups of 4 floats (the caller pads the last group).
 ;;
 ;; The sigmoid takes e = exp(-|g|), never an exponential of a positive number, so nothing overflows:
