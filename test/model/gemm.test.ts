@@ -94,6 +94,16 @@ function checkProducts(gemm: Gemm): void {
     expect(relativeError(tnWant, tn)).toBeLessThan(TOLERANCE);
   });
 
+  it("weightedRowSum: one row's p·v over strided cached values", () => {
+    const [count, width, stride] = [37, 16, 24];
+    const weights = random(count + 3, 12), rows = random(count * stride, 13);
+    const out = new Float32Array(width + 2).fill(Number.NaN);
+    gemm.weightedRowSum(weights, rows, count, width, stride, out);
+    const expected = reference(1, width, count, (_, t) => weights[t], (t, j) => rows[t * stride + j]);
+    expect(relativeError(expected, out.subarray(0, width))).toBeLessThan(TOLERANCE);
+    expect(Number.isNaN(out[width])).toBe(true); // nothing past the row is written
+  });
+
   it("an empty sum is zero, and products with no rows or columns touch nothing", () => {
     const out = Float32Array.of(5, 5, 5, 5);
     gemm.nt(new Float32Array(0), new Float32Array(0), 2, 0, 2, out);

@@ -45,12 +45,12 @@ export const ATTENTION_BLOCK = 32;
  * apart, keys and values `kvStride` apart (one KV head's slice of wider rows); score rows lie `runKeys` apart.
  * A row's numbers do not depend on its block: each product is one float64 sum over keys in order (the zeros past a
  * row's keys add nothing), so a prompt prefilled whole, in chunks, or after a reused prefix gives the same tokens.
- * Without `valuesT` (a single decoding row, where transposing would cost as much as the product) p·v is summed the
- * same way into `rowSums`. Decoding (CpuBackend.attention) and training (packedAttention) both attend through this.
+ * Without `valuesT` (a single decoding row, where transposing would cost as much as the product) p·v is the
+ * Gemm's weightedRowSum over the cached values. Decoding (CpuBackend.attention) and training (packedAttention) both attend through this.
  */
 export function attendBlock(
   gemm: Gemm, fastExp: WasmElementwise | null, q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array | null, out: Float32Array, positions: Int32Array,
-  headDim: number, qStride: number, kvStride: number, runKeys: number, scores: Float32Array, rowSums: Float64Array,
+  headDim: number, qStride: number, kvStride: number, runKeys: number, scores: Float32Array,
 ): void {
   const blockRows = positions.length;
   let blockKeys = 0;
@@ -63,13 +63,7 @@ export function attendBlock(
     return;
   }
   for (let r = 0; r < blockRows; r++) {
-    const row = r * runKeys, at = r * qStride;
-    rowSums.fill(0, 0, headDim);
-    for (let t = 0; t <= positions[r]; t++) {
-      const p = scores[row + t], v = t * kvStride;
-      for (let j = 0; j < headDim; j++) rowSums[j] += p * values[v + j];
-    }
-    for (let j = 0; j < headDim; j++) out[at + j] = rowSums[j];
+    gemm.weightedRowSum(scores.subarray(r * runKeys), values, positions[r] + 1, headDim, kvStride, out.subarray(r * qStride));
   }
 }
 
@@ -99,7 +93,7 @@ function segmentAttention(
       for (let t0 = 0; t0 < queryLen; t0 += ATTENTION_BLOCK) {
         attendBlock(gemm, fastExp, q.subarray(t0 * qStride + h * headDim), k.subarray(kvh * headDim), v.subarray(kvh * headDim), valuesT,
           out.subarray(t0 * qStride + h * headDim), positions.subarray(t0, Math.min(queryLen, t0 + ATTENTION_BLOCK)), headDim, qStride,
-          kvStride, keyLen, p.subarray(t0 * keyLen), new Float64Array(0));
+          kvStride, keyLen, p.subarray(t0 * keyLen));
       }
     }
   }

@@ -132,7 +132,6 @@ export class CpuBackend implements Backend {
   // Attention scratch, grown as needed and reused across calls.
   #scores = new Float32Array(0);
   #valuesT = new Float32Array(0);
-  #rowSums = new Float64Array(0);
 
   constructor(options: CpuBackendOptions = {}) {
     ({ gemm: this.gemm, reason: this.gemmReason } = chooseGemm(options.blas, options.threads));
@@ -319,7 +318,7 @@ export class CpuBackend implements Backend {
       let runKeys = 0;
       for (let r = start; r < end; r++) runKeys = Math.max(runKeys, rows.positions[r] + 1);
       const transposeValues = end - start > 1;
-      this.#attentionScratch(Math.min(ATTENTION_BLOCK, end - start) * runKeys, transposeValues ? headDim * runKeys : 0, headDim);
+      this.#attentionScratch(Math.min(ATTENTION_BLOCK, end - start) * runKeys, transposeValues ? headDim * runKeys : 0);
       const slotKeys = keys.subarray(slot * maxPositions * kvWidth), slotValues = values.subarray(slot * maxPositions * kvWidth);
       for (let kvHead = 0; kvHead < numKvHeads; kvHead++) {
         const headKeys = slotKeys.subarray(kvHead * headDim), headValues = slotValues.subarray(kvHead * headDim);
@@ -328,7 +327,7 @@ export class CpuBackend implements Backend {
           for (let b0 = start; b0 < end; b0 += ATTENTION_BLOCK) {
             attendBlock(this.gemm, this.#elementwise, qs.subarray(b0 * qStride + h * headDim), headKeys, headValues, transposeValues ? this.#valuesT : null,
               o.subarray(b0 * qStride + h * headDim), rows.positions.subarray(b0, Math.min(end, b0 + ATTENTION_BLOCK)), headDim, qStride,
-              kvWidth, runKeys, this.#scores, this.#rowSums);
+              kvWidth, runKeys, this.#scores);
           }
         }
       }
@@ -336,11 +335,10 @@ export class CpuBackend implements Backend {
     }
   }
 
-  /** Grows the attention scratch (scores of one block; one head's values transposed; one row's sums). */
-  #attentionScratch(scores: number, valuesT: number, headDim: number): void {
+  /** Grows the attention scratch (scores of one block; one head's values transposed). */
+  #attentionScratch(scores: number, valuesT: number): void {
     if (this.#scores.length < scores) this.#scores = new Float32Array(scores);
     if (this.#valuesT.length < valuesT) this.#valuesT = new Float32Array(valuesT);
-    if (this.#rowSums.length < headDim) this.#rowSums = new Float64Array(headDim);
   }
 
   copyKvSlot(cache: KvCache, from: number, to: number, numPositions: number): void {

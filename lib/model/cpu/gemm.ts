@@ -14,7 +14,7 @@
 import * as os from "node:os";
 import { ArtError } from "../../core/errors.ts";
 import { type NativeFunction, type NativeSignature, openLibrary } from "../../core/ffi.ts";
-import { matmulNNAccumulate, matmulNT, matmulTNAccumulate, type MatmulOptions } from "./matmul.ts";
+import { matmulNNAccumulate, matmulNT, matmulTNAccumulate, type MatmulOptions, weightedRowSum } from "./matmul.ts";
 
 export interface Gemm {
   /** Who computes: "portable (JavaScript)" or e.g. "system BLAS libopenblas.so.0, 2 threads". */
@@ -28,6 +28,8 @@ export interface Gemm {
   nnAccumulate(out: Float32Array, a: Float32Array, b: Float32Array, n: number, k: number, m: number): void;
   /** out[m, k] += a[n, m]ᵀ · b[n, k] */
   tnAccumulate(out: Float32Array, a: Float32Array, b: Float32Array, n: number, m: number, k: number): void;
+  /** out[j] = Σ_t weights[t] · rows[t · stride + j], t < count, j < width (a decoding row's p·v) */
+  weightedRowSum(weights: Float32Array, rows: Float32Array, count: number, width: number, stride: number, out: Float32Array): void;
 }
 
 export const portableGemm: Gemm = {
@@ -37,6 +39,7 @@ export const portableGemm: Gemm = {
   nt: matmulNT,
   nnAccumulate: matmulNNAccumulate,
   tnAccumulate: matmulTNAccumulate,
+  weightedRowSum,
 };
 
 export type CpuBlasChoice = "auto" | "portable" | "system" | (string & {});
@@ -149,6 +152,13 @@ export function systemGemm(path: string, threads: number): Gemm {
     },
     tnAccumulate(out, a, b, n, m, k) {
       product(sgemm, TRANS, NO_TRANS, m, k, n, 1, a, m, b, k, true, out, k);
+    },
+    weightedRowSum(weights, rows, count, width, stride, out) {
+      checkOperand("x", weights, 1, count, count);
+      checkOperand("A", rows, count, width, stride);
+      checkOperand("y", out, 1, width, width);
+      out.fill(0, 0, width);
+      if (count > 0 && width > 0) sgemv(ROW_MAJOR, TRANS, count, width, 1, rows, stride, weights, 1, 1, out, 1);
     },
   };
 }

@@ -93,6 +93,22 @@ function store(out: Float32Array, index: number, sum: number, alpha: number, acc
   out[index] = accumulate ? out[index] + alpha * sum : alpha * sum;
 }
 
+let rowSums = new Float64Array(0);
+
+/**
+ * out[j] = Σ_{t < count} weights[t] · rows[t · stride + j] for j < width: one attention row's p·v over the cached
+ * values, a float64 sum over t in order (so a row's result does not depend on anything else in its batch).
+ */
+export function weightedRowSum(weights: Float32Array, rows: Float32Array, count: number, width: number, stride: number, out: Float32Array): void {
+  if (rowSums.length < width) rowSums = new Float64Array(width);
+  rowSums.fill(0, 0, width);
+  for (let t = 0; t < count; t++) {
+    const p = weights[t], v = t * stride;
+    for (let j = 0; j < width; j++) rowSums[j] += p * rows[v + j];
+  }
+  for (let j = 0; j < width; j++) out[j] = rowSums[j];
+}
+
 /**
  * out[j, t] = rows[t · stride + j] for t < count, j < width (out is [width, count]): a head's slice of wider rows,
  * transposed so a product over the rows (p·v in attention) runs along contiguous memory in matmulNT.
