@@ -19,6 +19,8 @@ export { seededRandom, type Rng } from "./core/random.ts";
 
 // The trainable model: rollouts and training in one process, and its configuration.
 export { TrainableModel } from "./trainable/model.ts";
+// The base URL of the in-process server: with `model.server.fetch` it connects any agent framework (docs/gather.md).
+export { IN_PROCESS_BASE_URL } from "./serve/model-server.ts";
 export type { ModelState, SftOptions, SftResult, TrainableModelOptions, TrainResult } from "./trainable/model.ts";
 export { readHistory, type HistoryRow } from "./trainable/store.ts";
 export type { Device } from "./load/causal-lm.ts";
