@@ -4,7 +4,8 @@
  *
  * Supported: type (one or a list), object with properties / required / additionalProperties (boolean or a
  * schema), array with items / minItems / maxItems, string with enum / minLength / maxLength, number, integer,
- * boolean, null, enum and const (with or without a type they must match), anyOf, oneOf of a discriminated union,
+ * boolean, null, enum and const (with or without a type they must match), integer bounds (enforced as the list of
+ * values, up to 1,000), anyOf, oneOf of a discriminated union,
  * number bounds at ±2^53 (which every written number meets). Annotations (title, description, default, examples,
  * $schema, $id, $comment) are ignored. Everything else (allOf, $ref, pattern, format, binding minimum, ...) is
  * refused with an error naming the keyword, so a schema is never silently weakened.
@@ -105,6 +106,10 @@ function compileNode(schema: unknown, path: string, depth: number): SchemaNode {
   const allowed = new Set(["type"]);
   for (const t of types) for (const k of KEYWORDS_BY_TYPE[t]) allowed.add(k);
   checkKeywords(schema, allowed, path);
+  if (types.length === 1 && types[0] === "integer") {
+    const range = integerRange(schema, path);
+    if (range) return range;
+  }
   if (types.includes("number") || types.includes("integer")) checkUnboundingLimits(schema, path);
   const nodes = types.map((t) => typeNode(t as string, schema, path, depth));
   return nodes.length === 1 ? nodes[0] : { kind: "anyOf", options: nodes };
@@ -183,6 +188,30 @@ function jsonTypeMatches(value: unknown, type: unknown): boolean {
 }
 
 /**
+ * An integer with bounds that bind (zod's .int().min(1).max(7)) is enforced exactly as the list of its values, when
+ * there are at most MAX_ENUM_VALUES of them (they count toward the schema's enum budget); null when no bound binds.
+ */
+function integerRange(schema: Record<string, unknown>, path: string): SchemaNode | null {
+  const reach = 2 ** 53 - 1;
+  let low = -reach, high = reach;
+  for (const key of ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] as const) {
+    const bound = schema[key];
+    if (bound === undefined) continue;
+    if (typeof bound !== "number" || !Number.isFinite(bound)) throw schemaError(path, `keyword "${key}" must be a number`);
+    if (key === "minimum") low = Math.max(low, Math.ceil(bound));
+    if (key === "exclusiveMinimum") low = Math.max(low, Math.floor(bound) + 1);
+    if (key === "maximum") high = Math.min(high, Math.floor(bound));
+    if (key === "exclusiveMaximum") high = Math.min(high, Math.ceil(bound) - 1);
+  }
+  if (low === -reach && high === reach) return null;
+  if (low > high) throw schemaError(path, `no integer lies within the bounds (${low} > ${high})`);
+  if (high - low + 1 > MAX_ENUM_VALUES) {
+    throw schemaError(path, `an integer range of ${high - low + 1} values is too wide to enforce here (bounds that bind are enforced as a list of at most ${MAX_ENUM_VALUES} values; bounds at ±(2^53 - 1) are accepted as they are)`);
+  }
+  return { kind: "literal", texts: Array.from({ length: high - low + 1 }, (_, i) => String(low + i)) };
+}
+
+/**
  * Number bounds the output cannot break are accepted: the grammar writes at most 15 integer digits, so bounds at
  * or beyond ±2^53 (zod's .int(), JavaScript's safe integers) hold anyway. Bounds that would bind are refused: they
  * are not enforced here, and a schema is never silently weakened.
@@ -217,7 +246,7 @@ function discriminated(options: SchemaNode[]): boolean {
 function checkKeywords(schema: Record<string, unknown>, allowed: Set<string>, path: string): void {
   for (const key of Object.keys(schema)) {
     if (!allowed.has(key) && !ANNOTATIONS.has(key)) {
-      throw schemaError(path, `keyword "${key}" is not supported by constrained decoding here (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, anyOf, oneOf of a discriminated union, minimum/maximum at ±2^53)`);
+      throw schemaError(path, `keyword "${key}" is not supported by constrained decoding here (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, anyOf, oneOf of a discriminated union, integer minimum/maximum up to 1,000 values apart, minimum/maximum at ±2^53)`);
     }
   }
 }

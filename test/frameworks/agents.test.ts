@@ -1,7 +1,8 @@
 // Agents written with the real TypeScript frameworks, run against the model server through its in-process fetch
 // (nothing leaves the process; any other fetch fails the test), each captured with captureTrajectory into a
 // trajectory that trains as it is: the Vercel AI SDK (@ai-sdk/openai-compatible on chat completions, @ai-sdk/openai's
-// default provider on the Responses API), LangChain JS (ChatOpenAI on both APIs) and the OpenAI Agents SDK. Each
+// default provider on the Responses API), LangChain JS (ChatOpenAI on both APIs), the OpenAI Agents SDK and
+// openai-node's own helpers (parse with a zod response format, runTools). Each
 // agent calls a tool the model is made to call (tool_choice required), gets its result back and answers.
 import { createOpenAI } from "@ai-sdk/openai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
@@ -9,6 +10,7 @@ import { tool as langchainTool } from "@langchain/core/tools";
 import { ChatOpenAI } from "@langchain/openai";
 import { Agent, OpenAIProvider, run, setTracingDisabled, tool as agentsTool } from "@openai/agents";
 import { generateText, stepCountIs, streamText, tool as aiTool } from "ai";
+import { zodFunction, zodResponseFormat } from "openai/helpers/zod";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { z } from "zod";
 import { captureTrajectory } from "../../lib/core/capture.ts";
@@ -126,6 +128,26 @@ describe("agent frameworks against the in-process server", () => {
       const result = await weatherTool.invoke(called.tool_calls![0]!);
       await llm.bindTools([weatherTool]).invoke([...messages, called, result]);
     }, { reward: 0.5 });
+    expectTrainable(trajectory);
+  });
+
+  it("openai-node's helpers: parse with a zod response format (literals, integers, enums), runTools through a tool", async () => {
+    const client = server.openai({ maxRetries: 0 });
+    const Forecast = z.object({ kind: z.literal("forecast"), day: z.number().int().min(1).max(7), sky: z.enum(["sun", "rain"]) });
+    const parsed = await client.chat.completions.parse({
+      model: "tiny", messages: [{ role: "user", content: "Forecast?" }], max_tokens: 64, seed: 3,
+      response_format: zodResponseFormat(Forecast, "forecast"),
+    });
+    expect(Forecast.parse(parsed.choices[0]!.message.parsed)).toMatchObject({ kind: "forecast" });
+
+    const trajectory = await captureTrajectory(async () => {
+      const runner = client.chat.completions.runTools({
+        model: "tiny", messages: [{ role: "user", content: "Weather in Bern?" }], max_tokens: 64, seed: 4,
+        tools: [zodFunction({ name: "weather", parameters: z.object({ city: z.string().max(12) }), function: ({ city }) => weather(city) })],
+        tool_choice: "required",
+      }, { maxChatCompletions: 2 });
+      await runner.done().catch(() => undefined); // the second completion may call again: the runner stops at its limit
+    }, { reward: 1 });
     expectTrainable(trajectory);
   });
 

@@ -130,7 +130,14 @@ describe("JSON schema subset", () => {
     expect(() => compileSchema({ type: "integer", enum: [1, 2.5] })).toThrow(/the value 2.5 is not of type "integer"/);
     const safeInt = compileSchema({ type: "integer", minimum: -9007199254740991, maximum: 9007199254740991 });
     expect(safeInt).toEqual({ kind: "number", integer: true });
-    expect(() => compileSchema({ type: "integer", minimum: 0 })).toThrow(/keyword "minimum" 0 is not enforced by constrained decoding here/);
+    // Bounds that bind: the integers in range, exactly (zod's .int().min(1).max(7)), up to 1,000 of them.
+    const day = new JsonGrammar(compileSchema({ type: "integer", minimum: 1, maximum: 7 }));
+    expect(["1", "7", "4"].every((text) => accepts(day, text))).toBe(true);
+    expect(["0", "8", "-1", "1.5", "17", "01"].some((text) => accepts(day, text))).toBe(false);
+    expect(compileSchema({ type: "integer", exclusiveMinimum: -1.5, exclusiveMaximum: 2 })).toEqual({ kind: "literal", texts: ["-1", "0", "1"] });
+    expect(() => compileSchema({ type: "integer", minimum: 0 })).toThrow(/an integer range of 9007199254740992 values is too wide to enforce here/);
+    expect(() => compileSchema({ type: "integer", minimum: 3, maximum: 2 })).toThrow(/no integer lies within the bounds \(3 > 2\)/);
+    expect(() => compileSchema({ type: "number", minimum: 0 })).toThrow(/keyword "minimum" 0 is not enforced by constrained decoding here/);
     const shape = (kind: string, extra: Record<string, unknown>) => ({
       type: "object", properties: { kind: { type: "string", const: kind }, ...extra }, required: ["kind", ...Object.keys(extra)], additionalProperties: false,
     });
