@@ -3,6 +3,7 @@
  *
  *   art-ts serve --model <dir|hf-id> [--adapter <dir>] [--name <id>] [--host 127.0.0.1] [--port 8000]
  *                [--api-key K | --api-key-file F] [--device auto|cpu|cuda] [--slots 32] [--context 4096] [--max-request-mb 8]
+ *                [--allow-runtime-lora]
  */
 import * as fs from "node:fs";
 import process from "node:process";
@@ -24,6 +25,8 @@ export interface ServeArgs {
   context: number;
   /** Largest request body in MiB. */
   maxRequestMb: number;
+  /** Serve vLLM's runtime LoRA endpoints (load_lora_adapter / unload_lora_adapter). */
+  allowRuntimeLora: boolean;
 }
 
 export const SERVE_USAGE = `usage: art-ts serve --model <dir|hf-id> [options]
@@ -42,14 +45,21 @@ options:
   --device <d>         auto | cpu | cuda (default auto)
   --slots <n>          sequences decoded at once (default 32)
   --context <n>        longest prompt + completion in tokens (default 4096, at most the model's)
-  --max-request-mb <n> largest request body in MiB (default 8; larger ones get 413 before they are read)`;
+  --max-request-mb <n> largest request body in MiB (default 8; larger ones get 413 before they are read)
+  --allow-runtime-lora serve vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter, which load PEFT
+                       adapters from paths on this machine (a trainer elsewhere pushes each checkpoint)`;
 
 const FLAGS = new Set(["--model", "--adapter", "--name", "--host", "--port", "--api-key", "--api-key-file", "--device", "--slots", "--context", "--max-request-mb"]);
 
 export function parseServeArgs(argv: string[], env: Record<string, string | undefined> = process.env): ServeArgs {
   const values = new Map<string, string>();
+  let allowRuntimeLora = false;
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
+    if (arg === "--allow-runtime-lora") {
+      allowRuntimeLora = true;
+      continue;
+    }
     const [flag, inline] = arg.includes("=") ? [arg.slice(0, arg.indexOf("=")), arg.slice(arg.indexOf("=") + 1)] : [arg, undefined];
     if (!FLAGS.has(flag)) throw new ArtError("bad_arguments", `art-ts serve: unknown argument ${JSON.stringify(arg)}\n\n${SERVE_USAGE}`);
     const value = inline ?? argv[++i];
@@ -71,6 +81,7 @@ export function parseServeArgs(argv: string[], env: Record<string, string | unde
     slots: integer(values, "--slots", 32, 1),
     context: integer(values, "--context", 4096, 2),
     maxRequestMb: integer(values, "--max-request-mb", 8, 1),
+    allowRuntimeLora,
   };
 }
 
@@ -106,7 +117,8 @@ const LOOPBACK = /^(127\.\d+\.\d+\.\d+|::1|localhost)$/;
 /** Loads the model and serves it until the returned handle is closed. */
 export async function runServe(args: ServeArgs, log: (line: string) => void = console.log): Promise<{ server: ModelServer; http: HttpServerHandle }> {
   const lm = await loadCausalLM(args.model, { device: args.device, adapter: args.adapter ?? undefined, log });
-  const server = new ModelServer({ apiKey: args.apiKey, maxRequestBytes: args.maxRequestMb * 1024 * 1024, batcher: { numSlots: args.slots, maxPositions: args.context } });
+  const server = new ModelServer({ apiKey: args.apiKey, maxRequestBytes: args.maxRequestMb * 1024 * 1024, batcher: { numSlots: args.slots, maxPositions: args.context },
+    runtimeAdapters: args.allowRuntimeLora });
   if (lm.adapter) {
     server.addBaseModel(args.model, lm);
     server.addAdapter(args.name, args.model, lm.adapter);

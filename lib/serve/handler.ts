@@ -1,7 +1,8 @@
 /**
  * The HTTP surface, as a function from a web `Request` to a `Response`: the in-process fetch and the node:http
  * server both call it, so they behave the same byte for byte. Routes: GET /v1/models, GET /v1/models/{id},
- * POST /v1/chat/completions and POST /v1/responses (JSON or server-sent events).
+ * POST /v1/chat/completions and POST /v1/responses (JSON or server-sent events), and when enabled vLLM's runtime
+ * LoRA endpoints POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
  */
 import { createHash, timingSafeEqual } from "node:crypto";
 import { Buffer } from "node:buffer";
@@ -22,6 +23,11 @@ export interface HandlerContext {
   route(id: string): ModelRoute | undefined;
   metrics: ServeMetrics;
   created: number;
+  /** vLLM's runtime LoRA endpoints, or null when they are off (ModelServerOptions.runtimeAdapters). */
+  adapters: {
+    load(request: { name: string; path: string; baseModel?: string; replace?: boolean }): void;
+    unload(name: string): void;
+  } | null;
 }
 
 export type Handler = (request: Request) => Promise<Response>;
@@ -57,7 +63,35 @@ async function handle(context: HandlerContext, request: Request): Promise<Respon
   }
   if (path === "/v1/chat/completions" && request.method === "POST") return chatCompletions(context, request);
   if (path === "/v1/responses" && request.method === "POST") return responses(context, request);
+  if ((path === "/v1/load_lora_adapter" || path === "/v1/unload_lora_adapter") && request.method === "POST") return runtimeAdapter(context, request, path);
   throw new ApiError(404, `Unknown request URL: ${request.method} ${url.pathname}. This server serves GET /v1/models, POST /v1/chat/completions and POST /v1/responses.`, "invalid_request_error", null, "unknown_url");
+}
+
+/**
+ * vLLM's runtime LoRA endpoints: load_lora_adapter {lora_name, lora_path, base_model_name?, load_inplace?} and
+ * unload_lora_adapter {lora_name}, answered as vLLM does (200 with a line of text).
+ */
+async function runtimeAdapter(context: HandlerContext, request: Request, path: string): Promise<Response> {
+  if (!context.adapters) {
+    throw new ApiError(404, `${path} is off: runtime LoRA updates load files from this machine, so they are enabled explicitly (art-ts serve --allow-runtime-lora, or new ModelServer({ runtimeAdapters: true })).`, "invalid_request_error", null, "unknown_url");
+  }
+  const body = await readJson(context, request, path);
+  if (typeof body !== "object" || body === null || Array.isArray(body)) throw ApiError.invalid(null, "The body must be a JSON object.");
+  const field = (name: string, required: boolean): string | undefined => {
+    const value = (body as Record<string, unknown>)[name];
+    if (value === undefined && !required) return undefined;
+    if (typeof value !== "string" || value === "") throw ApiError.invalid(name, `${name} must be a non-empty string.`);
+    return value;
+  };
+  const name = field("lora_name", true)!;
+  if (path === "/v1/unload_lora_adapter") {
+    context.adapters.unload(name);
+    return text(200, `Success: LoRA adapter '${name}' removed successfully.`);
+  }
+  const replace = (body as Record<string, unknown>).load_inplace;
+  if (replace !== undefined && typeof replace !== "boolean") throw ApiError.invalid("load_inplace", "load_inplace must be a boolean.");
+  context.adapters.load({ name, path: field("lora_path", true)!, baseModel: field("base_model_name", false), replace: replace === true });
+  return text(200, `Success: LoRA adapter '${name}' added successfully.`);
 }
 
 /** The JSON body of a POST to `endpoint`, refused unread when it is not declared as JSON or is too large. */
@@ -200,6 +234,10 @@ function modelNotFound(id: string): ApiError {
 
 function json(status: number, value: unknown, headers: Record<string, string> = {}): Response {
   return new Response(JSON.stringify(value), { status, headers: { "content-type": "application/json", ...headers } });
+}
+
+function text(status: number, body: string): Response {
+  return new Response(body, { status, headers: { "content-type": "text/plain; charset=utf-8" } });
 }
 
 function errorResponse(error: ApiError): Response {

@@ -14,6 +14,7 @@
 import OpenAI from "openai";
 import type { Tokenizer } from "../model/tokenizer.ts";
 import type { LayerLoras } from "../model/lora.ts";
+import { loadAdapter } from "../model/peft.ts";
 import type { Transformer } from "../model/transformer.ts";
 import { ApiError } from "./api-error.ts";
 import { Batcher, type BatcherOptions } from "./batcher.ts";
@@ -34,6 +35,11 @@ export interface ModelServerOptions {
   maxRequestBytes?: number;
   /** Slots, context length, queue bound, prefill chunk of each base model's batcher. */
   batcher?: BatcherOptions;
+  /**
+   * Serve vLLM's runtime LoRA endpoints, POST /v1/load_lora_adapter and /v1/unload_lora_adapter, which load PEFT
+   * adapters from paths on this machine (what a trainer elsewhere calls after each step). Off by default: 404.
+   */
+  runtimeAdapters?: boolean;
 }
 
 /**
@@ -43,6 +49,14 @@ export interface ModelServerOptions {
 export interface AdapterSource {
   resolve(id: string): { baseId: string; loras: LayerLoras[] | null } | null;
   ids(): string[];
+}
+
+/** A runtime adapter load: vLLM's `lora_name`, `lora_path`, `base_model_name` and `load_inplace`. */
+export interface RuntimeAdapterRequest {
+  name: string;
+  path: string;
+  baseModel?: string;
+  replace?: boolean;
 }
 
 /** 8 MiB: a 32k-token conversation with tools is a few hundred kB of JSON. */
@@ -57,6 +71,8 @@ export class ModelServer {
   private readonly routes = new Map<string, ModelRoute>();
   private readonly sources: AdapterSource[] = [];
   private readonly batchers = new Map<string, Batcher>();
+  /** The loaded base models, by id: runtime adapters load onto them. */
+  private readonly baseModels = new Map<string, ServableModel>();
   private readonly batcherOptions: BatcherOptions;
   private readonly servers: HttpServerHandle[] = [];
   private readonly apiKey: string | null;
@@ -74,12 +90,14 @@ export class ModelServer {
       route: (id) => this.routeFor(id),
       metrics: this.metrics,
       created,
+      adapters: options.runtimeAdapters ? { load: (request) => this.loadAdapter(request), unload: (name) => this.unloadAdapter(name) } : null,
     });
   }
 
   /** Serves a loaded base model under `id`; returns its batcher (pass counts, load). */
   addBaseModel(id: string, model: ServableModel): Batcher {
     this.checkFree(id);
+    this.baseModels.set(id, model);
     const batcher = new Batcher(model.model, this.batcherOptions);
     this.batchers.set(id, batcher);
     // Generation ends at the tokenizer's end tokens and the checkpoint's (generation_config / config.json).
@@ -100,6 +118,32 @@ export class ModelServer {
     this.routes.set(id, { tokenizer: base.tokenizer, batcher, stopTokenIds: base.stopTokenIds, loras: typeof loras === "function" ? loras : () => loras });
   }
 
+  /**
+   * Loads the PEFT adapter at `path` onto a base model and serves it as `name` (POST /v1/load_lora_adapter). The base
+   * is `baseModel`, or the only one served. A name already served is refused unless `replace` (vLLM's
+   * `load_inplace`): then new requests use the new weights, requests in flight finish on the old ones.
+   */
+  loadAdapter({ name, path, baseModel, replace = false }: RuntimeAdapterRequest): void {
+    const bases = [...this.baseModels.keys()];
+    const baseId = baseModel ?? (bases.length === 1 ? bases[0] : undefined);
+    if (baseId === undefined) throw ApiError.invalid("base_model_name", `Say which base model the adapter is for with base_model_name (served: ${bases.join(", ") || "none"}).`);
+    const base = this.baseModels.get(baseId);
+    if (!base) throw new ApiError(404, `No base model "${baseId}" is served (served: ${bases.join(", ") || "none"}).`, "invalid_request_error", "base_model_name", "model_not_found");
+    if (this.baseModels.has(name)) throw ApiError.invalid("lora_name", `"${name}" is a base model, not an adapter.`);
+    const existing = this.routes.has(name) || this.routeFor(name) !== undefined;
+    if (existing && !replace) throw ApiError.invalid("lora_name", `The LoRA adapter '${name}' has already been loaded (send load_inplace: true to replace its weights).`);
+    const loras = loadAdapter(path, base.model);
+    this.routes.delete(name);
+    this.addAdapter(name, baseId, loras);
+  }
+
+  /** Stops serving an adapter (POST /v1/unload_lora_adapter); requests in flight finish. */
+  unloadAdapter(name: string): void {
+    if (this.baseModels.has(name)) throw ApiError.invalid("lora_name", `"${name}" is a base model, not an adapter.`);
+    if (!this.routes.has(name)) throw new ApiError(404, `The LoRA adapter '${name}' cannot be found.`, "invalid_request_error", "lora_name", "model_not_found");
+    this.routes.delete(name);
+  }
+
   /** Serves the ids `source` resolves, each loaded at its first request (see AdapterSource). */
   addAdapterSource(source: AdapterSource): void {
     this.sources.push(source);
@@ -108,6 +152,7 @@ export class ModelServer {
   /** Stops serving an id (requests in flight finish). */
   removeModel(id: string): void {
     this.routes.delete(id);
+    this.baseModels.delete(id);
   }
 
   /** The ids served now, and those the adapter sources would serve on request. */
