@@ -37,6 +37,7 @@ import { DifferentiableTransformer } from "../model/training.ts";
 import { ApiError } from "../serve/api-error.ts";
 import type { BatcherOptions } from "../serve/batcher.ts";
 import type { HttpServerHandle, HttpServerOptions } from "../serve/http.ts";
+import { ReplicaFleet, type PushResult, type Replica } from "../serve/fleet.ts";
 import { IN_PROCESS_BASE_URL, ModelServer } from "../serve/model-server.ts";
 import { alarms, stopDecision, type Alarm, type AlarmOptions, type StopDecision, type StoppingRule } from "./monitor.ts";
 import { appendHistory, readHistory, summarizeGroups, writeTrajectories, type HistoryRow } from "./store.ts";
@@ -59,6 +60,12 @@ export interface TrainableModelOptions {
   batcher?: BatcherOptions;
   /** Notes about loading, resuming and pruning checkpoints. Default console.info. */
   log?: (message: string) => void;
+  /**
+   * Inference servers to keep on the latest adapter (art-ts serve --allow-runtime-lora, or vLLM with runtime LoRA
+   * updating): each checkpoint is pushed to them under `name`, and `model.replicas.openai()` spreads rollouts over
+   * them (docs/scale.md). The checkpoints' paths must be readable on their machines.
+   */
+  replicas?: Replica[];
 }
 
 /** A conversation for supervised fine-tuning: its messages (assistant turns are trained) and the tools it offers. */
@@ -147,6 +154,8 @@ export class TrainableModel {
   private lastTrainEnd: number | null = null;
   /** adapters of past checkpoints loaded for `name@step` requests; freed by close() */
   private readonly pastAdapters: LayerLoras[][] = [];
+  /** The replicas given in the options, kept on the latest adapter; null without them. */
+  readonly replicas: ReplicaFleet | null;
   /** where notes go (options.log, default console.info) */
   private readonly info: (message: string) => void;
   /** set by close(): the weights are freed, so every later use must say so rather than fail somewhere deeper */
@@ -166,6 +175,7 @@ export class TrainableModel {
     this.optimizer = init.optimizer;
     this.currentStep = init.step;
     this.info = options.log ?? console.info;
+    this.replicas = options.replicas ? new ReplicaFleet(options.replicas) : null;
     this.server = new ModelServer({ batcher: options.batcher });
     this.server.addBaseModel(this.baseModel, init.lm);
     // One LoRA set for the model's lifetime: the batcher groups requests by this object, and its tensors are the
@@ -199,7 +209,28 @@ export class TrainableModel {
     const { network, optimizer, step } = trainerState;
     const model = new TrainableModel({ options, lm, network, optimizer, step });
     model.writeModelJson();
+    if (model.replicas) await model.pushToReplicas();
     return model;
+  }
+
+  /**
+   * Loads the current adapter on every replica under `name` (the latest checkpoint; before the first step, the new
+   * adapter written to `{dir}/initial-adapter`). train() calls this after each step; a replica it does not reach is
+   * left out of rollouts until a later push does (noted in the log), and the step is kept either way.
+   */
+  async pushToReplicas(): Promise<PushResult[]> {
+    this.checkOpen("pushToReplicas()");
+    if (!this.replicas) throw new ArtError("no_replicas", "pushToReplicas(): this model has no replicas; give TrainableModel.load({ replicas: [{ baseURL }] })");
+    let adapter = path.resolve(checkpointDir(this.project, this.name, this.currentStep, this.artDir));
+    if (!fs.existsSync(adapter)) {
+      adapter = path.resolve(this.dir, "initial-adapter");
+      this.network.saveAdapter(adapter, this.baseModel);
+    }
+    const results = await this.replicas.pushAdapter(this.name, adapter);
+    for (const failed of results.filter((r) => !r.ok)) {
+      this.info(`art-ts: replica ${failed.baseURL} did not take step ${this.currentStep}'s adapter (${failed.error}); rollouts skip it until a later push reaches it`);
+    }
+    return results;
   }
 
   /** The step of the current adapter: how many train() calls it has seen, across resumes. */
@@ -293,6 +324,7 @@ export class TrainableModel {
     const started = performance.now();
     await this.server.pause();
     const before = this.snapshotTraining();
+    let outcome!: { result: T; row: HistoryRow };
     try {
       const { trainer, result } = train();
       const historyRow = row(result, (performance.now() - started) / 1000);
@@ -305,7 +337,7 @@ export class TrainableModel {
         throw error;
       }
       this.currentStep = step;
-      return { result, row: historyRow };
+      outcome = { result, row: historyRow };
     } catch (error) {
       this.restoreTraining(before);
       if (error instanceof ArtError) throw error; // bad input, said where it is; the state is back as it was
@@ -316,6 +348,9 @@ export class TrainableModel {
       this.server.resume();
       interrupt.end();
     }
+    // Serving resumed here first; the replicas follow (a push that fails is logged, the step stands).
+    if (this.replicas) await this.pushToReplicas();
+    return outcome;
   }
 
   /** Copies of the trained tensors and the AdamW moments, on the device, to undo a step that failed. */
