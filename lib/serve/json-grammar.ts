@@ -154,10 +154,44 @@ export class JsonGrammar {
     return state.map((stack) => this.stackKey(stack)).join("|");
   }
 
-  /** The minimal JSON value of `node`, in bytes (what budget forcing plans with). */
+  /**
+   * The minimal JSON value of `node`, in bytes (what budget forcing plans with). A recursive schema ($ref) makes the
+   * nodes a graph with cycles, so the lengths of every node reachable from `node` are found together as the least
+   * fixed point of their equations: all start at Infinity and each round recomputes them from the others' current
+   * values until none shrinks (each round settles at least one more node, so there are at most as many rounds as
+   * nodes). Without cycles this is the plain recursive length.
+   */
   minLength(node: SchemaNode): number {
     const cached = this.minLengthCache.get(node);
     if (cached !== undefined) return cached;
+    const nodes: SchemaNode[] = [];
+    const collect = (n: SchemaNode) => {
+      if (this.minLengthCache.has(n)) return;
+      this.minLengthCache.set(n, Number.POSITIVE_INFINITY);
+      nodes.push(n);
+      if (n.kind === "anyOf") n.options.forEach(collect);
+      if (n.kind === "array") collect(n.items);
+      if (n.kind === "object") {
+        n.properties.forEach(collect);
+        if (n.additional) collect(n.additional);
+      }
+    };
+    collect(node);
+    for (let round = 0, changed = true; changed && round <= nodes.length; round++) {
+      changed = false;
+      for (const n of nodes) {
+        const length = this.lengthFromParts(n);
+        if (length < this.minLengthCache.get(n)!) {
+          this.minLengthCache.set(n, length);
+          changed = true;
+        }
+      }
+    }
+    return this.minLengthCache.get(node)!;
+  }
+
+  /** `node`'s minimal length from its parts' current minimal lengths (minLength's equations). */
+  private lengthFromParts(node: SchemaNode): number {
     let length: number;
     switch (node.kind) {
       case "any": case "number": length = 1; break; // 0
@@ -169,7 +203,6 @@ export class JsonGrammar {
       case "array": length = 2 + node.minItems * this.minLength(node.items) + Math.max(0, node.minItems - 1); break;
       case "object": length = 1 + this.objectRemaining(node, [], true); break;
     }
-    this.minLengthCache.set(node, length);
     return length;
   }
 

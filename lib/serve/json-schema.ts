@@ -5,9 +5,10 @@
  * Supported: type (one or a list), object with properties / required / additionalProperties (boolean or a
  * schema), array with items / minItems / maxItems, string with enum / minLength / maxLength, number, integer,
  * boolean, null, enum and const (with or without a type they must match), integer bounds (enforced as the list of
- * values, up to 1,000), anyOf, oneOf of a discriminated union,
+ * values, up to 1,000), anyOf, oneOf of a discriminated union, $ref to "#" or anywhere within the schema ($defs,
+ * definitions), recursion included (a reference compiles once, so recursion is a cycle in the node graph),
  * number bounds at ±2^53 (which every written number meets). Annotations (title, description, default, examples,
- * $schema, $id, $comment) are ignored. Everything else (allOf, $ref, pattern, format, binding minimum, ...) is
+ * $schema, $id, $comment) are ignored. Everything else (allOf, pattern, format, binding number bounds, ...) is
  * refused with an error naming the keyword, so a schema is never silently weakened.
  */
 import { ArtError } from "../core/errors.ts";
@@ -24,7 +25,14 @@ export type SchemaNode =
   | { kind: "literal"; texts: string[] }
   | { kind: "anyOf"; options: SchemaNode[] };
 
-const ANNOTATIONS = new Set(["title", "description", "default", "examples", "$schema", "$id", "$comment"]);
+// `$defs` / `definitions` hold schemas for `$ref`: read when referenced, ignored where they sit.
+const ANNOTATIONS = new Set(["title", "description", "default", "examples", "$schema", "$id", "$comment", "$defs", "definitions"]);
+
+/** The root being compiled and its `$ref`s compiled so far (one node per reference: recursion makes a cycle). */
+interface CompileContext {
+  root: unknown;
+  refs: Map<string, SchemaNode>;
+}
 const KEYWORDS_BY_TYPE: Record<string, Set<string>> = {
   object: new Set(["properties", "required", "additionalProperties"]),
   array: new Set(["items", "minItems", "maxItems"]),
@@ -50,31 +58,93 @@ export const MAX_ENUM_VALUES = 1000;
 
 /** Compiles a JSON Schema (already parsed JSON) into a SchemaNode, or throws ArtError("invalid_schema"). */
 export function compileSchema(schema: unknown): SchemaNode {
-  const node = compileNode(schema, "#", 0);
-  const values = literalValues(node);
+  const node = compileNode(schema, "#", 0, { root: schema, refs: new Map() });
+  checkProductiveCycles(node);
+  const values = literalValues(node, new Set());
   if (values > MAX_ENUM_VALUES) {
     throw schemaError("#", `the schema holds ${values} enum/const values in all; constrained decoding here takes at most ${MAX_ENUM_VALUES} (OpenAI's limit for structured outputs): use a string with a description instead of the longest enum`);
   }
   return node;
 }
 
-function literalValues(node: SchemaNode): number {
+/** Enum/const values in the schema, each node counted once (a recursive schema's are not multiplied). */
+function literalValues(node: SchemaNode, seen: Set<SchemaNode>): number {
+  if (seen.has(node)) return 0;
+  seen.add(node);
   switch (node.kind) {
     case "literal": return node.texts.length;
-    case "object": return [...node.properties.values()].reduce((n, p) => n + literalValues(p), node.additional ? literalValues(node.additional) : 0);
-    case "array": return literalValues(node.items);
-    case "anyOf": return node.options.reduce((n, o) => n + literalValues(o), 0);
+    case "object": return [...node.properties.values()].reduce((n, p) => n + literalValues(p, seen), node.additional ? literalValues(node.additional, seen) : 0);
+    case "array": return literalValues(node.items, seen);
+    case "anyOf": return node.options.reduce((n, o) => n + literalValues(o, seen), 0);
     default: return 0;
   }
+}
+
+/**
+ * A recursive schema must write something on each way round: an anyOf reaching itself through anyOfs alone would
+ * let decoding loop without a byte. Every other cycle passes through an object or array.
+ */
+function checkProductiveCycles(root: SchemaNode): void {
+  const state = new Map<SchemaNode, "open" | "done">();
+  const walk = (node: SchemaNode, viaAnyOf: boolean) => {
+    if (state.get(node) === "open" && viaAnyOf) throw schemaError("#", "a $ref cycle runs through anyOf/oneOf alone, so a value could nest without end before writing anything");
+    if (state.has(node)) return;
+    state.set(node, "open");
+    if (node.kind === "anyOf") for (const option of node.options) walk(option, true);
+    state.set(node, "done");
+  };
+  const all = new Set<SchemaNode>();
+  const collect = (node: SchemaNode) => {
+    if (all.has(node)) return;
+    all.add(node);
+    if (node.kind === "anyOf") node.options.forEach(collect);
+    if (node.kind === "array") collect(node.items);
+    if (node.kind === "object") {
+      node.properties.forEach(collect);
+      if (node.additional) collect(node.additional);
+    }
+  };
+  collect(root);
+  for (const node of all) {
+    state.clear();
+    walk(node, false);
+  }
+}
+
+/** The schema a local reference ("#", "#/$defs/Name", any "#/..." JSON pointer) points at in `root`. */
+function resolvePointer(root: unknown, ref: string, path: string): unknown {
+  if (ref !== "#" && !ref.startsWith("#/")) throw schemaError(path, `$ref ${JSON.stringify(ref)} is not a reference within this schema ("#/$defs/Name"); other documents are not fetched`);
+  let target: unknown = root;
+  for (const raw of ref === "#" ? [] : ref.slice(2).split("/")) {
+    const key = decodeURIComponent(raw).replace(/~1/g, "/").replace(/~0/g, "~");
+    if (!isPlainObject(target) && !Array.isArray(target)) target = undefined;
+    target = target === undefined ? undefined : (target as Record<string, unknown>)[key];
+    if (target === undefined) throw schemaError(path, `$ref ${JSON.stringify(ref)} points at nothing in this schema`);
+  }
+  return target;
 }
 
 /** Nesting a schema may have; deeper ones are refused (a 5,000-deep schema overflowed the stack: a 500). */
 const MAX_SCHEMA_DEPTH = 64;
 
-function compileNode(schema: unknown, path: string, depth: number): SchemaNode {
+function compileNode(schema: unknown, path: string, depth: number, context: CompileContext): SchemaNode {
   if (depth > MAX_SCHEMA_DEPTH) throw schemaError(`${path.slice(0, 120)}…`, `nests deeper than ${MAX_SCHEMA_DEPTH} levels`);
   if (schema === true || (isPlainObject(schema) && Object.keys(schema).every((k) => ANNOTATIONS.has(k)))) return { kind: "any" };
   if (!isPlainObject(schema)) throw schemaError(path, "a schema must be an object (or true)");
+
+  if ("$ref" in schema) {
+    checkKeywords(schema, new Set(["$ref"]), path);
+    const ref = schema.$ref;
+    if (typeof ref !== "string") throw schemaError(path, "$ref must be a string");
+    const known = context.refs.get(ref);
+    if (known) return known;
+    // The node exists before its body is compiled, so a reference inside the body (recursion) gets this node.
+    const node = {} as SchemaNode;
+    context.refs.set(ref, node);
+    Object.assign(node, compileNode(resolvePointer(context.root, ref, path), ref, depth + 1, context));
+    if (!("kind" in node)) throw schemaError(path, `$ref ${JSON.stringify(ref)} leads only to other references, never to a schema`);
+    return node;
+  }
 
   // zod and openai's zodResponseFormat write every literal as {type, const}.
   if ("const" in schema) return literalNode([schema.const], path, schema, ["const", "type"]);
@@ -87,7 +157,7 @@ function compileNode(schema: unknown, path: string, depth: number): SchemaNode {
     checkKeywords(schema, new Set([keyword]), path);
     const list = schema[keyword];
     if (!Array.isArray(list) || list.length === 0) throw schemaError(path, `${keyword} must be a non-empty array`);
-    const options = list.map((option, i) => compileNode(option, `${path}/${keyword}/${i}`, depth + 1));
+    const options = list.map((option, i) => compileNode(option, `${path}/${keyword}/${i}`, depth + 1, context));
     // oneOf means exactly one option matches; decoding can promise that only when no value matches two of them.
     if (keyword === "oneOf" && !discriminated(options)) {
       throw schemaError(path, "oneOf is enforced only when its options are objects told apart by a required property with different const/enum values (a discriminated union); use anyOf if a value may match several");
@@ -111,17 +181,17 @@ function compileNode(schema: unknown, path: string, depth: number): SchemaNode {
     if (range) return range;
   }
   if (types.includes("number") || types.includes("integer")) checkUnboundingLimits(schema, path);
-  const nodes = types.map((t) => typeNode(t as string, schema, path, depth));
+  const nodes = types.map((t) => typeNode(t as string, schema, path, depth, context));
   return nodes.length === 1 ? nodes[0] : { kind: "anyOf", options: nodes };
 }
 
-function typeNode(type: string, schema: Record<string, unknown>, path: string, depth: number): SchemaNode {
+function typeNode(type: string, schema: Record<string, unknown>, path: string, depth: number, context: CompileContext): SchemaNode {
   switch (type) {
     case "object": {
       const properties = new Map<string, SchemaNode>();
       const props = schema.properties ?? {};
       if (!isPlainObject(props)) throw schemaError(path, "properties must be an object");
-      for (const [name, sub] of Object.entries(props)) properties.set(name, compileNode(sub, `${path}/properties/${name}`, depth + 1));
+      for (const [name, sub] of Object.entries(props)) properties.set(name, compileNode(sub, `${path}/properties/${name}`, depth + 1, context));
       const required = new Set<string>();
       const req = schema.required ?? [];
       if (!Array.isArray(req) || !req.every((r) => typeof r === "string")) throw schemaError(path, "required must be an array of strings");
@@ -130,7 +200,7 @@ function typeNode(type: string, schema: Record<string, unknown>, path: string, d
       let additional: SchemaNode | null;
       if (extra === false) additional = null;
       else if (extra === undefined || extra === true) additional = { kind: "any" };
-      else additional = compileNode(extra, `${path}/additionalProperties`, depth + 1);
+      else additional = compileNode(extra, `${path}/additionalProperties`, depth + 1, context);
       if (additional === null) {
         for (const name of required) {
           if (!properties.has(name)) throw schemaError(path, `required property "${name}" is not in properties and additionalProperties is false`);
@@ -142,7 +212,7 @@ function typeNode(type: string, schema: Record<string, unknown>, path: string, d
       const minItems = count(schema.minItems, 0, path, "minItems");
       const maxItems = count(schema.maxItems, Number.POSITIVE_INFINITY, path, "maxItems");
       if (minItems > maxItems) throw schemaError(path, `minItems ${minItems} is larger than maxItems ${maxItems}`);
-      const items = schema.items === undefined ? { kind: "any" as const } : compileNode(schema.items, `${path}/items`, depth + 1);
+      const items = schema.items === undefined ? { kind: "any" as const } : compileNode(schema.items, `${path}/items`, depth + 1, context);
       return { kind: "array", items, minItems, maxItems };
     }
     case "string": {
@@ -246,7 +316,7 @@ function discriminated(options: SchemaNode[]): boolean {
 function checkKeywords(schema: Record<string, unknown>, allowed: Set<string>, path: string): void {
   for (const key of Object.keys(schema)) {
     if (!allowed.has(key) && !ANNOTATIONS.has(key)) {
-      throw schemaError(path, `keyword "${key}" is not supported by constrained decoding here (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, anyOf, oneOf of a discriminated union, integer minimum/maximum up to 1,000 values apart, minimum/maximum at ±2^53)`);
+      throw schemaError(path, `keyword "${key}" is not supported by constrained decoding here (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, anyOf, oneOf of a discriminated union, $ref, integer minimum/maximum up to 1,000 values apart, minimum/maximum at ±2^53)`);
     }
   }
 }

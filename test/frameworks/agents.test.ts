@@ -131,7 +131,7 @@ describe("agent frameworks against the in-process server", () => {
     expectTrainable(trajectory);
   });
 
-  it("openai-node's helpers: parse with a zod response format (literals, integers, enums), runTools through a tool", async () => {
+  it("openai-node's helpers: parse with zod response formats (literals, bounded integers, enums, recursion), runTools", async () => {
     const client = server.openai({ maxRetries: 0 });
     const Forecast = z.object({ kind: z.literal("forecast"), day: z.number().int().min(1).max(7), sky: z.enum(["sun", "rain"]) });
     const parsed = await client.chat.completions.parse({
@@ -139,6 +139,15 @@ describe("agent frameworks against the in-process server", () => {
       response_format: zodResponseFormat(Forecast, "forecast"),
     });
     expect(Forecast.parse(parsed.choices[0]!.message.parsed)).toMatchObject({ kind: "forecast" });
+    // A recursive schema (z.lazy: zodResponseFormat writes it with definitions and $ref) closes within max_tokens.
+    type Chain = { v: number; next: Chain | null };
+    const Chain: z.ZodType<Chain> = z.lazy(() => z.object({ v: z.number().int().min(0).max(9), next: Chain.nullable() }));
+    const chain = await client.chat.completions.parse({
+      model: "tiny", messages: [{ role: "user", content: "A chain?" }], max_tokens: 96, seed: 5,
+      response_format: zodResponseFormat(z.object({ head: Chain }), "chain"),
+    });
+    expect(chain.choices[0]!.finish_reason).toBe("stop");
+    expect(z.object({ head: Chain }).parse(chain.choices[0]!.message.parsed)).toHaveProperty("head");
 
     const trajectory = await captureTrajectory(async () => {
       const runner = client.chat.completions.runTools({

@@ -70,6 +70,24 @@ describe("JSON grammar", () => {
     expect(accepts(grammar, '{"a":"\x01"}')).toBe(false);
   });
 
+  it("follows $ref: reused definitions, recursion, and a shortest completion through the cycle", () => {
+    // A linked list as zod's z.lazy writes it: the value is null or a node whose next is the list again.
+    const list = compileSchema({
+      $ref: "#/$defs/list",
+      $defs: { list: { anyOf: [{ type: "null" }, { type: "object", properties: { v: { type: "integer" }, next: { $ref: "#/$defs/list" } }, required: ["v", "next"], additionalProperties: false }] } },
+    });
+    const grammar = new JsonGrammar(list);
+    expect(accepts(grammar, '{"v":1,"next":{"v":2,"next":null}}')).toBe(true);
+    expect(accepts(grammar, '{"v":1,"next":{"v":"x","next":null}}')).toBe(false);
+    expect(accepts(grammar, '{"v":1}')).toBe(false);
+    expect(grammar.bytesToComplete(grammar.initial())).toBe("null".length);
+    // Deep in the recursion the cheapest way out is to close every level: `null}}}`.
+    const deep = grammar.advance(grammar.initial(), encoder.encode('{"v":1,"next":{"v":2,"next":{"v":3,"next":'));
+    expect(grammar.bytesToComplete(deep)).toBe("null}}}".length);
+    expect(validateAgainstSchema(JSON.parse('{"v":1,"next":{"v":2,"next":null}}'), list)).toBeNull();
+    expect(validateAgainstSchema(JSON.parse('{"v":1,"next":{"v":2}}'), list)).not.toBeNull();
+  });
+
   it("knows the shortest completion from the start", () => {
     const grammar = new JsonGrammar(compileSchema(personSchema));
     const shortest = '{"name":"","age":0,"tags":["a"]}';
@@ -97,6 +115,11 @@ describe("JSON grammar", () => {
     array: { type: "array", items: { type: ["integer", "string", "null"] }, maxItems: 4 },
     nested: { type: "object", properties: { a: { type: "object", properties: { b: { type: "array", items: { type: "number" }, minItems: 2 } }, required: ["b"] } }, required: ["a"] },
     literals: { enum: [1, 12, "x", { k: [true] }] },
+    // A tree by $ref: children are trees (recursion), a reused definition (what zodResponseFormat extracts).
+    tree: {
+      type: "object", properties: { label: { $ref: "#/$defs/label" }, children: { type: "array", items: { $ref: "#" }, maxItems: 2 } },
+      required: ["label", "children"], additionalProperties: false, $defs: { label: { type: "string", maxLength: 3 } },
+    },
   };
 
   for (const [name, schema] of Object.entries(schemas)) {
@@ -118,7 +141,10 @@ describe("JSON grammar", () => {
 describe("JSON schema subset", () => {
   it("refuses keywords it cannot enforce, naming them", () => {
     expect(() => compileSchema({ type: "string", pattern: "^a" })).toThrow(/keyword "pattern" is not supported/);
-    expect(() => compileSchema({ $ref: "#/$defs/x" })).toThrow(/keyword "\$ref" is not supported/);
+    expect(() => compileSchema({ $ref: "#/$defs/x" })).toThrow(/\$ref "#\/\$defs\/x" points at nothing in this schema/);
+    expect(() => compileSchema({ $ref: "https://example.com/s.json" })).toThrow(/is not a reference within this schema/);
+    expect(() => compileSchema({ $ref: "#/$defs/a", $defs: { a: { $ref: "#/$defs/b" }, b: { $ref: "#/$defs/a" } } })).toThrow(/leads only to other references/);
+    expect(() => compileSchema({ $ref: "#/$defs/a", $defs: { a: { anyOf: [{ $ref: "#/$defs/a" }, { type: "null" }] } } })).toThrow(/cycle runs through anyOf\/oneOf alone/);
     expect(() => compileSchema({ type: "date" })).toThrow(/unknown type "date"/);
     expect(() => compileSchema({ type: "object", required: ["a"], additionalProperties: false })).toThrow(/required property "a"/);
     expect(() => compileSchema({ type: "array", minItems: 3, maxItems: 1 })).toThrow(/minItems 3 is larger than maxItems 1/);
