@@ -12,6 +12,7 @@
  * without escapes. Both restrictions keep every accepted text valid JSON that validates against the schema.
  */
 import type { SchemaNode } from "./json-schema.ts";
+import { bytesToMatch, stepPattern, type CompiledPattern } from "./regex.ts";
 
 type ObjectNode = Extract<SchemaNode, { kind: "object" }>;
 
@@ -45,6 +46,8 @@ type Frame =
   /** Inside a string: `length` counts code points; `pending` bytes of an escape or UTF-8 character remain. */
   | { t: "string"; minLength: number; maxLength: number; length: number; escape: "none" | "start" | number; utf8Left: number; utf8Low: number; utf8High: number }
   | { t: "number"; integer: boolean; phase: NumberPhase; digits: number }
+  /** Inside a string under a pattern: the pattern's live NFA states; `escape` after a backslash (\" or \\ next). */
+  | { t: "pattern"; pattern: CompiledPattern; states: readonly number[]; escape: boolean }
   /** Matching one of `texts` (compact JSON, one char per byte); `offset` bytes matched so far. */
   | { t: "literal"; texts: readonly string[]; offset: number };
 
@@ -65,6 +68,7 @@ export class JsonGrammar {
   private readonly minLengthCache = new Map<SchemaNode, number>();
   private readonly keyBytesCache = new Map<ObjectNode, Map<string, string>>();
   private readonly nodeIds = new Map<SchemaNode, number>();
+  private readonly patternIds = new Map<CompiledPattern, number>();
 
   private readonly prefix: string;
   private readonly suffix: string;
@@ -197,7 +201,7 @@ export class JsonGrammar {
       case "any": case "number": length = 1; break; // 0
       case "boolean": length = Math.min(this.textCost("true"), this.textCost("false")); break;
       case "null": length = this.textCost("null"); break;
-      case "string": length = 2 + node.minLength; break;
+      case "string": length = 2 + (node.pattern ? bytesToMatch(node.pattern, node.pattern.start) : node.minLength); break;
       case "literal": length = Math.min(...node.texts.map((t) => this.textCost(toByteString(t)))); break;
       case "anyOf": length = Math.min(...node.options.map((o) => this.minLength(o))); break;
       case "array": length = 2 + node.minItems * this.minLength(node.items) + Math.max(0, node.minItems - 1); break;
@@ -225,6 +229,8 @@ export class JsonGrammar {
         return this.feedArray(stack, frame, byte, isSpace);
       case "string":
         return this.feedString(stack, frame, byte);
+      case "pattern":
+        return this.feedPattern(stack, frame, byte);
       case "number":
         return this.feedNumber(stack, frame, byte);
       case "literal":
@@ -251,6 +257,7 @@ export class JsonGrammar {
       case "array":
         return byte === OPEN_BRACKET ? push({ t: "array", node, count: 0, phase: "open" }) : [];
       case "string":
+        if (node.pattern) return byte === QUOTE ? push({ t: "pattern", pattern: node.pattern, states: node.pattern.start, escape: false }) : [];
         return byte === QUOTE
           ? push({ t: "string", minLength: node.minLength, maxLength: node.maxLength, length: 0, escape: "none", utf8Left: 0, utf8Low: 0, utf8High: 0 })
           : [];
@@ -402,6 +409,24 @@ export class JsonGrammar {
     return this.feed(stack.parent!, byte);
   }
 
+  /** A patterned string: printable ASCII, with \" and \\ the only escapes; it closes when the pattern matches. */
+  private feedPattern(stack: Stack, frame: Extract<Frame, { t: "pattern" }>, byte: number): Stack[] {
+    let code: number;
+    if (frame.escape) {
+      if (byte !== QUOTE && byte !== BACKSLASH) return [];
+      code = byte;
+    } else {
+      if (byte === QUOTE) return bytesToMatch(frame.pattern, frame.states) === 0 ? [stack.parent!] : [];
+      if (byte === BACKSLASH) return [{ frame: { ...frame, escape: true }, parent: stack.parent, whitespace: 0 }];
+      if (byte < 0x20 || byte > 0x7e) return [];
+      code = byte;
+    }
+    const states = stepPattern(frame.pattern, frame.states, code);
+    return states.length > 0 && bytesToMatch(frame.pattern, states) < Number.POSITIVE_INFINITY
+      ? [{ frame: { t: "pattern", pattern: frame.pattern, states, escape: false }, parent: stack.parent, whitespace: 0 }]
+      : [];
+  }
+
   private feedLiteral(stack: Stack, frame: Extract<Frame, { t: "literal" }>, byte: number): Stack[] {
     const results: Stack[] = [];
     const continuing = frame.texts.filter((t) => t.length > frame.offset && t.charCodeAt(frame.offset) === byte);
@@ -488,6 +513,12 @@ export class JsonGrammar {
         const pending = frame.utf8Left + (frame.escape === "start" ? 1 : typeof frame.escape === "number" ? frame.escape : 0);
         return pending + Math.max(0, frame.minLength - frame.length) + 1;
       }
+      case "pattern": {
+        if (!frame.escape) return bytesToMatch(frame.pattern, frame.states) + 1;
+        // After a backslash: the escaped " or \ (1 byte here), then the rest of the match and the quote.
+        const after = [QUOTE, BACKSLASH].map((c) => 1 + bytesToMatch(frame.pattern, stepPattern(frame.pattern, frame.states, c)));
+        return Math.min(...after) + 1;
+      }
       case "number":
         return frame.phase === "minus" || frame.phase === "dot" || frame.phase === "e" || frame.phase === "exponentSign" ? 1 : 0;
       case "literal":
@@ -560,7 +591,17 @@ export class JsonGrammar {
       }
       case "number": return `N${frame.integer ? "i" : "f"},${frame.phase},${frame.digits}`;
       case "literal": return `L${frame.offset},${JSON.stringify(frame.texts)}`;
+      case "pattern": return `P${this.patternId(frame.pattern)},${frame.states.join(".")},${frame.escape ? 1 : 0}`;
     }
+  }
+
+  private patternId(pattern: CompiledPattern): number {
+    let id = this.patternIds.get(pattern);
+    if (id === undefined) {
+      id = this.patternIds.size;
+      this.patternIds.set(pattern, id);
+    }
+    return id;
   }
 
   private nodeId(node: SchemaNode): number {

@@ -5,19 +5,21 @@
  * Supported: type (one or a list), object with properties / required / additionalProperties (boolean or a
  * schema), array with items / minItems / maxItems, string with enum / minLength / maxLength, number, integer,
  * boolean, null, enum and const (with or without a type they must match), integer bounds (enforced as the list of
- * values, up to 1,000), anyOf, oneOf of a discriminated union, $ref to "#" or anywhere within the schema ($defs,
+ * values, up to 1,000), string pattern and format (regex.ts), anyOf, oneOf of a discriminated union, $ref to "#" or anywhere within the schema ($defs,
  * definitions), recursion included (a reference compiles once, so recursion is a cycle in the node graph),
  * number bounds at ±2^53 (which every written number meets). Annotations (title, description, default, examples,
- * $schema, $id, $comment) are ignored. Everything else (allOf, pattern, format, binding number bounds, ...) is
+ * $schema, $id, $comment) are ignored. Everything else (allOf, binding number bounds, ...) is
  * refused with an error naming the keyword, so a schema is never silently weakened.
  */
 import { ArtError } from "../core/errors.ts";
+import { compilePattern, FORMAT_PATTERNS, type CompiledPattern } from "./regex.ts";
 
 export type SchemaNode =
   | { kind: "any" }
   | { kind: "object"; properties: Map<string, SchemaNode>; required: Set<string>; additional: SchemaNode | null }
   | { kind: "array"; items: SchemaNode; minItems: number; maxItems: number }
-  | { kind: "string"; minLength: number; maxLength: number }
+  /** `pattern`: a pattern (or format) the string must match; such strings are printable ASCII (regex.ts). */
+  | { kind: "string"; minLength: number; maxLength: number; pattern?: CompiledPattern; patternSource?: string }
   | { kind: "number"; integer: boolean }
   | { kind: "boolean" }
   | { kind: "null" }
@@ -36,7 +38,7 @@ interface CompileContext {
 const KEYWORDS_BY_TYPE: Record<string, Set<string>> = {
   object: new Set(["properties", "required", "additionalProperties"]),
   array: new Set(["items", "minItems", "maxItems"]),
-  string: new Set(["minLength", "maxLength"]),
+  string: new Set(["minLength", "maxLength", "pattern", "format"]),
   number: new Set(["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]),
   integer: new Set(["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]),
   boolean: new Set(),
@@ -219,7 +221,12 @@ function typeNode(type: string, schema: Record<string, unknown>, path: string, d
       const minLength = count(schema.minLength, 0, path, "minLength");
       const maxLength = count(schema.maxLength, Number.POSITIVE_INFINITY, path, "maxLength");
       if (minLength > maxLength) throw schemaError(path, `minLength ${minLength} is larger than maxLength ${maxLength}`);
-      return { kind: "string", minLength, maxLength };
+      const source = stringPattern(schema, path);
+      if (source === null) return { kind: "string", minLength, maxLength };
+      if (schema.minLength !== undefined || schema.maxLength !== undefined) {
+        throw schemaError(path, "a pattern or format with minLength/maxLength is not enforced here: put the length into the pattern (e.g. ^[a-z]{2,8}$)");
+      }
+      return { kind: "string", minLength, maxLength, pattern: compilePattern(source, path), patternSource: source };
     }
     case "number":
     case "integer":
@@ -229,6 +236,24 @@ function typeNode(type: string, schema: Record<string, unknown>, path: string, d
     default:
       return { kind: "null" };
   }
+}
+
+/**
+ * The pattern a string must match: its `pattern`, or the pattern of its `format`; null without either. `format` is
+ * an annotation in JSON Schema 2020-12: alone it is enforced (as OpenAI's structured outputs do), beside a pattern
+ * (zod writes both, its pattern being the format's definition) the pattern is what is enforced.
+ */
+function stringPattern(schema: Record<string, unknown>, path: string): string | null {
+  const { pattern, format } = schema;
+  if (pattern !== undefined) {
+    if (typeof pattern !== "string") throw schemaError(path, "pattern must be a string");
+    return pattern;
+  }
+  if (format === undefined) return null;
+  if (typeof format !== "string" || !(format in FORMAT_PATTERNS)) {
+    throw schemaError(path, `format ${JSON.stringify(format)} is not enforced here (supported: ${Object.keys(FORMAT_PATTERNS).join(", ")})`);
+  }
+  return FORMAT_PATTERNS[format]!;
 }
 
 function literalNode(values: unknown[], path: string, schema: Record<string, unknown>, keywords: string[]): SchemaNode {
@@ -316,7 +341,7 @@ function discriminated(options: SchemaNode[]): boolean {
 function checkKeywords(schema: Record<string, unknown>, allowed: Set<string>, path: string): void {
   for (const key of Object.keys(schema)) {
     if (!allowed.has(key) && !ANNOTATIONS.has(key)) {
-      throw schemaError(path, `keyword "${key}" is not supported by constrained decoding here (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, anyOf, oneOf of a discriminated union, $ref, integer minimum/maximum up to 1,000 values apart, minimum/maximum at ±2^53)`);
+      throw schemaError(path, `keyword "${key}" is not supported by constrained decoding here (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, format, enum, const, anyOf, oneOf of a discriminated union, $ref, integer minimum/maximum up to 1,000 values apart, minimum/maximum at ±2^53)`);
     }
   }
 }
@@ -355,6 +380,7 @@ export function validateAgainstSchema(value: unknown, node: SchemaNode, path = "
       if (typeof value !== "string") return `${path}: expected a string`;
       const length = [...value].length;
       if (length < node.minLength || length > node.maxLength) return `${path}: string length ${length} outside [${node.minLength}, ${node.maxLength}]`;
+      if (node.patternSource !== undefined && !new RegExp(node.patternSource, "u").test(value)) return `${path}: string does not match ${node.patternSource}`;
       return null;
     }
     case "array": {

@@ -147,6 +147,12 @@ describe("agent frameworks against the in-process server", () => {
       response_format: zodResponseFormat(z.object({ head: Chain }), "chain"),
     });
     expect(chain.choices[0]!.finish_reason).toBe("stop");
+    // Formats as zod writes them (format + its pattern), checked by zod itself.
+    const Contact = z.object({ who: z.email(), id: z.uuid(), at: z.iso.datetime(), code: z.string().regex(/^[a-z]{3}$/) });
+    const contact = await client.chat.completions.parse({
+      model: "tiny", messages: [{ role: "user", content: "Contact?" }], max_tokens: 200, seed: 6, response_format: zodResponseFormat(Contact, "contact"),
+    });
+    expect(Contact.safeParse(contact.choices[0]!.message.parsed).success).toBe(true);
     expect(z.object({ head: Chain }).parse(chain.choices[0]!.message.parsed)).toHaveProperty("head");
 
     const trajectory = await captureTrajectory(async () => {
