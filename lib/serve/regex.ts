@@ -202,6 +202,12 @@ class Parser {
 
 /** Compiles `source` (a JSON Schema pattern) for the grammar; throws invalid_schema naming what it cannot take. */
 export function compilePattern(source: string, path: string): CompiledPattern {
+  // What JavaScript's Unicode-mode RegExp refuses (a lone ] or {, a bad escape) is not a pattern here either.
+  try {
+    new RegExp(source, "u");
+  } catch (error) {
+    throw patternError(path, `pattern ${JSON.stringify(source)} is not a valid regular expression (${(error as Error).message})`);
+  }
   const { node, anchoredStart, anchoredEnd } = new Parser(source, path).parse();
   const states: NfaState[] = [];
   const add = (): number => {

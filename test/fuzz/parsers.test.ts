@@ -73,6 +73,13 @@ describe("generated tool calls", () => {
   });
 });
 
+/** Whether the grammar of `node` takes `json` whole. */
+const accepts = (node: SchemaNode, json: string) => {
+  const grammar = new JsonGrammar(node);
+  const state = grammar.advance(grammar.initial(), new TextEncoder().encode(json));
+  return state.length > 0 && grammar.isComplete(state);
+};
+
 describe("JSON schemas and the constrained-decoding grammar", () => {
   /** Schemas inside the supported subset. */
   const schema: fc.Arbitrary<Record<string, unknown>> = fc.letrec((tie) => ({
@@ -111,12 +118,6 @@ describe("JSON schemas and the constrained-decoding grammar", () => {
     }
   }
 
-  const accepts = (node: SchemaNode, json: string) => {
-    const grammar = new JsonGrammar(node);
-    const state = grammar.advance(grammar.initial(), new TextEncoder().encode(json));
-    return state.length > 0 && grammar.isComplete(state);
-  };
-
   it("the grammar accepts every value the schema allows, written compactly", () => {
     fc.assert(fc.property(schema.chain((raw) => fc.tuple(fc.constant(raw), valueOf(raw))), ([raw, value]) => {
       const node = compileSchema(raw);
@@ -149,6 +150,40 @@ describe("JSON schemas and the constrained-decoding grammar", () => {
       fc.pre(!/\d{16}|e/i.test(json));
       expect(accepts(node, json), json).toBe(validateAgainstSchema(JSON.parse(json), node) === null);
     }), { ...RUNS, numRuns: 500 });
+  });
+});
+
+describe("string patterns", () => {
+  /** Patterns built from regex syntax, so classes, groups, quantifiers and anchors meet often. */
+  const pattern = fc.array(fc.constantFrom("a", "b", "-", ".", "\\d", "\\w", "\\.", "[a-c]", "[^a]", "(", ")", "(?:", "|", "*", "+", "?", "{2}", "{1,3}", "^", "$", "\\", "]", "{"), { maxLength: 12 }).map((parts) => parts.join(""));
+
+  it("compile, or are refused with invalid_schema, whatever they are", () => {
+    fc.assert(fc.property(fc.oneof(pattern, fc.string({ maxLength: 20 })), (source) => {
+      try {
+        compileSchema({ type: "string", pattern: source });
+      } catch (error) {
+        expect(error).toBeInstanceOf(ArtError);
+        expect((error as ArtError).code).toBe("invalid_schema");
+      }
+    }), RUNS);
+  });
+
+  it("the grammar accepts a string only when JavaScript's RegExp matches it (and every printable match it can write)", () => {
+    const ascii = fc.string({ unit: fc.constantFrom(..."ab-.1_ c".split("")), maxLength: 8 });
+    fc.assert(fc.property(pattern, ascii, (source, value) => {
+      let node: SchemaNode;
+      try {
+        node = compileSchema({ type: "string", pattern: source });
+      } catch {
+        return; // refused: the property above
+      }
+      const regex = new RegExp(source, "u");
+      // Anchors apply to the whole pattern here (^a|b$ reads as ^(a|b)$): a narrowing, so only the implication holds
+      // for alternations; without a top-level | the two agree exactly.
+      const accepted = accepts(node, JSON.stringify(value));
+      if (accepted) expect(regex.test(value), `${source} on ${JSON.stringify(value)}`).toBe(true);
+      if (!/\|/.test(source) || !/^\^|\$$/.test(source)) expect(accepted, `${source} on ${JSON.stringify(value)}`).toBe(regex.test(value));
+    }), { ...RUNS, numRuns: 1000 });
   });
 });
 
