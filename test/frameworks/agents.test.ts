@@ -1,9 +1,9 @@
-// Agents written with the real TypeScript frameworks, run against the model server through its in-process fetch
-// (nothing leaves the process; any other fetch fails the test), each captured with captureTrajectory into a
-// trajectory that trains as it is: the Vercel AI SDK (@ai-sdk/openai-compatible on chat completions, @ai-sdk/openai's
-// default provider on the Responses API), LangChain JS (ChatOpenAI on both APIs), the OpenAI Agents SDK and
-// openai-node's own helpers (parse with a zod response format, runTools). Each
-// agent calls a tool the model is made to call (tool_choice required), gets its result back and answers.
+// Agents written with the real TypeScript frameworks against the model server: through its in-process fetch (nothing
+// leaves the process; any other fetch fails the test), each captured with captureTrajectory into a trajectory that
+// trains as it is, and over HTTP on loopback. The Vercel AI SDK (@ai-sdk/openai-compatible on chat completions,
+// @ai-sdk/openai's default provider on the Responses API), LangChain JS (ChatOpenAI on both APIs), the OpenAI Agents
+// SDK and openai-node's own helpers (parse with zod response formats, runTools). Each agent calls a tool the model is
+// made to call (tool_choice required or named), gets its result back and answers.
 import { createOpenAI } from "@ai-sdk/openai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { tool as langchainTool } from "@langchain/core/tools";
@@ -23,12 +23,13 @@ import { tinyServableModel } from "../serve/tiny-model.ts";
 let model: ServableModel;
 let server: ModelServer;
 const realFetch = globalThis.fetch;
+// A framework reaching for the network (token counting, telemetry) fails here instead of hanging.
+const blockedFetch: typeof fetch = (input) => Promise.reject(new Error(`network fetch in a framework test: ${String(input)}`));
 beforeAll(async () => {
   model = await tinyServableModel(5);
   server = new ModelServer({ batcher: { numSlots: 8, maxPositions: 1024 } });
   server.addBaseModel("tiny", model);
-  // A framework reaching for the network (token counting, telemetry) fails here instead of hanging.
-  globalThis.fetch = (input) => Promise.reject(new Error(`network fetch in a framework test: ${String(input)}`));
+  globalThis.fetch = blockedFetch;
   setTracingDisabled(true);
 });
 afterAll(() => {
@@ -164,6 +165,42 @@ describe("agent frameworks against the in-process server", () => {
       await runner.done().catch(() => undefined); // the second completion may call again: the runner stops at its limit
     }, { reward: 1 });
     expectTrainable(trajectory);
+  });
+
+  it("over HTTP on loopback too: the AI SDK, LangChain and the Agents SDK run their tool loops against server.listen()", async () => {
+    const http = await server.listen({ port: 0 });
+    // Loopback only: anything else still fails.
+    const loopbackFetch: typeof fetch = (input, init) =>
+      String(input instanceof Request ? input.url : input).startsWith(http.baseURL) ? realFetch(input, init) : Promise.reject(new Error(`network fetch: ${String(input)}`));
+    globalThis.fetch = loopbackFetch;
+    try {
+      const before = weatherCalls.length;
+      const provider = createOpenAICompatible({ name: "art-ts", baseURL: http.baseURL, apiKey: "local" });
+      const result = await generateText({
+        model: provider.chatModel("tiny"), prompt: "Weather in Kyiv?", maxOutputTokens: 64, stopWhen: stepCountIs(2),
+        tools: { weather: aiTool({ description: "the weather in a city", inputSchema: z.object({ city: z.string().max(12) }), execute: async ({ city }) => weather(city) }) },
+        prepareStep: ({ stepNumber }) => ({ toolChoice: stepNumber === 0 ? "required" : "none" }),
+      });
+      expect(result.steps[0]!.toolCalls[0]!.toolName).toBe("weather");
+
+      const llm = new ChatOpenAI({ model: "tiny", apiKey: "local", maxRetries: 0, maxTokens: 64, configuration: { baseURL: http.baseURL } });
+      const weatherTool = langchainTool(async ({ city }: { city: string }) => weather(city),
+        { name: "weather", description: "the weather in a city", schema: z.object({ city: z.string().max(12) }) });
+      const called = await llm.bindTools([weatherTool], { tool_choice: "required" }).invoke([["human", "Weather in Lyon?"]]);
+      await weatherTool.invoke(called.tool_calls![0]!);
+
+      const agentsProvider = new OpenAIProvider({ baseURL: http.baseURL, apiKey: "local", useResponses: false });
+      const agent = new Agent({
+        name: "weather agent", instructions: "Answer with the weather tool.", model: await agentsProvider.getModel("tiny"),
+        modelSettings: { toolChoice: "required", maxTokens: 64 }, resetToolChoice: true,
+        tools: [agentsTool({ name: "weather", description: "the weather in a city", parameters: z.object({ city: z.string().max(12) }), execute: async ({ city }) => weather(city) })],
+      });
+      expect(typeof (await run(agent, "Weather in Accra?", { maxTurns: 3 })).finalOutput).toBe("string");
+      expect(weatherCalls.length).toBe(before + 3);
+    } finally {
+      globalThis.fetch = blockedFetch;
+      await http.close();
+    }
   });
 
   it("OpenAI Agents SDK: an Agent with a function tool, run to its final output", async () => {
