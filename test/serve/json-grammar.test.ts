@@ -182,7 +182,7 @@ describe("string patterns and formats", () => {
     expect(() => compileSchema({ type: "string", pattern: "(a)\\1" })).toThrow(/backreferences are not supported/);
     expect(() => compileSchema({ type: "string", pattern: "a(?=b)" })).toThrow(/lookaround and named groups are not supported/);
     expect(() => compileSchema({ type: "string", pattern: "a^b" })).toThrow(/anchors are supported only at the very start and end/);
-    expect(() => compileSchema({ type: "string", pattern: "(ab" })).toThrow(/a group is not closed/);
+    expect(() => compileSchema({ type: "string", pattern: "(ab" })).toThrow(/pattern "\(ab" is not a valid regular expression \(.*Unterminated group/);
     expect(() => compileSchema({ type: "string", pattern: "a{300}" })).toThrow(/repeats up to 256 are supported/);
     expect(() => compileSchema({ type: "string", pattern: "^a$", maxLength: 3 })).toThrow(/pattern or format with minLength\/maxLength is not enforced here/);
     expect(() => compileSchema({ type: "string", format: "uri" })).toThrow(/format "uri" is not enforced here \(supported: date, time, date-time, email, uuid, hostname, ipv4, ipv6\)/);
