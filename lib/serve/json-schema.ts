@@ -5,10 +5,10 @@
  * Supported: type (one or a list), object with properties / required / additionalProperties (boolean or a
  * schema), array with items / minItems / maxItems, string with enum / minLength / maxLength, number, integer,
  * boolean, null, enum and const (with or without a type they must match), integer bounds (enforced as the list of
- * values, up to 1,000), string pattern and format (regex.ts), anyOf, oneOf of a discriminated union, $ref to "#" or anywhere within the schema ($defs,
+ * values, up to 1,000), number bounds (a decimal grid of up to 1,000 values), string pattern and format (regex.ts), anyOf, oneOf of a discriminated union, $ref to "#" or anywhere within the schema ($defs,
  * definitions), recursion included (a reference compiles once, so recursion is a cycle in the node graph),
  * number bounds at ±2^53 (which every written number meets). Annotations (title, description, default, examples,
- * $schema, $id, $comment) are ignored. Everything else (allOf, binding number bounds, ...) is
+ * $schema, $id, $comment) are ignored. Everything else (allOf, bounds too wide for a list, ...) is
  * refused with an error naming the keyword, so a schema is never silently weakened.
  */
 import { ArtError } from "../core/errors.ts";
@@ -182,6 +182,10 @@ function compileNode(schema: unknown, path: string, depth: number, context: Comp
     const range = integerRange(schema, path);
     if (range) return range;
   }
+  if (types.length === 1 && types[0] === "number") {
+    const grid = numberGrid(schema, path);
+    if (grid) return grid;
+  }
   if (types.includes("number") || types.includes("integer")) checkUnboundingLimits(schema, path);
   const nodes = types.map((t) => typeNode(t as string, schema, path, depth, context));
   return nodes.length === 1 ? nodes[0] : { kind: "anyOf", options: nodes };
@@ -287,23 +291,54 @@ function jsonTypeMatches(value: unknown, type: unknown): boolean {
  * there are at most MAX_ENUM_VALUES of them (they count toward the schema's enum budget); null when no bound binds.
  */
 function integerRange(schema: Record<string, unknown>, path: string): SchemaNode | null {
-  const reach = 2 ** 53 - 1;
-  let low = -reach, high = reach;
-  for (const key of ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] as const) {
-    const bound = schema[key];
-    if (bound === undefined) continue;
-    if (typeof bound !== "number" || !Number.isFinite(bound)) throw schemaError(path, `keyword "${key}" must be a number`);
-    if (key === "minimum") low = Math.max(low, Math.ceil(bound));
-    if (key === "exclusiveMinimum") low = Math.max(low, Math.floor(bound) + 1);
-    if (key === "maximum") high = Math.min(high, Math.floor(bound));
-    if (key === "exclusiveMaximum") high = Math.min(high, Math.ceil(bound) - 1);
-  }
-  if (low === -reach && high === reach) return null;
+  const bounds = bindingBounds(schema, path);
+  if (!bounds) return null;
+  const low = bounds.lowOpen ? Math.floor(bounds.low) + 1 : Math.ceil(bounds.low);
+  const high = bounds.highOpen ? Math.ceil(bounds.high) - 1 : Math.floor(bounds.high);
   if (low > high) throw schemaError(path, `no integer lies within the bounds (${low} > ${high})`);
   if (high - low + 1 > MAX_ENUM_VALUES) {
     throw schemaError(path, `an integer range of ${high - low + 1} values is too wide to enforce here (bounds that bind are enforced as a list of at most ${MAX_ENUM_VALUES} values; bounds at ±(2^53 - 1) are accepted as they are)`);
   }
   return { kind: "literal", texts: Array.from({ length: high - low + 1 }, (_, i) => String(low + i)) };
+}
+
+/** The bounds of a number as [low, high] with their exclusivity; null when none binds (all at or past ±(2^53 - 1)). */
+function bindingBounds(schema: Record<string, unknown>, path: string): { low: number; high: number; lowOpen: boolean; highOpen: boolean } | null {
+  const reach = 2 ** 53 - 1;
+  let low = -reach, high = reach, lowOpen = false, highOpen = false;
+  for (const key of ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] as const) {
+    const bound = schema[key];
+    if (bound === undefined) continue;
+    if (typeof bound !== "number" || !Number.isFinite(bound)) throw schemaError(path, `keyword "${key}" must be a number`);
+    if ((key === "minimum" || key === "exclusiveMinimum") && (bound > low || (bound === low && key === "exclusiveMinimum"))) [low, lowOpen] = [bound, key === "exclusiveMinimum"];
+    if ((key === "maximum" || key === "exclusiveMaximum") && (bound < high || (bound === high && key === "exclusiveMaximum"))) [high, highOpen] = [bound, key === "exclusiveMaximum"];
+  }
+  return low <= -reach && high >= reach ? null : { low, high, lowOpen, highOpen };
+}
+
+/**
+ * A number with bounds that bind is written on a decimal grid, as the list of its values: the finest of steps 0.01,
+ * 0.1 and 1 that keeps at most MAX_ENUM_VALUES values within the bounds (a probability in [0, 1] gets 0, 0.01, ...,
+ * 1). A narrowing, never a widening: every value written lies within the bounds. Null when no bound binds.
+ */
+function numberGrid(schema: Record<string, unknown>, path: string): SchemaNode | null {
+  const bounds = bindingBounds(schema, path);
+  if (!bounds) return null;
+  const { low, high, lowOpen, highOpen } = bounds;
+  const inside = (x: number) => (lowOpen ? x > low : x >= low) && (highOpen ? x < high : x <= high);
+  for (const decimals of [2, 1, 0]) {
+    const scale = 10 ** decimals;
+    const first = Math.floor(low * scale) - 1, last = Math.ceil(high * scale) + 1;
+    if (last - first + 1 > MAX_ENUM_VALUES + 2) continue;
+    const texts: string[] = [];
+    for (let k = first; k <= last; k++) {
+      const text = String(Number((k / scale).toFixed(decimals)));
+      if (inside(Number(text)) && texts.at(-1) !== text) texts.push(text);
+    }
+    if (texts.length === 0) throw schemaError(path, `no number on a 0.01 grid lies within the bounds (${lowOpen ? "(" : "["}${low}, ${high}${highOpen ? ")" : "]"})`);
+    if (texts.length <= MAX_ENUM_VALUES) return { kind: "literal", texts };
+  }
+  throw schemaError(path, `number bounds ${lowOpen ? "(" : "["}${low}, ${high}${highOpen ? ")" : "]"} hold more than ${MAX_ENUM_VALUES} whole numbers, too many to enforce here (bounds that bind are enforced as a list of at most ${MAX_ENUM_VALUES} values on a 0.01, 0.1 or 1 grid; bounds at ±(2^53 - 1) are accepted as they are)`);
 }
 
 /**
@@ -341,7 +376,7 @@ function discriminated(options: SchemaNode[]): boolean {
 function checkKeywords(schema: Record<string, unknown>, allowed: Set<string>, path: string): void {
   for (const key of Object.keys(schema)) {
     if (!allowed.has(key) && !ANNOTATIONS.has(key)) {
-      throw schemaError(path, `keyword "${key}" is not supported by constrained decoding here (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, format, enum, const, anyOf, oneOf of a discriminated union, $ref, integer minimum/maximum up to 1,000 values apart, minimum/maximum at ±2^53)`);
+      throw schemaError(path, `keyword "${key}" is not supported by constrained decoding here (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, format, enum, const, anyOf, oneOf of a discriminated union, $ref, minimum/maximum leaving at most 1,000 integers or grid values, minimum/maximum at ±2^53)`);
     }
   }
 }

@@ -215,7 +215,15 @@ describe("JSON schema subset", () => {
     expect(compileSchema({ type: "integer", exclusiveMinimum: -1.5, exclusiveMaximum: 2 })).toEqual({ kind: "literal", texts: ["-1", "0", "1"] });
     expect(() => compileSchema({ type: "integer", minimum: 0 })).toThrow(/an integer range of 9007199254740992 values is too wide to enforce here/);
     expect(() => compileSchema({ type: "integer", minimum: 3, maximum: 2 })).toThrow(/no integer lies within the bounds \(3 > 2\)/);
-    expect(() => compileSchema({ type: "number", minimum: 0 })).toThrow(/keyword "minimum" 0 is not enforced by constrained decoding here/);
+    // A number with bounds that bind: a decimal grid within them, as fine as 1,000 values allow.
+    const probability = compileSchema({ type: "number", minimum: 0, maximum: 1 }) as { kind: "literal"; texts: string[] };
+    expect([probability.texts.length, probability.texts[0], probability.texts[50], probability.texts.at(-1)]).toEqual([101, "0", "0.5", "1"]);
+    const score = new JsonGrammar(compileSchema({ type: "number", exclusiveMinimum: 1, maximum: 10 }));
+    expect(["1.01", "7.25", "10"].every((text) => accepts(score, text))).toBe(true);
+    expect(["1", "10.01", "7.255", "-3"].some((text) => accepts(score, text))).toBe(false);
+    expect((compileSchema({ type: "number", minimum: -50, maximum: 50 }) as { texts: string[] }).texts).toHaveLength(101); // a 1 grid
+    expect(() => compileSchema({ type: "number", minimum: 0 })).toThrow(/number bounds \[0, 9007199254740991\] hold more than 1000 whole numbers/);
+    expect(() => compileSchema({ type: ["number", "null"], minimum: 0 })).toThrow(/keyword "minimum" 0 is not enforced by constrained decoding here/);
     const shape = (kind: string, extra: Record<string, unknown>) => ({
       type: "object", properties: { kind: { type: "string", const: kind }, ...extra }, required: ["kind", ...Object.keys(extra)], additionalProperties: false,
     });
