@@ -1,5 +1,8 @@
 import { spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, readFileSync } from "node:fs";
+import { join, resolve } from "node:path";
 import process from "node:process";
+import { pathToFileURL } from "node:url";
 import { beforeAll, describe, expect, it } from "vitest";
 import { checkExecuted, type Cell, type Output } from "../../scripts/notebook-run.ts";
 
@@ -56,6 +59,58 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
     expect(entries.status, entries.stdout + entries.stderr).toBe(0);
     expect(entries.stdout).toMatch(/all 2 run\(s\) passed/);
   }, 900_000);
+
+  // The executed notebooks' HTML in a real browser (Debian's chromium, driven by puppeteer-core; ART_TEST_BROWSER=1,
+  // which CI sets): every plot renders as a sized SVG, transcripts toggle, the progress bars' last state is there.
+  // Full-page screenshots go to test/.tmp/browser/ as artifacts. Needs the run above (same file, so it runs first).
+  it.runIf(process.env.ART_TEST_BROWSER === "1")("render in headless Chromium: plots drawn, transcripts toggle, progress shown", async () => {
+    const { default: puppeteer } = await import("puppeteer-core");
+    const executablePath = ["/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"].find((p) => existsSync(p));
+    expect(executablePath, "no Chromium: apt-get install chromium (Debian)").toBeDefined();
+    const shots = join("test", ".tmp", "browser");
+    mkdirSync(shots, { recursive: true });
+    const browser = await puppeteer.launch({ executablePath, args: ["--no-sandbox", "--headless=new"] });
+    try {
+      for (const name of ["tic-tac-toe", "2048", "art-e", "auto-rl"]) {
+        for (const kernel of ["deno", "tslab"]) {
+          const executed = join("notebooks", ".executed", `${name}.${kernel}`);
+          const plots = JSON.stringify(JSON.parse(readFileSync(`${executed}.ipynb`, "utf8"))).split('"application/vnd.plotly.v1+json"').length - 1;
+          const page = await browser.newPage();
+          // Offline: the page gets its own file and nothing from the network (nbconvert's template asks for CDNs).
+          await page.setRequestInterception(true);
+          page.on("request", (request) => (/^(file|data):/.test(request.url()) ? request.continue() : request.abort()));
+          await page.setViewport({ width: 1100, height: 900 });
+          await page.goto(pathToFileURL(resolve(`${executed}.html`)).href, { waitUntil: "load" });
+          // In-page code as text: this project compiles without the DOM's types.
+          const seen = await page.evaluate(`({
+            plots: [...document.querySelectorAll("svg")].filter((svg) => {
+              const box = svg.getBoundingClientRect();
+              return box.width > 200 && box.height > 100 && svg.querySelectorAll("path, rect, circle, line").length > 3;
+            }).length,
+            transcripts: document.querySelectorAll("details").length,
+            progress: /\\b(\\d+)\\/\\1 ·/.test(document.body.innerText),
+          })`) as { plots: number; transcripts: number; progress: boolean };
+          expect(seen.plots, `${name}.${kernel}: drawn plots`).toBeGreaterThanOrEqual(plots);
+          expect(plots, `${name}.${kernel}: plot bundles`).toBeGreaterThan(0);
+          expect(seen.progress, `${name}.${kernel}: a finished progress bar ("n/n · …")`).toBe(true);
+          if (seen.transcripts > 0) {
+            // A transcript folds and unfolds on a click on its summary.
+            const toggled = await page.evaluate(`(() => {
+              const details = document.querySelector("details");
+              const before = details.open;
+              details.querySelector("summary").click();
+              return details.open !== before;
+            })()`);
+            expect(toggled, `${name}.${kernel}: a transcript toggles on a click`).toBe(true);
+          }
+          await page.screenshot({ path: join(shots, `${name}.${kernel}.png`), fullPage: true });
+          await page.close();
+        }
+      }
+    } finally {
+      await browser.close();
+    }
+  }, 300_000);
 
   // Deno's kernel used to die on an interrupt; tslab ended the cell but the loop trained on in the background.
   it.each(["deno", "tslab"])("stop a GRPO loop between steps on Kernel > Interrupt under %s, the model and engine still usable", (kernel) => {
