@@ -114,8 +114,9 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
 
   // A live classic Notebook server (Debian's jupyter-notebook) on loopback, driven in Chromium through Jupyter's own
   // front end under each kernel: run all cells of the tic-tac-toe notebook, see progress move while it trains,
-  // plots drawn, no error; save, reload, plots still there; run again with a long loop and interrupt it from the
-  // page: the loop stops, the kernel lives and answers the next cell.
+  // plots drawn, no error, the training bar's final numbers equal to the means of history.jsonl's steps; re-run a plot cell,
+  // save, reload, plots still there; run a long loop and interrupt it from the page: the loop stops, the kernel
+  // lives and answers the next cell.
   it.runIf(process.env.ART_TEST_BROWSER === "1" && existsSync("/usr/bin/jupyter-notebook"))("run live in a classic Notebook server under Chromium, each kernel: progress, plots, save and reopen, interrupt", async () => {
     const { default: puppeteer } = await import("puppeteer-core");
     const executablePath = ["/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"].find((p) => existsSync(p))!;
@@ -164,6 +165,26 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
         expect(now.errors, `${kernel}: no error output`).toEqual([]);
         expect(now.plots, `${kernel}: plots drawn`).toBeGreaterThanOrEqual(1);
         expect(progressSeen.size, `${kernel}: progress changed while cells ran`).toBeGreaterThan(2);
+        // The training bar's final numbers (running means over its steps) against the steps history.jsonl logged.
+        const bar = /\b8\/8 · [^\n]*?reward (-?[\d.]+) win (-?[\d.]+)/.exec(now.text);
+        expect(bar, `${kernel}: the training bar's final state`).not.toBeNull();
+        const rows = readFileSync(join(folder, ".art", "cookbook", "models", "tic-tac-toe", "history.jsonl"), "utf8").trim().split("\n")
+          .map((line) => JSON.parse(line) as Record<string, number>).filter((row) => "train/reward" in row);
+        expect(rows.map((row) => row.step), `${kernel}: history's training steps`).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
+        const mean = (key: string) => rows.reduce((sum, row) => sum + row[key]!, 0) / rows.length;
+        expect(Number(bar![1])).toBeCloseTo(mean("train/reward"), 2);
+        expect(Number(bar![2])).toBeCloseTo(mean("train/win"), 2);
+        // Re-run a plot cell (one that only draws: the notebook's last cells close the model), then save and reopen:
+        // the plots are still drawn.
+        await page.evaluate(`(() => {
+          const cell = Jupyter.notebook.get_cells().find((c) => c.cell_type === "code" && c.get_text().startsWith("await display(rewardDistribution("));
+          cell.set_input_prompt(null);
+          cell.execute();
+        })()`);
+        await page.waitForFunction(`(() => {
+          const cell = Jupyter.notebook.get_cells().find((c) => c.cell_type === "code" && c.get_text().startsWith("await display(rewardDistribution("));
+          return typeof cell.input_prompt_number === "number" && cell.element[0].querySelectorAll(".output_area svg").length > 0;
+        })()`, { timeout: 60_000 });
         await page.evaluate("Jupyter.notebook.save_notebook()");
         await page.waitForFunction("!Jupyter.notebook.dirty");
         await open();
@@ -177,7 +198,7 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
         // notebook's own training loop run first (the last cells close the model).
         await page.evaluate(`(() => {
           const cells = Jupyter.notebook.get_cells();
-          const loop = cells.findIndex((c) => c.get_text().includes("model.train(lastGroups"));
+          const loop = cells.findIndex((c) => c.cell_type === "code" && c.get_text().includes("model.train(lastGroups"));
           Jupyter.notebook.kernel.restart();
           return loop;
         })()`);
@@ -185,13 +206,13 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
         await new Promise((r) => setTimeout(r, 1000));
         await page.evaluate(`(() => {
           const cells = Jupyter.notebook.get_cells();
-          const loop = cells.findIndex((c) => c.get_text().includes("model.train(lastGroups"));
+          const loop = cells.findIndex((c) => c.cell_type === "code" && c.get_text().includes("model.train(lastGroups"));
           cells.forEach((c) => c.cell_type === "code" && c.set_input_prompt(null));
           Jupyter.notebook.execute_cells([...Array(loop).keys()]);
         })()`);
         await page.waitForFunction(`(() => {
           const cells = Jupyter.notebook.get_cells();
-          const loop = cells.findIndex((c) => c.get_text().includes("model.train(lastGroups"));
+          const loop = cells.findIndex((c) => c.cell_type === "code" && c.get_text().includes("model.train(lastGroups"));
           return cells.slice(0, loop).every((c) => c.cell_type !== "code" || typeof c.input_prompt_number === "number");
         })()`);
         await page.evaluate(`(() => {
