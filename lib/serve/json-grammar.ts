@@ -11,7 +11,7 @@
  * in a row (so a model cannot stall in whitespace); free object keys (additionalProperties) are printable ASCII
  * without escapes. Both restrictions keep every accepted text valid JSON that validates against the schema.
  */
-import type { SchemaNode } from "./json-schema.ts";
+import { childNodes, type SchemaNode } from "./json-schema.ts";
 import { bytesToMatch, stepPattern, type CompiledPattern } from "./regex.ts";
 
 type ObjectNode = Extract<SchemaNode, { kind: "object" }>;
@@ -173,12 +173,7 @@ export class JsonGrammar {
       if (this.minLengthCache.has(n)) return;
       this.minLengthCache.set(n, Number.POSITIVE_INFINITY);
       nodes.push(n);
-      if (n.kind === "anyOf") n.options.forEach(collect);
-      if (n.kind === "array") collect(n.items);
-      if (n.kind === "object") {
-        n.properties.forEach(collect);
-        if (n.additional) collect(n.additional);
-      }
+      childNodes(n).forEach(collect);
     };
     collect(node);
     for (let round = 0, changed = true; changed && round <= nodes.length; round++) {
@@ -596,21 +591,11 @@ export class JsonGrammar {
   }
 
   private patternId(pattern: CompiledPattern): number {
-    let id = this.patternIds.get(pattern);
-    if (id === undefined) {
-      id = this.patternIds.size;
-      this.patternIds.set(pattern, id);
-    }
-    return id;
+    return idIn(this.patternIds, pattern);
   }
 
   private nodeId(node: SchemaNode): number {
-    let id = this.nodeIds.get(node);
-    if (id === undefined) {
-      id = this.nodeIds.size;
-      this.nodeIds.set(node, id);
-    }
-    return id;
+    return idIn(this.nodeIds, node);
   }
 }
 
@@ -635,4 +620,14 @@ function isFreeKeyByte(byte: number): boolean {
 /** Text → its UTF-8 bytes as a string of one char per byte (so byte matching is string indexing). */
 function toByteString(text: string): string {
   return String.fromCharCode(...new TextEncoder().encode(text));
+}
+
+/** A small stable number for `key` (frame keys name nodes and patterns by these). */
+function idIn<K>(ids: Map<K, number>, key: K): number {
+  let id = ids.get(key);
+  if (id === undefined) {
+    id = ids.size;
+    ids.set(key, id);
+  }
+  return id;
 }

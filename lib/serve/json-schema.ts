@@ -69,17 +69,21 @@ export function compileSchema(schema: unknown): SchemaNode {
   return node;
 }
 
+/** The nodes a node's values are made of: anyOf options, array items, object properties and additional. */
+export function childNodes(node: SchemaNode): SchemaNode[] {
+  switch (node.kind) {
+    case "anyOf": return node.options;
+    case "array": return [node.items];
+    case "object": return [...node.properties.values(), ...(node.additional ? [node.additional] : [])];
+    default: return [];
+  }
+}
+
 /** Enum/const values in the schema, each node counted once (a recursive schema's are not multiplied). */
 function literalValues(node: SchemaNode, seen: Set<SchemaNode>): number {
   if (seen.has(node)) return 0;
   seen.add(node);
-  switch (node.kind) {
-    case "literal": return node.texts.length;
-    case "object": return [...node.properties.values()].reduce((n, p) => n + literalValues(p, seen), node.additional ? literalValues(node.additional, seen) : 0);
-    case "array": return literalValues(node.items, seen);
-    case "anyOf": return node.options.reduce((n, o) => n + literalValues(o, seen), 0);
-    default: return 0;
-  }
+  return node.kind === "literal" ? node.texts.length : childNodes(node).reduce((n, child) => n + literalValues(child, seen), 0);
 }
 
 /**
@@ -99,12 +103,7 @@ function checkProductiveCycles(root: SchemaNode): void {
   const collect = (node: SchemaNode) => {
     if (all.has(node)) return;
     all.add(node);
-    if (node.kind === "anyOf") node.options.forEach(collect);
-    if (node.kind === "array") collect(node.items);
-    if (node.kind === "object") {
-      node.properties.forEach(collect);
-      if (node.additional) collect(node.additional);
-    }
+    childNodes(node).forEach(collect);
   };
   collect(root);
   for (const node of all) {
