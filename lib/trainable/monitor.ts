@@ -140,7 +140,7 @@ export function stopDecision(history: readonly HistoryRow[], rules: readonly Sto
 }
 
 export interface Alarm {
-  kind: "reward_up_validation_down" | "reward_jump" | "entropy_collapse" | "no_signal" | "rising_failures";
+  kind: "reward_up_validation_down" | "reward_jump" | "entropy_collapse" | "no_signal" | "rising_failures" | "repeated_answers";
   step: number;
   message: string;
 }
@@ -207,6 +207,13 @@ export function alarms(history: readonly HistoryRow[], options: AlarmOptions = {
   const flat = metricSeries(history, "train/flat_groups").at(-1);
   if (flat !== undefined && flat.value >= 0.5) {
     raised.push({ kind: "no_signal", step, message: `${Math.round(flat.value * 100)}% of the step's groups had equal rewards, which GRPO learns nothing from: make the task harder or easier, or the reward finer` });
+  }
+
+  // Groups collapsing onto one answer: most answers repeat another's in their group, and more than they used to.
+  const repeats = metricSeries(history, "train/repeated_answers");
+  const repeatTrend = trend(repeats, window);
+  if (repeats.length > 0 && repeats.at(-1)!.value >= 0.75 && repeatTrend && repeatTrend.change > Math.max(repeatTrend.noise, 0.15)) {
+    raised.push({ kind: "repeated_answers", step, message: `${Math.round(repeats.at(-1)!.value * 100)}% of the rollouts repeat another answer of their group (up by ${Math.round(repeatTrend.change * 100)} points over the last ${window} steps): exploration is collapsing; if rewards are not rising with it, raise the temperature or lower the learning rate, and read the transcripts` });
   }
 
   const keys = new Set(history.flatMap((row) => Object.keys(row)));

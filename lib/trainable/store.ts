@@ -43,9 +43,31 @@ export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "tr
     [`${split}/exception_rate`]: trajectories.length + exceptions === 0 ? 0 : exceptions / (trajectories.length + exceptions),
     // Groups whose rewards are all equal give GRPO nothing to learn from (lib/trainable/monitor.ts alarms on them).
     [`${split}/flat_groups`]: multi.length === 0 ? 0 : spreads.filter((s) => s === 0).length / multi.length,
+    // Rollouts whose final answer repeats another's in the same group: diversity collapsing (monitor.ts alarms).
+    [`${split}/repeated_answers`]: repeatedAnswerShare(multi),
   };
   for (const [key, { total, count }] of sums) row[`${split}/${key}`] = total / count;
   return row;
+}
+
+/** A trajectory's final answer: its last choice's text and tool calls (empty without a choice). */
+function finalAnswer(trajectory: Trajectory): string {
+  const last = [...trajectory.messagesAndChoices].reverse().find((item) => !("role" in item));
+  if (!last || "role" in last) return "";
+  return `${last.message.content ?? ""}\u0000${JSON.stringify(last.message.tool_calls ?? [])}`;
+}
+
+/** Over groups of two or more, the share of trajectories whose final answer equals another's in its group. */
+function repeatedAnswerShare(groups: Pick<TrajectoryGroup, "trajectories">[]): number {
+  let repeated = 0, total = 0;
+  for (const group of groups) {
+    const counts = new Map<string, number>();
+    const answers = group.trajectories.map(finalAnswer);
+    for (const answer of answers) counts.set(answer, (counts.get(answer) ?? 0) + 1);
+    repeated += answers.filter((answer) => counts.get(answer)! > 1).length;
+    total += answers.length;
+  }
+  return total === 0 ? 0 : repeated / total;
 }
 
 /**

@@ -5,7 +5,8 @@
 import { describe, expect, it } from "vitest";
 import { seededRandom, type Rng } from "../../lib/core/random.ts";
 import { alarms, metricSeries, stopDecision } from "../../lib/trainable/monitor.ts";
-import type { HistoryRow } from "../../lib/trainable/store.ts";
+import { Trajectory, TrajectoryGroup, type Choice } from "../../lib/core/trajectory.ts";
+import { summarizeGroups, type HistoryRow } from "../../lib/trainable/store.ts";
 
 /** A normal draw (Box-Muller) from the seeded generator. */
 const normal = (rng: Rng) => Math.sqrt(-2 * Math.log(1 - rng())) * Math.cos(2 * Math.PI * rng());
@@ -93,6 +94,24 @@ describe("alarms", () => {
     });
     trainRows.at(-1)!["train/flat_groups"] = 0.75;
     expect(kinds(history).sort()).toEqual(["entropy_collapse", "no_signal", "rising_failures"]);
+  });
+
+  it("measure repeated answers per group, and alarm when groups collapse onto one answer", () => {
+    const answer = (content: string): Trajectory => new Trajectory({
+      messagesAndChoices: [{ role: "user", content: "Move?" }, { index: 0, finish_reason: "stop", logprobs: null, message: { role: "assistant", content, refusal: null } } as Choice],
+      reward: 0,
+    });
+    // Group 1: a, a, b, c -> 2 of 4 repeat; group 2: d, d -> 2 of 2; a group of one is left out.
+    const row = summarizeGroups("train", [new TrajectoryGroup(["a", "a", "b", "c"].map(answer)), new TrajectoryGroup(["d", "d"].map(answer)), new TrajectoryGroup([answer("e")])]);
+    expect(row["train/repeated_answers"]).toBeCloseTo(4 / 6, 10);
+
+    const history = run(12, rising, rising, 13);
+    const trainRows = history.filter((row) => "train/reward" in row);
+    trainRows.forEach((row, i) => (row["train/repeated_answers"] = Math.min(0.1 + 0.08 * i, 0.95)));
+    expect(kinds(history)).toContain("repeated_answers");
+    // Answers that always repeated (a task with one right answer, already learnt) are no collapse.
+    trainRows.forEach((row) => (row["train/repeated_answers"] = 0.9));
+    expect(kinds(history)).not.toContain("repeated_answers");
   });
 
   it("stay quiet on noisy but healthy runs (seeded false-alarm rate)", () => {
