@@ -135,7 +135,8 @@ describe("the CPU backend's training ops match PyTorch autograd and finite diffe
     const heads = 4, kvHeads = 2, headDim = 8, group = heads / kvHeads;
     let seed = 7;
     const random = (n: number) => Float32Array.from({ length: n }, () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648 - 0.5) * 2);
-    for (const [queryLen, keyLen] of [[70, 70], [45, 83]]) {
+    // [200, 261]: several of the fast path's 128-row query blocks and 128-key blocks, a partial one of each.
+    for (const [queryLen, keyLen] of [[70, 70], [45, 83], [200, 261]]) {
       // The last queryLen rows attend to every row before them: a completion after a prompt of keyLen − queryLen rows.
       const offset = keyLen - queryLen, qStride = heads * headDim, kvStride = kvHeads * headDim;
       const q = random(queryLen * qStride), k = random(keyLen * kvStride), v = random(keyLen * kvStride), dout = random(queryLen * qStride);

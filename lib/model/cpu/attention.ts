@@ -13,22 +13,16 @@ import { transposeRows } from "./matmul.ts";
 /**
  * Softmax of row[at .. at+last] in place, row[at+last+1 .. at+end) = 0: one attention row over the keys its query
  * sees, zero for the keys a block's later rows see (so a product over the whole block adds nothing for them).
- * `fastExp` (the fast path's) takes the exponentials four at a time in f32; without it each is Math.exp.
+ * The reference; the fast path runs the same formula a block at a time (WasmElementwise.softmaxRows).
  */
-export function causalSoftmax(fastExp: WasmElementwise | null, row: Float32Array, at: number, last: number, end: number): void {
+export function causalSoftmax(row: Float32Array, at: number, last: number, end: number): void {
   let max = -Infinity;
   for (let s = 0; s <= last; s++) max = Math.max(max, row[at + s]);
   let sum = 0;
-  if (fastExp) {
-    const seen = row.subarray(at, at + last + 1);
-    fastExp.expShifted(seen, max, seen);
-    for (let s = 0; s <= last; s++) sum += row[at + s];
-  } else {
-    for (let s = 0; s <= last; s++) {
-      const e = Math.exp(row[at + s] - max);
-      row[at + s] = e;
-      sum += e;
-    }
+  for (let s = 0; s <= last; s++) {
+    const e = Math.exp(row[at + s] - max);
+    row[at + s] = e;
+    sum += e;
   }
   const inverse = 1 / sum;
   for (let s = 0; s <= last; s++) row[at + s] *= inverse;
@@ -49,7 +43,7 @@ export const ATTENTION_BLOCK = 32;
  * Gemm's weightedRowSum over the cached values. Decoding (CpuBackend.attention) and training (packedAttention) both attend through this.
  */
 export function attendBlock(
-  gemm: Gemm, fastExp: WasmElementwise | null, q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array | null, out: Float32Array, positions: Int32Array,
+  gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array | null, out: Float32Array, positions: Int32Array,
   headDim: number, qStride: number, kvStride: number, runKeys: number, scores: Float32Array,
 ): void {
   const blockRows = positions.length;
@@ -57,7 +51,8 @@ export function attendBlock(
   for (let r = 0; r < blockRows; r++) blockKeys = Math.max(blockKeys, positions[r] + 1);
   gemm.nt(q, keys, blockRows, headDim, blockKeys, scores,
     { alpha: 1 / Math.sqrt(headDim), xStride: qStride, wStride: kvStride, outStride: runKeys });
-  for (let r = 0; r < blockRows; r++) causalSoftmax(fastExp, scores, r * runKeys, positions[r], blockKeys);
+  if (fast) fast.softmaxRows(scores, 0, runKeys, positions, blockKeys);
+  else for (let r = 0; r < blockRows; r++) causalSoftmax(scores, r * runKeys, positions[r], blockKeys);
   if (valuesT) {
     gemm.nt(scores, valuesT, blockRows, blockKeys, headDim, out, { xStride: runKeys, wStride: runKeys, outStride: qStride });
     return;
@@ -67,17 +62,84 @@ export function attendBlock(
   }
 }
 
+/** Query rows of one product when a GQA group's heads are stacked (attendGroup): their scores stay in cache. */
+const STACKED_ROWS = 128;
+
+/** Query rows per block of attendGroup for a group of `group` heads: up to ATTENTION_BLOCK, at most STACKED_ROWS stacked. */
+export function groupBlockRows(group: number): number {
+  return Math.max(1, Math.min(ATTENTION_BLOCK, Math.floor(STACKED_ROWS / group)));
+}
+
+/** attendGroup's scratch, grown as needed and reused across calls. */
+export class GroupScratch {
+  q = new Float32Array(0);
+  out = new Float32Array(0);
+  scores = new Float32Array(0);
+}
+
+/**
+ * Query heads firstHead..firstHead+group−1 (one GQA group) over a block of query rows at `positions` (q and out rows
+ * `qStride` apart), against one KV head: their rows stacked head-major into one block, so each product of
+ * attendBlock is `group` times taller than one head's, and the results scattered back. Returns the stacked
+ * probabilities (row g·rows + r is head firstHead + g's row r, `runKeys` apart), valid until the next call.
+ * A row's numbers do not depend on what is stacked with it (attendBlock's rows are independent).
+ */
+export function attendGroup(
+  gemm: Gemm, fast: WasmElementwise | null, scratch: GroupScratch, q: Float32Array, out: Float32Array, qStride: number, firstHead: number,
+  group: number, positions: Int32Array, headDim: number, keys: Float32Array, values: Float32Array, valuesT: Float32Array, kvStride: number,
+  runKeys: number,
+): Float32Array {
+  const rows = positions.length, stacked = rows * group;
+  if (scratch.q.length < stacked * headDim) {
+    scratch.q = new Float32Array(stacked * headDim);
+    scratch.out = new Float32Array(stacked * headDim);
+  }
+  if (!fast && scratch.scores.length < stacked * runKeys) scratch.scores = new Float32Array(stacked * runKeys);
+  const scores = fast ? fast.scratchView(stacked * runKeys) : scratch.scores;
+  const stackedQ = scratch.q, stackedOut = scratch.out, stackedPositions = new Int32Array(stacked);
+  // Plain loops: a subarray per row and head would allocate more than the copy costs.
+  for (let g = 0, row = 0; g < group; g++) {
+    const column = (firstHead + g) * headDim;
+    for (let r = 0; r < rows; r++, row++) {
+      stackedPositions[row] = positions[r];
+      const from = r * qStride + column, to = row * headDim;
+      for (let j = 0; j < headDim; j++) stackedQ[to + j] = q[from + j];
+    }
+  }
+  attendBlock(gemm, fast, stackedQ, keys, values, valuesT, stackedOut, stackedPositions, headDim, headDim, kvStride, runKeys, scores);
+  for (let g = 0, row = 0; g < group; g++) {
+    const column = (firstHead + g) * headDim;
+    for (let r = 0; r < rows; r++, row++) {
+      const from = row * headDim, to = r * qStride + column;
+      for (let j = 0; j < headDim; j++) out[to + j] = stackedOut[from + j];
+    }
+  }
+  return scores;
+}
+
+/**
+ * Backward of one causalSoftmax row scaled by `scale`: with P = probs[at..] and dP = grads[at..] over keys 0..last,
+ * grads becomes dS = P · (dP − Σ P·dP) · scale there and 0 from last + 1 up to `end`. The reference;
+ * WasmElementwise.softmaxBackwardRows runs it a block at a time.
+ */
+export function causalSoftmaxBackward(probs: Float32Array, grads: Float32Array, at: number, last: number, end: number, scale: number): void {
+  let weighted = 0;
+  for (let s = 0; s <= last; s++) weighted += probs[at + s] * grads[at + s];
+  for (let s = 0; s <= last; s++) grads[at + s] = probs[at + s] * (grads[at + s] - weighted) * scale;
+  grads.fill(0, at + last + 1, at + end);
+}
+
 /**
  * Causal grouped-query attention of `queryLen` queries over `keyLen` keys, the queries being the LAST queryLen
  * positions of the key sequence: query t sees keys 0..(keyLen − queryLen + t). keyLen = queryLen is ordinary causal
  * attention; keyLen > queryLen lets completions attend to a shared prompt stored once (packing).
  * q [queryLen, heads, d], k/v [keyLen, kvHeads, d]; out [queryLen, heads, d]; probs [heads, queryLen, keyLen] keeps
  * the softmax for the backward (zero past each row's last key, up to its block's last key; beyond that unwritten).
- * Per head and block of query rows through the engine's attendBlock (tiled matmuls; v transposed once per KV head),
- * the same code as the engine's attention.
+ * Per GQA group and block of query rows through attendGroup (v transposed once per KV head), the same code as the
+ * engine's attention over a prompt.
  */
 function segmentAttention(
-  gemm: Gemm, fastExp: WasmElementwise | null, out: Float32Array, probs: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
+  gemm: Gemm, fast: WasmElementwise | null, out: Float32Array, probs: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
   queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
   const group = heads / kvHeads;
@@ -86,26 +148,36 @@ function segmentAttention(
   const offset = keyLen - queryLen;
   const valuesT = new Float32Array(headDim * keyLen);
   const positions = Int32Array.from({ length: queryLen }, (_, t) => offset + t);
+  const scratch = new GroupScratch(), blockRows = groupBlockRows(group);
   for (let kvh = 0; kvh < kvHeads; kvh++) {
     transposeRows(v.subarray(kvh * headDim), keyLen, headDim, kvStride, valuesT);
-    for (let h = kvh * group; h < (kvh + 1) * group; h++) {
-      const p = probs.subarray(h * queryLen * keyLen, (h + 1) * queryLen * keyLen);
-      for (let t0 = 0; t0 < queryLen; t0 += ATTENTION_BLOCK) {
-        attendBlock(gemm, fastExp, q.subarray(t0 * qStride + h * headDim), k.subarray(kvh * headDim), v.subarray(kvh * headDim), valuesT,
-          out.subarray(t0 * qStride + h * headDim), positions.subarray(t0, Math.min(queryLen, t0 + ATTENTION_BLOCK)), headDim, qStride,
-          kvStride, keyLen, p.subarray(t0 * keyLen));
+    for (let t0 = 0; t0 < queryLen; t0 += blockRows) {
+      const rows = Math.min(blockRows, queryLen - t0), blockKeys = offset + t0 + rows;
+      const scores = attendGroup(gemm, fast, scratch, q.subarray(t0 * qStride), out.subarray(t0 * qStride), qStride, kvh * group, group,
+        positions.subarray(t0, t0 + rows), headDim, k.subarray(kvh * headDim), v.subarray(kvh * headDim), valuesT, kvStride, keyLen);
+      for (let g = 0; g < group; g++) {
+        for (let r = 0; r < rows; r++) {
+          const from = (g * rows + r) * keyLen;
+          probs.set(scores.subarray(from, from + blockKeys), ((kvh * group + g) * queryLen + t0 + r) * keyLen);
+        }
       }
     }
   }
 }
 
+/** Query rows, and keys, per block of the fast path's backward products. */
+const BACKWARD_BLOCK = 128;
+
 /**
  * Backward of segmentAttention; dq, dk, dv accumulate. Query heads sharing a kv head add into its gradient.
  * With P the softmax: dP = dout·vᵀ, dS = P ∘ (dP − Σ_s P dP)/√d, then dq += dS·k, dk += dSᵀ·q, dv += Pᵀ·dout, each
- * a tiled matmul over the blocks the causal mask leaves (key block s sees only queries t ≥ s − offset).
+ * a tiled matmul over the blocks the causal mask leaves (key block s sees only queries t ≥ s − offset). The fast
+ * path (with `fast`, beside a system BLAS) takes dS a block of rows at a time in WebAssembly and reads dSᵀ and Pᵀ
+ * through the BLAS's transposed operands; the reference transposes them in JavaScript, a product per head and block
+ * of ATTENTION_BLOCK, so that its float64 sums keep their order.
  */
 function segmentAttentionBackward(
-  gemm: Gemm, dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array, probs: Float32Array,
+  gemm: Gemm, fast: WasmElementwise | null, dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array, probs: Float32Array,
   q: Float32Array, k: Float32Array, v: Float32Array,
   queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
@@ -114,27 +186,36 @@ function segmentAttentionBackward(
   const qStride = heads * headDim;
   const kvStride = kvHeads * headDim;
   const offset = keyLen - queryLen;
+  const queryBlock = fast ? BACKWARD_BLOCK : ATTENTION_BLOCK;
   const keysT = new Float32Array(headDim * keyLen);
   const dScores = new Float32Array(queryLen * keyLen);
-  const scoresT = new Float32Array(keyLen * queryLen); // Pᵀ or dSᵀ, zero where the mask hides a key
-  const rowsT = new Float32Array(headDim * queryLen); // q or dout of one head, transposed
+  const scoresT = new Float32Array(fast ? 0 : keyLen * queryLen); // Pᵀ or dSᵀ, zero where the mask hides a key
+  const rowsT = new Float32Array(fast ? 0 : headDim * queryLen); // q or dout of one head, transposed
   for (let kvh = 0; kvh < kvHeads; kvh++) {
     transposeRows(k.subarray(kvh * headDim), keyLen, headDim, kvStride, keysT);
     for (let h = kvh * group; h < (kvh + 1) * group; h++) {
       const p = probs.subarray(h * queryLen * keyLen, (h + 1) * queryLen * keyLen);
-      for (let t0 = 0; t0 < queryLen; t0 += ATTENTION_BLOCK) {
-        const rows = Math.min(ATTENTION_BLOCK, queryLen - t0), keys = offset + t0 + rows;
+      // Keys past a row's block are never written below: zero, as the key-block products read them.
+      if (fast) dScores.fill(0);
+      for (let t0 = 0; t0 < queryLen; t0 += queryBlock) {
+        const rows = Math.min(queryBlock, queryLen - t0), keys = offset + t0 + rows;
         gemm.nt(dout.subarray(t0 * qStride + h * headDim), v.subarray(kvh * headDim), rows, headDim, keys, dScores.subarray(t0 * keyLen),
           { xStride: qStride, wStride: kvStride, outStride: keyLen });
-        for (let t = t0; t < t0 + rows; t++) {
-          const at = t * keyLen, last = offset + t;
-          let weighted = 0;
-          for (let s = 0; s <= last; s++) weighted += p[at + s] * dScores[at + s];
-          for (let s = 0; s <= last; s++) dScores[at + s] = p[at + s] * (dScores[at + s] - weighted) * scale;
-          dScores.fill(0, at + last + 1, at + keys);
-        }
+        if (fast) fast.softmaxBackwardRows(p, dScores, t0 * keyLen, keyLen, Int32Array.from({ length: rows }, (_, r) => offset + t0 + r), keys, scale);
+        else for (let t = t0; t < t0 + rows; t++) causalSoftmaxBackward(p, dScores, t * keyLen, offset + t, keys, scale);
         gemm.nt(dScores.subarray(t0 * keyLen), keysT, rows, keys, headDim, dq.subarray(t0 * qStride + h * headDim),
           { accumulate: true, xStride: keyLen, wStride: keyLen, outStride: qStride });
+      }
+      if (fast) {
+        for (let s0 = 0; s0 < keyLen; s0 += BACKWARD_BLOCK) {
+          const keys = Math.min(BACKWARD_BLOCK, keyLen - s0), first = Math.max(0, s0 - offset);
+          const strides = { aStride: keyLen, bStride: qStride, outStride: kvStride };
+          gemm.tnAccumulate(dk.subarray(s0 * kvStride + kvh * headDim), dScores.subarray(first * keyLen + s0), q.subarray(first * qStride + h * headDim),
+            queryLen - first, keys, headDim, strides);
+          gemm.tnAccumulate(dv.subarray(s0 * kvStride + kvh * headDim), p.subarray(first * keyLen + s0), dout.subarray(first * qStride + h * headDim),
+            queryLen - first, keys, headDim, strides);
+        }
+        continue;
       }
       transposeCausal(dScores, queryLen, keyLen, scoresT);
       transposeRows(q.subarray(h * headDim), queryLen, headDim, qStride, rowsT);
@@ -202,7 +283,7 @@ function keyLength(segment: PackedSegment): number {
  * segment [heads, length, keys], segments one after another. q, out: [rows, heads·hd]; k, v: [rows, kvHeads·hd].
  */
 export function packedAttention(
-  gemm: Gemm, fastExp: WasmElementwise | null, q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number, kvHeads: number, headDim: number,
+  gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number, kvHeads: number, headDim: number,
   out: Float32Array,
 ): Float32Array {
   const probs = new Float32Array(segments.reduce((total, s) => total + heads * s.length * keyLength(s), 0));
@@ -212,7 +293,7 @@ export function packedAttention(
     const { start, length } = segment;
     const keyLen = keyLength(segment);
     const segmentProbs = probs.subarray(offset, offset + heads * length * keyLen);
-    segmentAttention(gemm, fastExp, out.subarray(start * qWidth, (start + length) * qWidth), segmentProbs, q.subarray(start * qWidth, (start + length) * qWidth),
+    segmentAttention(gemm, fast, out.subarray(start * qWidth, (start + length) * qWidth), segmentProbs, q.subarray(start * qWidth, (start + length) * qWidth),
       segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
     offset += segmentProbs.length;
   }
@@ -221,7 +302,7 @@ export function packedAttention(
 
 /** Backward of packedAttention from its saved probabilities; dq, dk, dv accumulate. */
 export function packedAttentionBackward(
-  gemm: Gemm, q: Float32Array, k: Float32Array, v: Float32Array, probs: Float32Array, segments: readonly PackedSegment[], heads: number,
+  gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, k: Float32Array, v: Float32Array, probs: Float32Array, segments: readonly PackedSegment[], heads: number,
   kvHeads: number, headDim: number, dOut: Float32Array, dq: Float32Array, dk: Float32Array, dv: Float32Array,
 ): void {
   const qWidth = heads * headDim, kvWidth = kvHeads * headDim;
@@ -233,7 +314,7 @@ export function packedAttentionBackward(
     const dKeys = new Float32Array(keyLen * kvWidth);
     const dValues = new Float32Array(keyLen * kvWidth);
     const size = heads * length * keyLen;
-    segmentAttentionBackward(gemm, rowsOf(dq), dKeys, dValues, rowsOf(dOut), probs.subarray(offset, offset + size), rowsOf(q),
+    segmentAttentionBackward(gemm, fast, rowsOf(dq), dKeys, dValues, rowsOf(dOut), probs.subarray(offset, offset + size), rowsOf(q),
       segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
     scatterKeyGradients(dk, dKeys, segment, kvWidth);
     scatterKeyGradients(dv, dValues, segment, kvWidth);

@@ -12,9 +12,9 @@ import {
   type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkTokenIds, shapeSize,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
-import { ATTENTION_BLOCK, attendBlock, packedAttention, packedAttentionBackward } from "./attention.ts";
+import { attendBlock, attendGroup, GroupScratch, groupBlockRows, packedAttention, packedAttentionBackward } from "./attention.ts";
 import {
-  adamwUpdate, embeddingRowsBackward, linearRowsBackward, logSoftmaxRow, loraRows, loraRowsBackward, ropeRows, rmsNormRows,
+  adamwUpdate, embeddingRowsBackward, linearRowsBackward, logSoftmaxRow, loraRows, loraRowsBackward, ropeRows, ropeTable, rmsNormRows,
   rmsNormRowsBackward, sumOfSquares, swigluRows, swigluRowsBackward,
 } from "./kernels.ts";
 import { chunkedLogprobs, chunkedLogprobsBackward } from "./logprobs.ts";
@@ -120,7 +120,11 @@ export interface CpuBackendOptions {
 export class CpuBackend implements Backend {
   readonly name = "cpu" as const;
   readonly fullParameterTraining = true;
-  readonly logitChunks: ChunkSizes = { rowChunk: 16, vocabChunk: 4096 };
+  /**
+   * Rows of 128 keep the BLAS's LM-head products large; the portable products keep 16, the committed models' bits
+   * (a chunk's rows are one product, whose sums over rows depend on how many it holds).
+   */
+  readonly logitChunks: ChunkSizes;
   /** The matrix products' provider, and why it was chosen (for logs and bench reports). */
   readonly gemm: Gemm;
   readonly gemmReason: string;
@@ -129,12 +133,15 @@ export class CpuBackend implements Backend {
   /** The exponentials of SwiGLU, attention's softmax and the target logprobs, vectorised, with the system BLAS only
    * (the portable products keep the reference's bits). */
   readonly #elementwise: WasmElementwise | null;
-  // Attention scratch, grown as needed and reused across calls.
+  // Attention scratch (a decoding row's scores, one head's values transposed, a stacked block), grown as needed.
   #scores = new Float32Array(0);
   #valuesT = new Float32Array(0);
+  #group = new GroupScratch();
+  #lastRope: { positions: Int32Array; invFreq: Float32Array; frequencies: Float32Array; sign: 1 | -1; table: Float32Array } | null = null;
 
   constructor(options: CpuBackendOptions = {}) {
     ({ gemm: this.gemm, reason: this.gemmReason } = chooseGemm(options.blas, options.threads));
+    this.logitChunks = { rowChunk: this.gemm.library === null ? 16 : 128, vocabChunk: 4096 };
     this.#kernel = this.gemm.library === null ? WasmMatmul.create() : null;
     this.#elementwise = this.gemm.library === null ? null : WasmElementwise.create();
   }
@@ -197,10 +204,17 @@ export class CpuBackend implements Backend {
     expectSize("rmsNorm out", o, xs.size);
     expectMultiple("rmsNorm input", xs, w.size);
     if (rstd) expectSize("rmsNorm rstd", rstd, xs.size / w.size);
-    rmsNormRows(xs.data, w.data, eps, o.data, rstd ? cpu(rstd).data : null);
+    const inverses = rstd ? cpu(rstd).data : null;
+    if (!this.#elementwise?.rmsNorm(xs.data, w.data, eps, o.data, inverses)) rmsNormRows(xs.data, w.data, eps, o.data, inverses);
   }
 
   addRmsNorm(a: Tensor, b: Tensor, sum: Tensor, weight: Tensor, eps: number, out: Tensor, rstd: Tensor | null = null): void {
+    const w = cpu(weight);
+    for (const [name, tensor] of [["b", b], ["sum", sum], ["out", out]] as const) expectSize(`addRmsNorm ${name}`, tensor, a.size);
+    expectMultiple("addRmsNorm input", a, w.size);
+    if (rstd) expectSize("addRmsNorm rstd", rstd, a.size / w.size);
+    const addend = { values: cpu(b).data, sum: cpu(sum).data };
+    if (this.#elementwise?.rmsNorm(cpu(a).data, w.data, eps, cpu(out).data, rstd ? cpu(rstd).data : null, addend)) return;
     this.add(a, b, sum);
     this.rmsNorm(sum, weight, eps, out, rstd);
   }
@@ -215,9 +229,9 @@ export class CpuBackend implements Backend {
       this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, o.data);
     }
     if (bias) {
-      const b = cpu(bias).data;
       expectSize("linear bias", bias, outFeatures);
-      for (let i = 0; i < n; i++) for (let j = 0; j < outFeatures; j++) o.data[i * outFeatures + j] += b[j];
+      const b = cpu(bias).data, out = o.data;
+      for (let i = 0; i < n; i++) for (let j = 0; j < outFeatures; j++) out[i * outFeatures + j] += b[j];
     }
     if (lora) {
       const a = cpu(lora.a), b = cpu(lora.b);
@@ -286,8 +300,9 @@ export class CpuBackend implements Backend {
   /**
    * Writes each row's keys and values to its slot at its position, then causal attention of every row over its
    * slot's positions 0..position: out = softmax(q·kᵀ/√headDim)·v per query head, heads of a GQA group sharing one KV
-   * head. Computed per run of consecutive rows of one slot, per head, in blocks of query rows (attendBlock), so the
-   * products are tiled matmuls rather than one dot product per row and key.
+   * head. Computed per run of consecutive rows of one slot, in blocks of query rows (attendBlock), so the products
+   * are tiled matmuls rather than one dot product per row and key: a decoding row per head, a prompt's block per
+   * GQA group with its heads' rows stacked.
    */
   attention(q: Tensor, k: Tensor, v: Tensor, cache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void {
     const kv = cpuKvCache(cache);
@@ -305,9 +320,11 @@ export class CpuBackend implements Backend {
       if (!(slot >= 0 && slot < numSlots && position >= 0 && position < maxPositions)) {
         throw new ArtError("kv_cache_range", `row ${i} names slot ${slot} position ${position}; the KV cache has ${numSlots} slots of ${maxPositions} positions`);
       }
-      const at = (slot * maxPositions + position) * kvWidth;
-      keys.set(ks.subarray(i * kvWidth, (i + 1) * kvWidth), at);
-      values.set(vs.subarray(i * kvWidth, (i + 1) * kvWidth), at);
+      const at = (slot * maxPositions + position) * kvWidth, from = i * kvWidth;
+      for (let j = 0; j < kvWidth; j++) {
+        keys[at + j] = ks[from + j];
+        values[at + j] = vs[from + j];
+      }
     }
     const qStride = numHeads * headDim;
     for (let start = 0; start < n;) {
@@ -317,28 +334,40 @@ export class CpuBackend implements Backend {
       while (end < n && rows.slots[end] === slot) end++;
       let runKeys = 0;
       for (let r = start; r < end; r++) runKeys = Math.max(runKeys, rows.positions[r] + 1);
-      const transposeValues = end - start > 1;
-      this.#attentionScratch(Math.min(ATTENTION_BLOCK, end - start) * runKeys, transposeValues ? headDim * runKeys : 0);
       const slotKeys = keys.subarray(slot * maxPositions * kvWidth), slotValues = values.subarray(slot * maxPositions * kvWidth);
+      if (end - start === 1) {
+        // A decoding row: per head, its scores and then p·v straight from the cache (no transpose for one row).
+        const scores = this.#decodeScores(runKeys);
+        for (let h = 0; h < numHeads; h++) {
+          const kvHead = Math.floor(h / groupSize);
+          attendBlock(this.gemm, this.#elementwise, qs.subarray(start * qStride + h * headDim), slotKeys.subarray(kvHead * headDim),
+            slotValues.subarray(kvHead * headDim), null, o.subarray(start * qStride + h * headDim), rows.positions.subarray(start, end),
+            headDim, qStride, kvWidth, runKeys, scores);
+        }
+        start = end;
+        continue;
+      }
+      // A prompt: per KV head and block of query rows, every query head of its group in one stacked block.
+      const blockRows = groupBlockRows(groupSize);
+      if (this.#valuesT.length < headDim * runKeys) this.#valuesT = new Float32Array(headDim * runKeys);
       for (let kvHead = 0; kvHead < numKvHeads; kvHead++) {
-        const headKeys = slotKeys.subarray(kvHead * headDim), headValues = slotValues.subarray(kvHead * headDim);
-        if (transposeValues) transposeRows(headValues, runKeys, headDim, kvWidth, this.#valuesT);
-        for (let h = kvHead * groupSize; h < (kvHead + 1) * groupSize; h++) {
-          for (let b0 = start; b0 < end; b0 += ATTENTION_BLOCK) {
-            attendBlock(this.gemm, this.#elementwise, qs.subarray(b0 * qStride + h * headDim), headKeys, headValues, transposeValues ? this.#valuesT : null,
-              o.subarray(b0 * qStride + h * headDim), rows.positions.subarray(b0, Math.min(end, b0 + ATTENTION_BLOCK)), headDim, qStride,
-              kvWidth, runKeys, this.#scores);
-          }
+        transposeRows(slotValues.subarray(kvHead * headDim), runKeys, headDim, kvWidth, this.#valuesT);
+        for (let b0 = start; b0 < end; b0 += blockRows) {
+          const b1 = Math.min(end, b0 + blockRows);
+          attendGroup(this.gemm, this.#elementwise, this.#group, qs.subarray(b0 * qStride), o.subarray(b0 * qStride), qStride, kvHead * groupSize,
+            groupSize, rows.positions.subarray(b0, b1), headDim, slotKeys.subarray(kvHead * headDim), slotValues.subarray(kvHead * headDim),
+            this.#valuesT, kvWidth, runKeys);
         }
       }
       start = end;
     }
   }
 
-  /** Grows the attention scratch (scores of one block; one head's values transposed). */
-  #attentionScratch(scores: number, valuesT: number): void {
-    if (this.#scores.length < scores) this.#scores = new Float32Array(scores);
-    if (this.#valuesT.length < valuesT) this.#valuesT = new Float32Array(valuesT);
+  /** Room for a decoding row's scores: in the fast path's memory, where its softmax works in place. */
+  #decodeScores(count: number): Float32Array {
+    if (this.#elementwise) return this.#elementwise.scratchView(count);
+    if (this.#scores.length < count) this.#scores = new Float32Array(count);
+    return this.#scores;
   }
 
   copyKvSlot(cache: KvCache, from: number, to: number, numPositions: number): void {
@@ -359,7 +388,8 @@ export class CpuBackend implements Backend {
 
   sample(logits: Tensor, params: SamplingParams): SampleResult {
     const l = cpu(logits);
-    return sampleRows(l.data, l.cols, params);
+    const fast = this.#elementwise;
+    return fast ? sampleRows(l.data, l.cols, params, (row) => fast.logSumExp(row)) : sampleRows(l.data, l.cols, params);
   }
 
   // ---- training: packed attention, backward ops, target logprobs, optimiser -------------------------------------
@@ -377,7 +407,7 @@ export class CpuBackend implements Backend {
   packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, _out: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
     dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor): void {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
-    packedAttentionBackward(this.gemm, cpu(q).data, cpu(k).data, cpu(v).data, cpu(saved).data, segments, heads, kvHeads, headDim,
+    packedAttentionBackward(this.gemm, this.#elementwise, cpu(q).data, cpu(k).data, cpu(v).data, cpu(saved).data, segments, heads, kvHeads, headDim,
       cpu(dOut).data, cpu(dq).data, cpu(dk).data, cpu(dv).data);
   }
 
@@ -414,11 +444,11 @@ export class CpuBackend implements Backend {
   }
 
   gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void {
-    const d = cpu(dx), g = cpu(dOut).data;
+    const d = cpu(dx), g = cpu(dOut).data, out = d.data;
     const width = d.cols;
     checkRowIndex(rowIndex, d.rows);
     rowIndex.forEach((row, i) => {
-      for (let j = 0; j < width; j++) d.data[row * width + j] += g[i * width + j];
+      for (let j = 0; j < width; j++) out[row * width + j] += g[i * width + j];
     });
   }
 
@@ -447,7 +477,22 @@ export class CpuBackend implements Backend {
     const xs = cpu(x);
     expectSize("rope inverse frequencies", invFreq, headDim / 2);
     expectMultiple("rope input", xs, positions.length * headDim);
-    ropeRows(xs.data, xs.size / positions.length, positions, cpu(invFreq).data, headDim, sign);
+    const table = this.#ropeTable(positions, cpu(invFreq).data, sign), rowWidth = xs.size / positions.length;
+    if (!this.#elementwise?.rope(xs.data, rowWidth, table, headDim / 2)) ropeRows(xs.data, rowWidth, table, headDim);
+  }
+
+  /**
+   * RoPE's angles for these positions, kept from the last call: every layer rotates q and k at the same positions,
+   * and the cos and sin of each are most of RoPE's cost.
+   */
+  #ropeTable(positions: Int32Array, invFreq: Float32Array, sign: 1 | -1): Float32Array {
+    const last = this.#lastRope;
+    const same = last !== null && last.invFreq === invFreq && last.sign === sign && last.positions.length === positions.length &&
+      last.positions.every((p, i) => p === positions[i]) && last.frequencies.every((f, i) => f === invFreq[i]);
+    if (same) return last.table;
+    const table = ropeTable(positions, invFreq, sign);
+    this.#lastRope = { positions: positions.slice(), invFreq, frequencies: invFreq.slice(), sign, table };
+    return table;
   }
 }
 

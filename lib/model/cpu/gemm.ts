@@ -14,7 +14,7 @@
 import * as os from "node:os";
 import { ArtError } from "../../core/errors.ts";
 import { type NativeFunction, type NativeSignature, openLibrary } from "../../core/ffi.ts";
-import { matmulNNAccumulate, matmulNT, matmulTNAccumulate, type MatmulOptions, weightedRowSum } from "./matmul.ts";
+import { matmulNNAccumulate, matmulNT, matmulTNAccumulate, type MatmulOptions, type TNStrides, weightedRowSum } from "./matmul.ts";
 
 export interface Gemm {
   /** Who computes: "portable (JavaScript)" or e.g. "system BLAS libopenblas.so.0, 2 threads". */
@@ -26,8 +26,8 @@ export interface Gemm {
   nt(x: Float32Array, w: Float32Array, n: number, k: number, m: number, out: Float32Array, options?: MatmulOptions): void;
   /** out[n, m] += a[n, k] · b[k, m] */
   nnAccumulate(out: Float32Array, a: Float32Array, b: Float32Array, n: number, k: number, m: number): void;
-  /** out[m, k] += a[n, m]ᵀ · b[n, k] */
-  tnAccumulate(out: Float32Array, a: Float32Array, b: Float32Array, n: number, m: number, k: number): void;
+  /** out[m, k] += a[n, m]ᵀ · b[n, k] (rows `strides` apart; packed by default) */
+  tnAccumulate(out: Float32Array, a: Float32Array, b: Float32Array, n: number, m: number, k: number, strides?: TNStrides): void;
   /** out[j] = Σ_t weights[t] · rows[t · stride + j], t < count, j < width (a decoding row's p·v) */
   weightedRowSum(weights: Float32Array, rows: Float32Array, count: number, width: number, stride: number, out: Float32Array): void;
 }
@@ -52,6 +52,8 @@ export interface GemmChoice {
 
 /** Up to this many rows, `x Wᵀ` is one matrix-vector product per row. */
 const GEMV_ROWS = 4;
+/** Rows of W per pass of those products: every row of x takes its product over one slice of W while it is in cache. */
+const GEMV_CHUNK_BYTES = 256 << 10;
 
 // CBLAS's enum values (cblas.h).
 const ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112;
@@ -138,9 +140,12 @@ export function systemGemm(path: string, threads: number): Gemm {
         // Decoding: a product per row reads W straight from memory, where a GEMM first copies it into packed panels
         // (measured on the 20M model's layers: 1.5× faster at 1 row, 1.15× at 4, slower from 8).
         checkOperand("A", x, n, k, xStride);
-        for (let i = 0; i < n; i++) {
-          matrixVector(sgemv, columnEnd - columnStart, k, alpha, w.subarray(columnStart * wStride), wStride, x.subarray(i * xStride),
-            accumulate, out.subarray(i * outStride + columnStart));
+        const chunk = n > 1 ? Math.max(1, Math.floor(GEMV_CHUNK_BYTES / (4 * wStride))) : columnEnd - columnStart;
+        for (let c0 = columnStart; c0 < columnEnd; c0 += chunk) {
+          const c1 = Math.min(columnEnd, c0 + chunk);
+          for (let i = 0; i < n; i++) {
+            matrixVector(sgemv, c1 - c0, k, alpha, w.subarray(c0 * wStride), wStride, x.subarray(i * xStride), accumulate, out.subarray(i * outStride + c0));
+          }
         }
         return;
       }
@@ -150,8 +155,9 @@ export function systemGemm(path: string, threads: number): Gemm {
     nnAccumulate(out, a, b, n, k, m) {
       product(sgemm, NO_TRANS, NO_TRANS, n, m, k, 1, a, k, b, m, true, out, m);
     },
-    tnAccumulate(out, a, b, n, m, k) {
-      product(sgemm, TRANS, NO_TRANS, m, k, n, 1, a, m, b, k, true, out, k);
+    tnAccumulate(out, a, b, n, m, k, strides = {}) {
+      const { aStride = m, bStride = k, outStride = k } = strides;
+      product(sgemm, TRANS, NO_TRANS, m, k, n, 1, a, aStride, b, bStride, true, out, outStride);
     },
     weightedRowSum(weights, rows, count, width, stride, out) {
       checkOperand("x", weights, 1, count, count);

@@ -41,26 +41,32 @@ export function rmsNormRowsBackward(
 }
 
 /**
- * Rotate-half RoPE in place: pairs (j, j + headDim/2) of every head rotate by sign · positions[row] · invFreq[j], the
- * angle rounded to f32 as Hugging Face's f32 rotary table is. sign −1 is the backward (a rotation's transpose is its
- * inverse).
+ * RoPE's angles per row: cos of positions[row] · invFreq[j] then sign · its sin, `half` of each, the angle rounded
+ * to f32 as Hugging Face's f32 rotary table is. sign −1 is the backward (a rotation's transpose is its inverse).
  */
-export function ropeRows(x: Float32Array, rowWidth: number, positions: Int32Array, invFreq: Float32Array, headDim: number, sign: 1 | -1 = 1): void {
-  const half = headDim / 2;
-  const cos = new Float32Array(half);
-  const sin = new Float32Array(half);
+export function ropeTable(positions: Int32Array, invFreq: Float32Array, sign: 1 | -1): Float32Array {
+  const half = invFreq.length;
+  const table = new Float32Array(positions.length * 2 * half);
   for (let row = 0; row < positions.length; row++) {
-    const position = positions[row];
     for (let j = 0; j < half; j++) {
-      const angle = Math.fround(position * invFreq[j]);
-      cos[j] = Math.cos(angle);
-      sin[j] = sign * Math.sin(angle);
+      const angle = Math.fround(positions[row] * invFreq[j]);
+      table[row * 2 * half + j] = Math.cos(angle);
+      table[row * 2 * half + half + j] = sign * Math.sin(angle);
     }
+  }
+  return table;
+}
+
+/** Rotate-half RoPE in place: pairs (j, j + half) of every head of each row rotate by the row's angles (ropeTable). */
+export function ropeRows(x: Float32Array, rowWidth: number, table: Float32Array, headDim: number): void {
+  const half = headDim / 2;
+  for (let row = 0; row < x.length / rowWidth; row++) {
+    const cos = row * 2 * half, sin = cos + half;
     for (let head = row * rowWidth; head < (row + 1) * rowWidth; head += headDim) {
       for (let j = 0; j < half; j++) {
         const a = x[head + j], b = x[head + half + j];
-        x[head + j] = a * cos[j] - b * sin[j];
-        x[head + half + j] = b * cos[j] + a * sin[j];
+        x[head + j] = a * table[cos + j] - b * table[sin + j];
+        x[head + half + j] = b * table[cos + j] + a * table[sin + j];
       }
     }
   }

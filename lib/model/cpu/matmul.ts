@@ -168,11 +168,20 @@ export function matmulNNAccumulate(out: Float32Array, a: Float32Array, b: Float3
   }
 }
 
+/** Row distances of the operands of matmulTNAccumulate (BLAS's leading dimensions); defaults m, k and k: packed. */
+export interface TNStrides {
+  aStride?: number;
+  bStride?: number;
+  outStride?: number;
+}
+
 /**
  * out[m, k] += a[n, m]ᵀ · b[n, k]  (both row-major, reduced over rows n). The weight gradient dW = doutᵀ · x has
- * this form. Same 4 × 4 register tile, the reduction running down the rows of both operands.
+ * this form, and attention's key gradients (a block of dSᵀ · q). Same 4 × 4 register tile, the reduction running
+ * down the rows of both operands.
  */
-export function matmulTNAccumulate(out: Float32Array, a: Float32Array, b: Float32Array, n: number, m: number, k: number): void {
+export function matmulTNAccumulate(out: Float32Array, a: Float32Array, b: Float32Array, n: number, m: number, k: number, strides: TNStrides = {}): void {
+  const { aStride = m, bStride = k, outStride = k } = strides;
   let i = 0;
   for (; i + 3 < m; i += 4) {
     let j = 0;
@@ -180,7 +189,7 @@ export function matmulTNAccumulate(out: Float32Array, a: Float32Array, b: Float3
       let s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
       let s20 = 0, s21 = 0, s22 = 0, s23 = 0, s30 = 0, s31 = 0, s32 = 0, s33 = 0;
       for (let r = 0; r < n; r++) {
-        const aOff = r * m + i, bOff = r * k + j;
+        const aOff = r * aStride + i, bOff = r * bStride + j;
         const x0 = a[aOff], x1 = a[aOff + 1], x2 = a[aOff + 2], x3 = a[aOff + 3];
         const b0 = b[bOff], b1 = b[bOff + 1], b2 = b[bOff + 2], b3 = b[bOff + 3];
         s00 += x0 * b0; s01 += x0 * b1; s02 += x0 * b2; s03 += x0 * b3;
@@ -188,7 +197,7 @@ export function matmulTNAccumulate(out: Float32Array, a: Float32Array, b: Float3
         s20 += x2 * b0; s21 += x2 * b1; s22 += x2 * b2; s23 += x2 * b3;
         s30 += x3 * b0; s31 += x3 * b1; s32 += x3 * b2; s33 += x3 * b3;
       }
-      const o0 = i * k + j, o1 = o0 + k, o2 = o1 + k, o3 = o2 + k;
+      const o0 = i * outStride + j, o1 = o0 + outStride, o2 = o1 + outStride, o3 = o2 + outStride;
       out[o0] += s00; out[o0 + 1] += s01; out[o0 + 2] += s02; out[o0 + 3] += s03;
       out[o1] += s10; out[o1 + 1] += s11; out[o1 + 2] += s12; out[o1 + 3] += s13;
       out[o2] += s20; out[o2 + 1] += s21; out[o2 + 2] += s22; out[o2 + 3] += s23;
@@ -197,17 +206,17 @@ export function matmulTNAccumulate(out: Float32Array, a: Float32Array, b: Float3
     for (; j < k; j++) {
       for (let c = i; c < i + 4; c++) {
         let sum = 0;
-        for (let r = 0; r < n; r++) sum += a[r * m + c] * b[r * k + j];
-        out[c * k + j] += sum;
+        for (let r = 0; r < n; r++) sum += a[r * aStride + c] * b[r * bStride + j];
+        out[c * outStride + j] += sum;
       }
     }
   }
   for (; i < m; i++) {
     for (let r = 0; r < n; r++) {
-      const g = a[r * m + i];
+      const g = a[r * aStride + i];
       if (g === 0) continue;
-      const bOff = r * k;
-      const oOff = i * k;
+      const bOff = r * bStride;
+      const oOff = i * outStride;
       for (let j = 0; j < k; j++) out[oOff + j] += g * b[bOff + j];
     }
   }

@@ -25,7 +25,11 @@
  */
 import { type SampleResult, type SamplingParams, allowedTokenWords, checkSamplingParams } from "../backend.ts";
 
-export function sampleRows(logits: Float32Array, vocab: number, params: SamplingParams): SampleResult {
+/**
+ * `logSumExp` computes the normaliser of the reported logprobs: the float64 reference here, or the backend's fast
+ * path (a few f32 ulps from it) beside a system BLAS.
+ */
+export function sampleRows(logits: Float32Array, vocab: number, params: SamplingParams, logSumExp: (row: Float32Array) => number = referenceLogSumExp): SampleResult {
   const rows = logits.length / vocab;
   checkSamplingParams("cpu backend", params, rows, vocab);
   const top = params.numTopLogprobs;
@@ -65,7 +69,8 @@ function maskedLogit(row: Float32Array, allowed: Uint32Array | null, id: number)
   return isAllowed(allowed, id) ? row[id] : -Infinity;
 }
 
-function logSumExp(row: Float32Array): number {
+/** ln Σ exp(row), each exponential Math.exp's in float64. */
+export function referenceLogSumExp(row: Float32Array): number {
   let max = -Infinity;
   for (let i = 0; i < row.length; i++) if (row[i] > max) max = row[i];
   let sum = 0;

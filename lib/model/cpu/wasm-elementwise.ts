@@ -1,10 +1,14 @@
 /**
- * SwiGLU, its backward and shifted exponentials on the WebAssembly SIMD kernels of elementwise.wat (assembled into
- * elementwise-wasm-bytes.ts by scripts/build-wasm.ts): the same formulas as kernels.ts `swigluRows` /
- * `swigluRowsBackward` and the target logprobs' softmax terms, with an f32 exponential four lanes at a time instead
- * of V8's Math.exp. The operands stream
- * through fixed scratch blocks of the module's memory, a chunk at a time, so it stays one 64 KiB page that lives in
- * cache. Results agree with the float64 formulas to a few f32 ulps (test/model/wasm-elementwise.test.ts).
+ * The CPU backend's fast path for everything that is not a matrix product: SwiGLU and its backward, exponentials,
+ * attention's softmax, RMSNorm (with the residual add before it) and RoPE on the WebAssembly SIMD kernels of
+ * elementwise.wat (assembled into elementwise-wasm-bytes.ts by scripts/build-wasm.ts). The formulas are kernels.ts'
+ * and attention.ts', with an f32 exponential four lanes at a time instead of V8's Math.exp and sums in a different
+ * order, so results agree with them to a few f32 ulps (test/model/wasm-elementwise.test.ts), not bit for bit: the
+ * backend uses this path only with a system BLAS, whose products already round differently.
+ *
+ * Operands are copied into the module's memory a chunk at a time and results copied out (a copy costs about a
+ * twentieth of the arithmetic); the memory grows to the widest row it is given. Attention's score blocks can instead
+ * live in the memory (`scratchView`), so the BLAS writes them and the softmax runs where they are.
  */
 import { elementwiseWasmBase64 } from "./elementwise-wasm-bytes.ts";
 
@@ -15,21 +19,29 @@ declare const WebAssembly: {
 };
 
 interface ElementwiseExports {
-  memory: { readonly buffer: ArrayBuffer };
-  swiglu(gate: number, up: number, out: number, vectors: number): void;
-  swiglu_backward(gate: number, up: number, dOut: number, dGate: number, dUp: number, vectors: number): void;
+  memory: { readonly buffer: ArrayBuffer; grow(pages: number): number };
   exp_shifted(x: number, out: number, vectors: number, shift: number): void;
+  sum_exp(x: number, vectors: number, shift: number): number;
+  swiglu(gate: number, up: number, out: number, sigma: number, complement: number, vectors: number): void;
+  swiglu_backward(gate: number, up: number, dOut: number, dGate: number, dUp: number, sigma: number, complement: number, vectors: number): void;
+  softmax_rows(scores: number, stride: number, rows: number, lasts: number, end: number, temp: number): void;
+  softmax_backward_rows(probs: number, grads: number, stride: number, rows: number, lasts: number, end: number, scale: number): void;
+  rms_norm(a: number, b: number, sum: number, weight: number, out: number, rstd: number, keep: number, rows: number, d: number, eps: number): void;
+  rope(x: number, table: number, rows: number, width: number, half: number): void;
 }
 
-/** Floats per operand per chunk: five operands of 8 KiB fill most of the one page. */
-const CHUNK = 2048;
+/** Floats per operand per call of the streaming kernels: seven operands of 16 KiB stay in a core's L2. */
+const CHUNK = 4096;
+/** Bytes below the operands: a 16-byte temporary, then the softmax's row lengths (up to HEADER_ROWS rows). */
+const HEADER_ROWS = 1020;
+const HEADER = 16 + 4 * HEADER_ROWS;
+const PAGE = 65536;
 
 let compiled: object | null | undefined;
 
 export class WasmElementwise {
   readonly #exports: ElementwiseExports;
-  /** Scratch blocks, one per operand slot, CHUNK floats each. */
-  readonly #slots: Float32Array[];
+  #floats: Float32Array;
 
   /** An instance, or null where the runtime has no WebAssembly SIMD. */
   static create(): WasmElementwise | null {
@@ -45,45 +57,166 @@ export class WasmElementwise {
 
   private constructor(exports: ElementwiseExports) {
     this.#exports = exports;
-    this.#slots = Array.from({ length: 5 }, (_, i) => new Float32Array(exports.memory.buffer, i * CHUNK * 4, CHUNK));
+    this.#floats = new Float32Array(exports.memory.buffer);
+  }
+
+  /** The memory as floats, holding at least `bytes` (growing it detaches earlier views, so this takes a fresh one). */
+  #memory(bytes: number): Float32Array {
+    const memory = this.#exports.memory;
+    if (memory.buffer.byteLength < bytes) memory.grow(Math.ceil((bytes - memory.buffer.byteLength) / PAGE));
+    if (this.#floats.buffer !== memory.buffer) this.#floats = new Float32Array(memory.buffer);
+    return this.#floats;
+  }
+
+  /**
+   * `floats` floats of the module's memory for a caller to fill (attention's scores: the BLAS writes them, then
+   * `softmaxRows` works in place). Valid until the next call of another method of this instance.
+   */
+  scratchView(floats: number): Float32Array {
+    return new Float32Array(this.#memory(HEADER + floats * 4).buffer, HEADER, floats);
+  }
+
+  /** Byte offsets of `count` operands of `floats` floats each, after the header, in memory that holds them. */
+  #layout(count: number, floats: number): number[] {
+    const stride = Math.ceil(floats / 4) * 16;
+    this.#memory(HEADER + count * stride);
+    return Array.from({ length: count }, (_, i) => HEADER + i * stride);
   }
 
   /** out = exp(x − shift) elementwise, for x − shift ≤ 88 (out may be x). */
   expShifted(x: Float32Array, shift: number, out: Float32Array): void {
-    const [input, output] = this.#slots;
+    const [input] = this.#layout(1, Math.min(CHUNK, x.length));
+    const heap = this.#floats;
     for (let start = 0; start < x.length; start += CHUNK) {
       const end = Math.min(x.length, start + CHUNK), count = end - start;
-      input.set(x.subarray(start, end));
-      this.#exports.exp_shifted(input.byteOffset, output.byteOffset, Math.ceil(count / 4), shift);
-      out.set(output.subarray(0, count), start);
+      heap.set(x.subarray(start, end), input / 4);
+      this.#exports.exp_shifted(input, input, Math.ceil(count / 4), shift);
+      out.set(heap.subarray(input / 4, input / 4 + count), start);
     }
+  }
+
+  /** ln Σ exp(row): the row's max, then its shifted exponentials summed in f64 (sample.ts referenceLogSumExp). */
+  logSumExp(row: Float32Array): number {
+    let max = -Infinity;
+    for (let i = 0; i < row.length; i++) if (row[i] > max) max = row[i];
+    const [input] = this.#layout(1, Math.min(CHUNK, row.length) + 4);
+    const heap = this.#floats;
+    let sum = 0;
+    for (let start = 0; start < row.length; start += CHUNK) {
+      const end = Math.min(row.length, start + CHUNK), count = end - start, vectors = Math.ceil(count / 4);
+      heap.set(row.subarray(start, end), input / 4);
+      heap.fill(-Infinity, input / 4 + count, input / 4 + vectors * 4);
+      sum += this.#exports.sum_exp(input, vectors, max);
+    }
+    return max + Math.log(sum);
   }
 
   /** out = silu(gate) · up, elementwise. */
   swiglu(gate: Float32Array, up: Float32Array, out: Float32Array): void {
-    const [g, u, o] = this.#slots;
+    const [g, u, o, sigma, complement] = this.#layout(5, Math.min(CHUNK, gate.length));
+    const heap = this.#floats;
     for (let start = 0; start < gate.length; start += CHUNK) {
       const end = Math.min(gate.length, start + CHUNK), count = end - start;
-      g.set(gate.subarray(start, end));
-      u.set(up.subarray(start, end));
-      this.#exports.swiglu(g.byteOffset, u.byteOffset, o.byteOffset, Math.ceil(count / 4));
-      out.set(o.subarray(0, count), start);
+      heap.set(gate.subarray(start, end), g / 4);
+      heap.set(up.subarray(start, end), u / 4);
+      this.#exports.swiglu(g, u, o, sigma, complement, Math.ceil(count / 4));
+      out.set(heap.subarray(o / 4, o / 4 + count), start);
     }
   }
 
   /** Backward of swiglu: dUp += dOut · silu(gate); dGate += dOut · up · silu'(gate). */
   swigluBackward(gate: Float32Array, up: Float32Array, dOut: Float32Array, dGate: Float32Array, dUp: Float32Array): void {
-    const [g, u, d, dg, du] = this.#slots;
+    const [g, u, d, dg, du, sigma, complement] = this.#layout(7, Math.min(CHUNK, gate.length));
+    const heap = this.#floats;
     for (let start = 0; start < gate.length; start += CHUNK) {
       const end = Math.min(gate.length, start + CHUNK), count = end - start;
-      g.set(gate.subarray(start, end));
-      u.set(up.subarray(start, end));
-      d.set(dOut.subarray(start, end));
-      dg.set(dGate.subarray(start, end));
-      du.set(dUp.subarray(start, end));
-      this.#exports.swiglu_backward(g.byteOffset, u.byteOffset, d.byteOffset, dg.byteOffset, du.byteOffset, Math.ceil(count / 4));
-      dGate.set(dg.subarray(0, count), start);
-      dUp.set(du.subarray(0, count), start);
+      heap.set(gate.subarray(start, end), g / 4);
+      heap.set(up.subarray(start, end), u / 4);
+      heap.set(dOut.subarray(start, end), d / 4);
+      heap.set(dGate.subarray(start, end), dg / 4);
+      heap.set(dUp.subarray(start, end), du / 4);
+      this.#exports.swiglu_backward(g, u, d, dg, du, sigma, complement, Math.ceil(count / 4));
+      dGate.set(heap.subarray(dg / 4, dg / 4 + count), start);
+      dUp.set(heap.subarray(du / 4, du / 4 + count), start);
     }
+  }
+
+  /**
+   * attention.ts causalSoftmax over a block: row r (at `at + r·stride` of `scores`) becomes the softmax of its keys
+   * 0..lasts[r], zero from there up to `end`. In place when `scores` is a `scratchView`, else through a copy.
+   */
+  softmaxRows(scores: Float32Array, at: number, stride: number, lasts: Int32Array, end: number): void {
+    const rows = lasts.length;
+    if (rows > HEADER_ROWS) throw new RangeError(`softmaxRows: ${rows} rows in one call; at most ${HEADER_ROWS}`);
+    const inPlace = scores.buffer === this.#exports.memory.buffer;
+    const block = inPlace ? scores.byteOffset + at * 4 : this.#layout(1, rows * end)[0];
+    const heap = this.#floats;
+    new Int32Array(heap.buffer, 16, rows).set(lasts);
+    if (!inPlace) for (let r = 0; r < rows; r++) heap.set(scores.subarray(at + r * stride, at + r * stride + end), block / 4 + r * end);
+    this.#exports.softmax_rows(block, inPlace ? stride : end, rows, 16, end, 0);
+    if (!inPlace) for (let r = 0; r < rows; r++) scores.set(heap.subarray(block / 4 + r * end, block / 4 + (r + 1) * end), at + r * stride);
+  }
+
+  /**
+   * attention.ts causalSoftmaxBackward over a block: row r of `grads` (dP at `at + r·stride`, with the probabilities P
+   * at the same place in `probs`) becomes dS = P·(dP − Σ P·dP)·scale over keys 0..lasts[r], zero from there up to `end`.
+   */
+  softmaxBackwardRows(probs: Float32Array, grads: Float32Array, at: number, stride: number, lasts: Int32Array, end: number, scale: number): void {
+    const rows = lasts.length;
+    if (rows > HEADER_ROWS) throw new RangeError(`softmaxBackwardRows: ${rows} rows in one call; at most ${HEADER_ROWS}`);
+    const [p, g] = this.#layout(2, rows * end);
+    const heap = this.#floats;
+    new Int32Array(heap.buffer, 16, rows).set(lasts);
+    for (let r = 0; r < rows; r++) {
+      heap.set(probs.subarray(at + r * stride, at + r * stride + end), p / 4 + r * end);
+      heap.set(grads.subarray(at + r * stride, at + r * stride + end), g / 4 + r * end);
+    }
+    this.#exports.softmax_backward_rows(p, g, end, rows, 16, end, scale);
+    for (let r = 0; r < rows; r++) grads.set(heap.subarray(g / 4 + r * end, g / 4 + (r + 1) * end), at + r * stride);
+  }
+
+  /**
+   * kernels.ts rmsNormRows over rows of weight.length (a multiple of 4; false otherwise, for the caller's reference
+   * path), keeping each row's 1/rms in `rstd`. With `addend`, the rows are `x + addend.values`, written to
+   * `addend.sum` first. `out` may be `x` or the sum.
+   */
+  rmsNorm(x: Float32Array, weight: Float32Array, eps: number, out: Float32Array, rstd: Float32Array | null,
+    addend: { values: Float32Array; sum: Float32Array } | null = null): boolean {
+    const d = weight.length;
+    if (d % 4 !== 0) return false;
+    const rowsPerChunk = Math.max(1, Math.floor(CHUNK / d)), rows = x.length / d;
+    const [w, a, b, sum, o, s] = this.#layout(6, rowsPerChunk * d);
+    const heap = this.#floats;
+    heap.set(weight, w / 4);
+    for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
+      const count = Math.min(rowsPerChunk, rows - r0), from = r0 * d, to = from + count * d;
+      heap.set(x.subarray(from, to), a / 4);
+      if (addend) heap.set(addend.values.subarray(from, to), b / 4);
+      this.#exports.rms_norm(a, addend ? b : 0, sum, w, o, s, rstd ? 1 : 0, count, d, eps);
+      if (addend) addend.sum.set(heap.subarray(sum / 4, sum / 4 + count * d), from);
+      out.set(heap.subarray(o / 4, o / 4 + count * d), from);
+      if (rstd) rstd.set(heap.subarray(s / 4, s / 4 + count), r0);
+    }
+    return true;
+  }
+
+  /**
+   * kernels.ts ropeRows with its angles already in `table` (ropeTable: per row, cos then sign·sin of half angles):
+   * x's rows of `rowWidth` rotate in place. False where half is not a multiple of 4 (the caller's reference path).
+   */
+  rope(x: Float32Array, rowWidth: number, table: Float32Array, half: number): boolean {
+    if (half % 4 !== 0) return false;
+    const rows = x.length / rowWidth;
+    const rowsPerChunk = Math.max(1, Math.floor(CHUNK / rowWidth));
+    const [values, angles] = this.#layout(2, Math.max(rowsPerChunk * rowWidth, rowsPerChunk * 2 * half));
+    const heap = this.#floats;
+    for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
+      const count = Math.min(rowsPerChunk, rows - r0);
+      heap.set(x.subarray(r0 * rowWidth, (r0 + count) * rowWidth), values / 4);
+      heap.set(table.subarray(r0 * 2 * half, (r0 + count) * 2 * half), angles / 4);
+      this.#exports.rope(values, angles, count, rowWidth, half);
+      x.set(heap.subarray(values / 4, values / 4 + count * rowWidth), r0 * rowWidth);
+    }
+    return true;
   }
 }
