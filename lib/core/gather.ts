@@ -6,7 +6,7 @@
 import { ArtError } from "./errors.ts";
 import { interruptScope, throwIfInterrupted } from "./interrupt.ts";
 import { defaultProgressReporter, type GatherProgressState, type ProgressReporter } from "./progress.ts";
-import { describeValue, errorMessage, isChoice, Trajectory, TrajectoryGroup, type RolloutException } from "./trajectory.ts";
+import { describeValue, errorMessage, sampledTokenCount, Trajectory, TrajectoryGroup, type RolloutException } from "./trajectory.ts";
 
 /** A rollout: a pending trajectory, or a function that starts one. */
 export type Rollout = Promise<Trajectory> | (() => Promise<Trajectory>);
@@ -74,14 +74,7 @@ function isGroupLike(source: GroupSource): source is TrajectoryGroup | Promise<T
 
 /** Completion tokens a trajectory sampled: each Choice's token_ids, else the length of its logprobs. */
 export function completionTokenCount(trajectory: Trajectory): number {
-  let count = 0;
-  const histories = [trajectory.messagesAndChoices, ...trajectory.additionalHistories.map((h) => h.messagesAndChoices)];
-  for (const items of histories) {
-    for (const item of items) {
-      if (isChoice(item)) count += item.token_ids?.length ?? item.logprobs?.content?.length ?? 0;
-    }
-  }
-  return count;
+  return trajectory.choices().reduce((count, choice) => count + (sampledTokenCount(choice) ?? 0), 0);
 }
 
 /** The bookkeeping of one gather: counts, running averages, the exception limit and the reporter. */

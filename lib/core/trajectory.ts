@@ -38,6 +38,11 @@ export function isChoice(item: MessageOrChoice): item is Choice {
   return typeof item === "object" && item !== null && "message" in item && "finish_reason" in item;
 }
 
+/** The tokens a Choice sampled: its token_ids, else its logprobs; undefined when it carries neither (an API's reply). */
+export function sampledTokenCount(choice: Choice): number | undefined {
+  return choice.token_ids?.length ?? choice.logprobs?.content?.length;
+}
+
 /** Turns a Choice back into the assistant message it stands for (tool calls included). */
 export function choiceToMessage(choice: Choice): ChatCompletionAssistantMessageParam {
   const { content, tool_calls, refusal } = choice.message;
@@ -86,11 +91,26 @@ export class Trajectory {
     this.endTime = undefined;
   }
 
-  /** Records the end of the rollout; its duration goes into metrics as `duration` (seconds). */
+  /**
+   * Records the end of the rollout and what it cost in metrics: `duration` (seconds), and from its sampled turns (every
+   * history's Choices) `turns`, `prompt_tokens` and `completion_tokens`. A count is left out when the Choices do not
+   * all carry its ids (an API's replies: set the tokens from the responses' `usage`), and kept when the rollout set it.
+   */
   finish(): this {
     this.endTime = Date.now();
     this.metrics.duration = (this.endTime - this.startTime) / 1000;
+    const choices = this.choices();
+    if (choices.length === 0) return this;
+    this.metrics.turns ??= choices.length;
+    const prompts = choices.map((c) => c.prompt_token_ids?.length), completions = choices.map(sampledTokenCount);
+    if (prompts.every((n) => n !== undefined)) this.metrics.prompt_tokens ??= prompts.reduce((a, b) => a + b, 0);
+    if (completions.every((n) => n !== undefined)) this.metrics.completion_tokens ??= completions.reduce((a, b) => a + b, 0);
     return this;
+  }
+
+  /** Every sampled turn, the main history's first, then each additional history's. */
+  choices(): Choice[] {
+    return [this.messagesAndChoices, ...this.additionalHistories.map((h) => h.messagesAndChoices)].flat().filter(isChoice);
   }
 
   /** The conversation as plain chat messages, sampled turns turned back into assistant messages. */

@@ -116,9 +116,18 @@ export interface RewardCurveOptions {
   /** The shaded band around each mean: min–max, or the 10th–90th percentile. Default "p10-p90". */
   band?: "minmax" | "p10-p90";
   title?: string;
+  /**
+   * Reference levels beside the curve, e.g. `{ "base model": games, heuristic: heuristicGames }`: each baseline's
+   * mean of each metric, a dashed line across the steps. Trajectories (or groups) give every metric they carry;
+   * plain numbers give the first metric's.
+   */
+  baselines?: Record<string, Series>;
 }
 
-/** Mean per step with a band, one line per metric; validation steps as markers. */
+/** Dash patterns of the baselines' lines, one per metric. */
+const BASELINE_DASHES = ["dash", "dot", "dashdot"];
+
+/** Mean per step with a band, one line per metric; validation steps as markers; baselines as dashed levels. */
 export function rewardCurve(history: readonly StepRecord[], options: RewardCurveOptions = {}): Plot {
   const metrics = options.metrics ?? ["reward"];
   const band = options.band ?? "p10-p90";
@@ -155,7 +164,24 @@ export function rewardCurve(history: readonly StepRecord[], options: RewardCurve
       lines.push(`${metric} (val): last ${formatNumber(means.at(-1)!)} at step ${val.at(-1)!.step}`);
     }
   });
-  const stepCount = new Set(history.map((r) => r.step)).size;
+  const steps = history.map((r) => r.step);
+  // Across the steps drawn (one step gets a step's width, so the line shows).
+  const [first, last] = steps.length === 0 ? [0, 1] : [Math.min(...steps), Math.max(Math.min(...steps) + 1, ...steps)];
+  Object.entries(options.baselines ?? {}).forEach(([name, series], index) => {
+    const color = PALETTE[(metrics.length + index) % PALETTE.length]!;
+    metrics.forEach((metric, m) => {
+      const numeric = series.every((x) => typeof x === "number");
+      if (numeric && m > 0) return;
+      const values = seriesValues(series, metric);
+      if (values.length === 0) return;
+      const level = mean(values);
+      const label = metrics.length === 1 ? `${name} (baseline)` : `${name}: ${metric} (baseline)`;
+      data.push({ type: "scatter", mode: "lines", x: [first, last], y: [level, level], name: label,
+        line: { color, width: 1.5, dash: BASELINE_DASHES[m % BASELINE_DASHES.length] } });
+      lines.push(`${label}: ${formatNumber(level)} ± ${formatNumber(standardError(values))} (n=${values.length})`);
+    });
+  });
+  const stepCount = new Set(steps).size;
   const summary = [`${title}: ${stepCount} step(s), band ${band}`, ...lines.map((l) => `  ${l}`)].join("\n");
   return new Plot(title, { data, layout: baseLayout(title, "step", metrics.length === 1 ? metrics[0]! : "value") }, summary);
 }

@@ -1,6 +1,7 @@
 /**
- * Static SVG of the plotly figures art-ts makes: scatter traces (lines, markers, `fill: "tonexty"` bands) on a
- * numeric x axis, and box traces (quartiles, 1.5 IQR whiskers, the mean, ±sd, every point) on a categorical one.
+ * Static SVG of the plotly figures art-ts makes: scatter traces (lines, dashed or not, markers, `fill: "tonexty"`
+ * bands) on a numeric x axis, and box traces (quartiles, 1.5 IQR whiskers, the mean, ±sd, every point) on a
+ * categorical one.
  *
  * Why not plotly.js in the page: it is 4.8 MB, so it can ride in one output at most, and a notebook whose plots
  * depend on one output's script loses them all when that cell is re-run, cleared, or the file is reopened, while
@@ -22,6 +23,9 @@ const FONT = "font-family:system-ui,-apple-system,sans-serif";
 const LEGEND_ROW = 20;
 /** Roughly how wide a character of 12px text is, to lay the legend out without measuring text. */
 const CHAR_WIDTH = 6.6;
+
+/** plotly's line dashes (reference levels such as baselines) as SVG dash arrays. */
+const DASH_ARRAYS = new Map([["dash", "6 4"], ["dot", "2 3"], ["dashdot", "6 3 2 3"]]);
 
 interface Box { left: number; top: number; width: number; height: number }
 type Point = [number, number];
@@ -144,7 +148,8 @@ export function figureSvg(figure: PlotlyFigure): string {
     const mode = text(trace.mode) || "lines";
     const line = record(trace.line);
     if (mode.includes("lines") && line.width !== 0 && points.length > 1) {
-      parts.push(`<polyline points="${path(points)}" fill="none" stroke="${colorOf(trace)}" stroke-width="${typeof line.width === "number" ? line.width : 2}" stroke-linejoin="round"/>`);
+      const dash = DASH_ARRAYS.get(text(line.dash));
+      parts.push(`<polyline points="${path(points)}" fill="none" stroke="${colorOf(trace)}" stroke-width="${typeof line.width === "number" ? line.width : 2}" stroke-linejoin="round"${dash ? ` stroke-dasharray="${dash}"` : ""}/>`);
     }
     if (mode.includes("markers")) {
       points.forEach((point, i) => parts.push(marker(trace, point, `${text(trace.name)}: ${formatNumber(ty[i]!)} at ${formatNumber(tx[i]!)}`)));

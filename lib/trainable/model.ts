@@ -39,6 +39,7 @@ import type { BatcherOptions } from "../serve/batcher.ts";
 import type { HttpServerHandle, HttpServerOptions } from "../serve/http.ts";
 import { ReplicaFleet, type PushResult, type Replica } from "../serve/fleet.ts";
 import { IN_PROCESS_BASE_URL, ModelServer } from "../serve/model-server.ts";
+import { checkMode, evaluateScenarios, type EvaluateOptions, type EvaluationMode, type ScenarioRollout } from "./evaluate.ts";
 import { alarms, stopDecision, type Alarm, type AlarmOptions, type StopDecision, type StoppingRule } from "./monitor.ts";
 import { appendHistory, readHistory, summarizeGroups, writeTrajectories, type HistoryRow } from "./store.ts";
 
@@ -113,6 +114,32 @@ export interface TrainResult extends StepResult {
   skippedTrajectories: number;
   /** the history row written for this call */
   metrics: HistoryRow;
+}
+
+/** What validate() runs, and when. */
+export interface ValidateOptions<S> extends EvaluateOptions {
+  /** Validate when the model's step is a multiple of this (step 0, the base model, included). */
+  every: number;
+  /** The held-out scenarios, the same at every validation so the values compare. */
+  scenarios: readonly S[];
+  /** Training's rollout, playing the model under training (`model.name`), told the mode to sample in. */
+  rollout: ScenarioRollout<S>;
+  /** Default "val". One mode per split: log the other under its own split, e.g. "val_greedy". */
+  split?: string;
+  /** After logging, delete checkpoints but the latest and the best by `{split}/reward` (deleteCheckpoints). */
+  keepBest?: boolean;
+}
+
+/** What validate() did when it was due. */
+export interface Validation {
+  /** the step evaluated: checkpoint `step` (0: the base model) */
+  step: number;
+  /** the history row it wrote */
+  row: HistoryRow;
+  /** one group per scenario, e.g. for stepRecord(step, groups, "val") */
+  groups: TrajectoryGroup[];
+  /** checkpoints deleted by keepBest */
+  deleted: number[];
 }
 
 /** A JSON value, as model state holds them. */
@@ -443,19 +470,89 @@ export class TrainableModel {
     return { step: this.currentStep, losses, warnings, metrics: row };
   }
 
-  /** Records evaluation trajectories (or groups) at the current step: trajectories/{split}/ and a history row. */
-  log(items: Trajectory[] | TrajectoryGroup[], options: { split?: string } = {}): HistoryRow {
+  /**
+   * Records evaluation trajectories (or groups) at the current step: trajectories/{split}/ and a history row. With
+   * `mode`, the row says how they sampled (`{split}/greedy`: 1 or 0), and a split keeps to one mode.
+   */
+  log(items: Trajectory[] | TrajectoryGroup[], options: { split?: string; mode?: EvaluationMode } = {}): HistoryRow {
     const split = checkName("split", options.split ?? "val");
+    return this.record(split, items, { step: this.currentStep, mode: options.mode, checkpoint: true });
+  }
+
+  /**
+   * Plays `scenarios` with `rollout` (`repeats` times each, concurrently; default once) and returns one group per
+   * scenario, for log(), logBaseline() or a plot. The rollout picks the policy: this model, its base model
+   * (`model.baseModel`), a prompted model behind any OpenAI-compatible endpoint, or a scripted player; it is told the
+   * `mode` ("sampled", the default, or "greedy": temperature 0) and samples accordingly.
+   */
+  evaluate<S>(scenarios: readonly S[], rollout: ScenarioRollout<S>, options: EvaluateOptions = {}): Promise<TrajectoryGroup[]> {
+    return evaluateScenarios(scenarios, rollout, options);
+  }
+
+  /**
+   * Records a baseline's evaluation (the base model, a prompted model behind an endpoint, a scripted player) beside
+   * the trained model's: trajectories/baseline/{name}/ and a history row of `baseline/{name}/*` metrics. Play it with
+   * evaluate() and the rollout validation uses, on the same scenarios, so the two compare.
+   */
+  logBaseline(name: string, items: Trajectory[] | TrajectoryGroup[], options: { mode?: EvaluationMode } = {}): HistoryRow {
+    checkName("baseline name", name);
+    // No training_step: a baseline is no checkpoint of this model, whatever step it was measured at.
+    return this.record(`baseline/${name}`, items, { step: this.currentStep, mode: options.mode, checkpoint: false });
+  }
+
+  /**
+   * Validation on a schedule, for a loop to call each step: when the step is a multiple of `every` (and this split has
+   * no row at it yet, so a resumed loop does not repeat one), plays `scenarios` with `rollout` in `mode`, logs them
+   * under `split` with the mode in the row, and with `keepBest` prunes checkpoints to the latest and the best by
+   * `{split}/reward`. Null when not due. After the loop, `every: 1` validates the last checkpoint.
+   */
+  async validate<S>(options: ValidateOptions<S>): Promise<Validation | null> {
+    this.checkOpen("validate()");
+    const { every } = options;
+    if (!Number.isInteger(every) || every < 1) {
+      throw new ArtError("bad_evaluation", `validate: every must be a whole number of steps, 1 or more (1 validates at every step); got ${JSON.stringify(every)}`);
+    }
+    const split = checkName("split", options.split ?? "val");
+    const mode = checkMode(options.mode ?? "sampled", "validate");
+    const step = this.currentStep;
+    if (step % every !== 0 || this.history().some((row) => row.step === step && typeof row[`${split}/reward`] === "number")) return null;
+    this.checkSingleMode(split, mode); // before the rollouts, not after
+    const groups = await evaluateScenarios(options.scenarios, options.rollout, {
+      mode, repeats: options.repeats, maxExceptions: options.maxExceptions, progress: options.progress,
+      description: options.description ?? `${split} at step ${step} (${mode})`,
+    });
+    const row = this.record(split, groups, { step, mode, checkpoint: true });
+    const deleted = options.keepBest ? this.deleteCheckpoints({ keepBestBy: `${split}/reward` }) : [];
+    return { step, row, groups, deleted };
+  }
+
+  /** Writes a split's trajectories and history row at `step`; `checkpoint`: the row evaluates checkpoint `step`. */
+  private record(split: string, items: Trajectory[] | TrajectoryGroup[], options: { step: number; mode?: EvaluationMode; checkpoint: boolean }): HistoryRow {
+    const { step, mode } = options;
+    if (mode !== undefined) this.checkSingleMode(split, checkMode(mode, "log"));
     const groups = items.map((item) => ("trajectories" in item ? item : { trajectories: [item], exceptions: [] }));
     const row: HistoryRow = {
-      step: this.currentStep,
+      step,
       recorded_at: new Date().toISOString(),
-      training_step: this.currentStep,
+      ...(options.checkpoint ? { training_step: step } : {}),
       ...summarizeGroups(split, groups),
+      ...(mode === undefined ? {} : { [`${split}/greedy`]: mode === "greedy" ? 1 : 0 }),
     };
-    writeTrajectories(this.dir, split, this.currentStep, groups);
+    writeTrajectories(this.dir, split, step, groups);
     appendHistory(this.dir, row);
     return row;
+  }
+
+  /** Refuses to mix modes in a split: its curve would move with the mode, not the model, and fool the alarms. */
+  private checkSingleMode(split: string, mode: EvaluationMode): void {
+    const flag = mode === "greedy" ? 1 : 0;
+    const other = this.history().find((row) => typeof row[`${split}/greedy`] === "number" && row[`${split}/greedy`] !== flag);
+    if (other) {
+      const otherMode = flag === 1 ? "sampled" : "greedy";
+      const baseline = split.startsWith("baseline/") ? split.slice("baseline/".length) : null;
+      const fix = baseline === null ? `under a split of their own, e.g. { split: "${split}_${mode}" }` : `as a baseline of their own, e.g. logBaseline("${baseline}-${mode}", ...)`;
+      throw new ArtError("mixed_evaluation_modes", `"${split}" holds ${otherMode} evaluations (step ${other.step} in ${path.join(this.dir, "history.jsonl")}); a ${mode} one beside them would show a change that is only the mode's. Log ${mode} evaluations ${fix}`);
+    }
   }
 
   /** Metrics rows of history.jsonl, oldest first. */

@@ -4,11 +4,14 @@
  * Stopping rules a loop asks each step (`stopDecision`): a target reached, a plateau (the best three-evaluation
  * average has not improved beyond the metric's noise for `patience` evaluations), both of two metrics on a plateau (validation first, train
  * reward second), or a budget spent (steps, seconds, trained tokens, money). Alarms (`alarms`): train reward rising
- * while validation falls, a sudden jump after a plateau (both classic signs of reward hacking), entropy collapse,
- * groups that carry no signal, failure rates rising. docs/stopping.md gives the numbers that trigger each.
+ * while validation falls, a sudden jump after a plateau, nearly every rollout newly at the top score without
+ * validation rising with it (all classic signs of reward hacking), entropy collapse, groups that carry no signal,
+ * answers collapsing onto one (repeated, or sharing ever more word pairs), failure rates rising. docs/stopping.md
+ * gives the numbers that trigger each.
  *
- * Noise: a `{split}/reward` value carries a standard error from its row (`reward_std_dev` over the square root of
- * `trajectories`); other metrics use `minDelta`, or the spread of their own step-to-step changes.
+ * Noise: a `{split}/reward` value carries a standard error from its row (`reward_std_err`, or `reward_std_dev` over
+ * the square root of `trajectories` in rows without it); other metrics use `minDelta`, or the spread of their own
+ * step-to-step changes.
  */
 import type { HistoryRow } from "./store.ts";
 
@@ -22,15 +25,25 @@ export interface Point {
 /** The values of `metric` in history order (rows without it skipped); several rows at one step keep the last. */
 export function metricSeries(history: readonly HistoryRow[], metric: string): Point[] {
   const byStep = new Map<number, Point>();
-  const split = metric.includes("/") ? metric.slice(0, metric.indexOf("/")) : "";
+  // A split's reward carries its error; the split may hold a slash itself (baseline/<name>/reward).
+  const split = metric.endsWith("/reward") ? metric.slice(0, -"/reward".length) : null;
   for (const row of history) {
     const value = row[metric];
     if (typeof value !== "number" || !Number.isFinite(value)) continue;
-    const spread = row[`${split}/reward_std_dev`], count = row[`${split}/trajectories`];
-    const stdErr = metric === `${split}/reward` && typeof spread === "number" && typeof count === "number" && count > 1 ? spread / Math.sqrt(count) : 0;
-    byStep.set(row.step, { step: row.step, value, stdErr });
+    byStep.set(row.step, { step: row.step, value, stdErr: split === null ? 0 : rewardStdErr(row, split) });
   }
   return [...byStep.values()].sort((a, b) => a.step - b.step);
+}
+
+/**
+ * The standard error of a row's `{split}/reward`: its `reward_std_err`, else (rows written before it was logged, or
+ * by other tools) `reward_std_dev` over the square root of `trajectories`; 0 when the row tells neither.
+ */
+function rewardStdErr(row: HistoryRow, split: string): number {
+  const logged = row[`${split}/reward_std_err`];
+  if (typeof logged === "number" && Number.isFinite(logged)) return logged;
+  const spread = row[`${split}/reward_std_dev`], count = row[`${split}/trajectories`];
+  return typeof spread === "number" && typeof count === "number" && count > 1 ? spread / Math.sqrt(count) : 0;
 }
 
 /**
@@ -104,7 +117,8 @@ function plateau(history: readonly HistoryRow[], rule: PlateauRule): StopDecisio
 }
 
 function budget(history: readonly HistoryRow[], rule: Extract<StoppingRule, { kind: "budget" }>): StopDecision {
-  const trained = history.filter((r) => typeof r.training_step === "number");
+  // Rows of train() and trainSft() calls, which moved the checkpoint on; log() rows (validation) did not.
+  const trained = history.filter((r) => r.training_step === r.step + 1);
   const sum = (key: string) => trained.reduce((total, r) => total + (typeof r[key] === "number" ? (r[key] as number) : 0), 0);
   const steps = trained.length, seconds = sum("time/step_wall_s") || sum("time/step_trainer_s"), tokens = sum("throughput/trained_tokens");
   const money = rule.pricePerMillionTokens === undefined ? 0 : (tokens / 1e6) * rule.pricePerMillionTokens;
@@ -140,7 +154,7 @@ export function stopDecision(history: readonly HistoryRow[], rules: readonly Sto
 }
 
 export interface Alarm {
-  kind: "reward_up_validation_down" | "reward_jump" | "entropy_collapse" | "no_signal" | "rising_failures" | "repeated_answers";
+  kind: "reward_up_validation_down" | "reward_jump" | "perfect_scores" | "entropy_collapse" | "no_signal" | "rising_failures" | "repeated_answers" | "diversity_collapse";
   step: number;
   message: string;
 }
@@ -155,21 +169,27 @@ export interface AlarmOptions {
   failureMetrics?: string[];
 }
 
-/** Half-window means of a series' last `window` points, and the noise of their difference. */
+/**
+ * The mean of points' values and its standard error, from the points' own errors or, lacking them, their spread. A
+ * point whose rewards were all equal (a share of 0 or 1) has error 0, which understates it: it takes the others' median.
+ */
+function meanOf(points: readonly Point[]): { mean: number; stdErr: number } {
+  const mean = points.reduce((s, p) => s + p.value, 0) / points.length;
+  const known = points.map((p) => p.stdErr).filter((e) => e > 0);
+  if (known.length > 0) {
+    const typical = median(known);
+    return { mean, stdErr: Math.sqrt(points.reduce((s, p) => s + (p.stdErr > 0 ? p.stdErr : typical) ** 2, 0)) / points.length };
+  }
+  return { mean, stdErr: Math.sqrt(points.reduce((s, p) => s + (p.value - mean) ** 2, 0) / Math.max(1, points.length - 1) / points.length) };
+}
+
+/** Half-window means of a series' last `window` points, and the noise of their difference (two standard errors). */
 function trend(points: readonly Point[], window: number): { change: number; noise: number } | null {
   const recent = Number.isFinite(window) ? points.slice(-window) : points;
   if (recent.length < 4) return null;
   const half = Math.floor(recent.length / 2);
-  const mean = (ps: readonly Point[]) => ps.reduce((s, p) => s + p.value, 0) / ps.length;
-  const [early, late] = [recent.slice(0, half), recent.slice(half)];
-  // Two standard errors of a difference of means, from the points' own errors or, lacking them, their spread.
-  const spread = (ps: readonly Point[]) => {
-    const errors = ps.map((p) => p.stdErr);
-    if (errors.every((e) => e > 0)) return Math.sqrt(errors.reduce((s, e) => s + e * e, 0)) / ps.length;
-    const m = mean(ps);
-    return Math.sqrt(ps.reduce((s, p) => s + (p.value - m) ** 2, 0) / Math.max(1, ps.length - 1) / ps.length);
-  };
-  return { change: mean(late) - mean(early), noise: 2 * Math.hypot(spread(early), spread(late)) };
+  const [early, late] = [meanOf(recent.slice(0, half)), meanOf(recent.slice(half))];
+  return { change: late.mean - early.mean, noise: 2 * Math.hypot(early.stdErr, late.stdErr) };
 }
 
 /** The alarms the history raises at its latest step. */
@@ -199,6 +219,17 @@ export function alarms(history: readonly HistoryRow[], options: AlarmOptions = {
     }
   }
 
+  // Nearly every rollout newly at the top score, and validation (over the same steps) not rising with it.
+  const perfect = metricSeries(history, "train/perfect_share");
+  const perfectTrend = valTrend ? trend(perfect.filter((p) => p.step >= val[0]!.step), Infinity) : trend(perfect, window);
+  const valRose = valTrend !== null && valTrend.change > valTrend.noise;
+  if (perfectTrend && perfect.at(-1)!.value >= 0.9 && perfectTrend.change > Math.max(perfectTrend.noise, 0.3) && !valRose) {
+    const validation = valTrend
+      ? `${valMetric} changed by ${valTrend.change.toPrecision(2)} (noise ${valTrend.noise.toPrecision(2)})`
+      : `${valMetric} has fewer than 4 values to confirm it (log a validation split)`;
+    raised.push({ kind: "perfect_scores", step, message: `${Math.round(perfect.at(-1)!.value * 100)}% of the step's rollouts got the top reward (up by ${Math.round(perfectTrend.change * 100)} points) while ${validation}: a perfect score the policy did not earn on held-out tasks is often a loophole; read the top-scoring transcripts` });
+  }
+
   const entropy = metricSeries(history, "loss/entropy");
   if (entropy.length >= 3 && entropy[0]!.value > 0 && entropy.at(-1)!.value < 0.1 * entropy[0]!.value) {
     raised.push({ kind: "entropy_collapse", step, message: `loss/entropy fell to ${entropy.at(-1)!.value.toPrecision(2)} from ${entropy[0]!.value.toPrecision(2)}: the policy has nearly stopped exploring, so groups stop differing` });
@@ -214,6 +245,18 @@ export function alarms(history: readonly HistoryRow[], options: AlarmOptions = {
   const repeatTrend = trend(repeats, window);
   if (repeats.length > 0 && repeats.at(-1)!.value >= 0.75 && repeatTrend && repeatTrend.change > Math.max(repeatTrend.noise, 0.15)) {
     raised.push({ kind: "repeated_answers", step, message: `${Math.round(repeats.at(-1)!.value * 100)}% of the rollouts repeat another answer of their group (up by ${Math.round(repeatTrend.change * 100)} points over the last ${window} steps): exploration is collapsing; if rewards are not rising with it, raise the temperature or lower the learning rate, and read the transcripts` });
+  }
+
+  // Groups' answers sharing ever more word pairs: the last half-window below half the first window's level, beyond
+  // the noise. Against the run's start, so a slow slide is caught as well as a fall.
+  const distinct = metricSeries(history, "train/distinct_2grams");
+  const recentSpan = Math.max(1, Math.floor(window / 2));
+  if (distinct.length >= window + recentSpan) {
+    const [first, recent] = [meanOf(distinct.slice(0, window)), meanOf(distinct.slice(-recentSpan))];
+    const noise = 2 * Math.hypot(first.stdErr / 2, recent.stdErr);
+    if (first.mean / 2 - recent.mean > noise) {
+      raised.push({ kind: "diversity_collapse", step, message: `train/distinct_2grams fell to ${recent.mean.toPrecision(2)} over the last ${recentSpan} steps from ${first.mean.toPrecision(2)} over the first ${window} (below half by more than its noise, ${noise.toPrecision(2)}): the answers of a group are converging on the same words; if rewards are not rising with it, raise the temperature or lower the learning rate, and read the transcripts` });
+    }
   }
 
   const keys = new Set(history.flatMap((row) => Object.keys(row)));

@@ -2,7 +2,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { ArtError } from "../core/errors.ts";
-import type { Trajectory, TrajectoryGroup } from "../core/trajectory.ts";
+import { isChoice, type Trajectory, type TrajectoryGroup } from "../core/trajectory.ts";
 
 /** One line of history.jsonl: the step, when, and metrics named `{split}/{metric}`. */
 export interface HistoryRow {
@@ -15,7 +15,9 @@ export interface HistoryRow {
  * The metrics ART logs for a split: `{split}/reward` and the mean of each numeric or boolean trajectory metric
  * (booleans count as 0/1); `{split}/reward_std_dev`, the mean over groups of more than one trajectory of the
  * population std of their rewards; `{split}/exception_rate`, the share of the groups' entries that are exceptions;
- * `{split}/flat_groups`, the share of those groups whose rewards are all equal; and `{split}/trajectories`, their count.
+ * `{split}/flat_groups`, the share of those groups whose rewards are all equal; `{split}/trajectories`, their count;
+ * and `{split}/reward_std_err`, the standard error of `{split}/reward` (rewardStdErr below). Beside them, for the monitor's alarms: `{split}/repeated_answers`, `{split}/perfect_share` and
+ * `{split}/distinct_2grams` (see the functions below).
  */
 export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "trajectories" | "exceptions">[]): Record<string, number> {
   const sums = new Map<string, { total: number; count: number }>();
@@ -45,16 +47,42 @@ export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "tr
     [`${split}/flat_groups`]: multi.length === 0 ? 0 : spreads.filter((s) => s === 0).length / multi.length,
     // Rollouts whose final answer repeats another's in the same group: diversity collapsing (monitor.ts alarms).
     [`${split}/repeated_answers`]: repeatedAnswerShare(multi),
+    // Rollouts at the top reward: nearly all of them, newly, with validation not rising, is a loophole's sign (monitor.ts).
+    [`${split}/perfect_share`]: perfectShare(trajectories),
   };
+  // Left out, not 0, when no answer has two words (one-word moves): 0 would read as a total collapse.
+  const distinct = distinctBigramShare(multi);
+  if (distinct !== undefined) row[`${split}/distinct_2grams`] = distinct;
+  const stdErr = rewardStdErr(groups);
+  if (stdErr !== undefined) row[`${split}/reward_std_err`] = stdErr;
   for (const [key, { total, count }] of sums) row[`${split}/${key}`] = total / count;
   return row;
 }
 
-/** A trajectory's final answer: its last choice's text and tool calls (empty without a choice). */
-function finalAnswer(trajectory: Trajectory): string {
-  const last = [...trajectory.messagesAndChoices].reverse().find((item) => !("role" in item));
-  if (!last || "role" in last) return "";
-  return `${last.message.content ?? ""}\u0000${JSON.stringify(last.message.tool_calls ?? [])}`;
+/**
+ * The standard error of the mean reward. Scenarios are what is sampled, and a group's trajectories share one, so it
+ * is the sample std of the groups' mean rewards over the square root of their count: for loose trajectories (each its
+ * own group, as validation often logs them) the usual std/√n. A single group's trajectories give their own std/√n.
+ * Undefined below two trajectories. (reward_std_dev, ART's, is the spread within groups: GRPO's signal, not an error.)
+ */
+function rewardStdErr(groups: Pick<TrajectoryGroup, "trajectories">[]): number | undefined {
+  const mean = (values: number[]) => values.reduce((a, b) => a + b, 0) / values.length;
+  const sampleStdErr = (values: number[]) => Math.sqrt(values.reduce((a, v) => a + (v - mean(values)) ** 2, 0) / (values.length - 1) / values.length);
+  const filled = groups.filter((g) => g.trajectories.length > 0);
+  if (filled.length >= 2) return sampleStdErr(filled.map((g) => mean(g.trajectories.map((t) => t.reward))));
+  const rewards = filled[0]?.trajectories.map((t) => t.reward) ?? [];
+  return rewards.length >= 2 ? sampleStdErr(rewards) : undefined;
+}
+
+/**
+ * A trajectory's final answer: its last choice's text, then each tool call's name and arguments (not its id: ids are
+ * drawn afresh for every call, so two equal answers would never share them); empty without a choice.
+ */
+function finalAnswer(trajectory: Trajectory): string[] {
+  const last = trajectory.messagesAndChoices.findLast(isChoice);
+  if (!last) return [];
+  const calls = (last.message.tool_calls ?? []).flatMap((call) => (call.type === "function" ? [call.function.name, call.function.arguments] : [call.custom.name, call.custom.input]));
+  return [last.message.content ?? "", ...calls];
 }
 
 /** Over groups of two or more, the share of trajectories whose final answer equals another's in its group. */
@@ -62,12 +90,43 @@ function repeatedAnswerShare(groups: Pick<TrajectoryGroup, "trajectories">[]): n
   let repeated = 0, total = 0;
   for (const group of groups) {
     const counts = new Map<string, number>();
-    const answers = group.trajectories.map(finalAnswer);
+    const answers = group.trajectories.map((t) => JSON.stringify(finalAnswer(t)));
     for (const answer of answers) counts.set(answer, (counts.get(answer) ?? 0) + 1);
     repeated += answers.filter((answer) => counts.get(answer)! > 1).length;
     total += answers.length;
   }
   return total === 0 ? 0 : repeated / total;
+}
+
+/** Rewards equal to the top one count as equal within this (sums of fractions such as 0.7 + 0.2 + 0.1 miss 1 slightly). */
+const REWARD_TOLERANCE = 1e-9;
+
+/**
+ * The share of trajectories whose reward is the most the reward can be. That maximum is not known in general, so a
+ * trajectory counts as perfect when its reward equals the highest of the split's trajectories and that highest is
+ * at least 1: ART's rewards mostly lie in [0, 1], where 1 is the maximum; a split whose best is below 1 has no
+ * perfect score (0). For a reward that can exceed 1 this is the share at the split's top score once that is 1 or more.
+ */
+function perfectShare(trajectories: readonly Trajectory[]): number {
+  const top = trajectories.reduce((best, t) => Math.max(best, t.reward), -Infinity);
+  if (!(top >= 1 - REWARD_TOLERANCE)) return 0;
+  return trajectories.filter((t) => t.reward >= top - REWARD_TOLERANCE).length / trajectories.length;
+}
+
+/**
+ * Over groups of two or more whose final answers hold any word bigram, the mean of distinct bigrams ÷ all bigrams
+ * across the group's answers (words: runs of letters and digits, lower-cased; bigrams do not cross answers).
+ * 1 when no pair of words repeats; 1 / (group size) when every answer is the same. Undefined without such a group.
+ */
+function distinctBigramShare(groups: Pick<TrajectoryGroup, "trajectories">[]): number | undefined {
+  const shares = groups.flatMap((group) => {
+    const bigrams = group.trajectories.flatMap((t) => {
+      const words = finalAnswer(t).join("\n").toLowerCase().match(/[\p{L}\p{N}]+/gu) ?? [];
+      return words.slice(1).map((word, i) => `${words[i]} ${word}`);
+    });
+    return bigrams.length === 0 ? [] : [new Set(bigrams).size / bigrams.length];
+  });
+  return shares.length === 0 ? undefined : shares.reduce((a, b) => a + b, 0) / shares.length;
 }
 
 /**

@@ -39,6 +39,21 @@ describe("Trajectory", () => {
     expect(new Trajectory().finish().metrics.duration).toBeLessThan(1);
     expect(() => new Trajectory({ startTime: Number.NaN })).toThrow(/startTime must be a time in ms since the epoch/);
   });
+
+  it("records turns and tokens on finish() only where every sampled turn carries its ids", () => {
+    const sampled = (prompt: number[] | undefined, ids: number[] | undefined, logprobs = 0): Choice => ({
+      ...choice, prompt_token_ids: prompt, token_ids: ids,
+      logprobs: logprobs === 0 ? null : { content: Array.from({ length: logprobs }, () => ({ token: "a", logprob: -1, bytes: null, top_logprobs: [] })), refusal: null },
+    });
+    // Turns of the main and additional histories; completion tokens from token_ids, else logprobs.
+    const engine = new Trajectory({ messagesAndChoices: [{ role: "user", content: "go" }, sampled([1, 2], [3, 4, 5])], additionalHistories: [{ messagesAndChoices: [sampled([1, 2, 3, 4], undefined, 2)] }] }).finish();
+    expect(engine.metrics).toEqual({ duration: engine.metrics.duration, turns: 2, prompt_tokens: 6, completion_tokens: 5 });
+    // An API's reply carries no ids: its tokens are unknown, not 0; a rollout's own counts are kept.
+    const api = new Trajectory({ messagesAndChoices: [sampled([1], [2]), sampled(undefined, undefined)], metrics: { turns: 7 } }).finish();
+    expect(api.metrics).toEqual({ duration: api.metrics.duration, turns: 7 });
+    // A scripted rollout sampled nothing: no turns either.
+    expect(new Trajectory({ messagesAndChoices: [{ role: "assistant", content: "B2" }] }).finish().metrics).toEqual({ duration: expect.any(Number) });
+  });
 });
 
 describe("TrajectoryGroup", () => {

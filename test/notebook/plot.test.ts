@@ -66,6 +66,20 @@ describe("reward curve", () => {
     expect(plot.summary).toContain("reward (val): last 0.25 at step 1");
   });
 
+  it("draws baselines as dashed levels across the steps, for each metric they carry", () => {
+    const plot = rewardCurve(history, { metrics: ["reward", "win"], baselines: { scripted: [group(1, 0.5)], fixed: [0.3] } });
+    const traces = plot.figure.data as (Trace & { line?: { dash?: string } })[];
+    expect(traces.find((t) => t.name === "scripted: reward (baseline)")).toMatchObject({ mode: "lines", x: [0, 1], y: [0.75, 0.75], line: { dash: "dash" } });
+    expect(traces.find((t) => t.name === "scripted: win (baseline)")).toMatchObject({ y: [0.5, 0.5], line: { dash: "dot" } });
+    // plain numbers are the first metric's
+    expect(traces.filter((t) => t.name?.startsWith("fixed"))).toEqual([expect.objectContaining({ name: "fixed: reward (baseline)", y: [0.3, 0.3] })]);
+    expect(plot.summary).toContain("scripted: reward (baseline): 0.75 ± 0.25 (n=2)");
+    expect(plot.toSvg()).toMatch(/<polyline [^>]*stroke="#[0-9a-f]{6}"[^>]*stroke-dasharray="6 4"\/>/);
+    // one step still gets a line a step wide; one metric needs no metric in the label
+    const single = rewardCurve([stepRecord(3, [group(1)], "val")], { baselines: { base: [0.2] } }).figure.data as Trace[];
+    expect(single.at(-1)).toMatchObject({ name: "base (baseline)", x: [3, 4], y: [0.2, 0.2] });
+  });
+
   it("uses min and max for the band when asked", () => {
     const band = rewardCurve(history, { band: "minmax" }).figure.data as Trace[];
     expect(band[0]!.y).toEqual([0, 0.5]);
