@@ -225,13 +225,18 @@ export class CpuBackend implements Backend {
     expectMultiple("linear input", xs, inFeatures);
     const n = xs.size / inFeatures;
     expectSize("linear out", o, n * outFeatures);
-    if (this.gemm.library !== null || !this.#wasmMatmul(xs, w, n, inFeatures, outFeatures, o)) {
-      this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, o.data);
-    }
-    if (bias) {
-      expectSize("linear bias", bias, outFeatures);
-      const b = cpu(bias).data, out = o.data;
-      for (let i = 0; i < n; i++) for (let j = 0; j < outFeatures; j++) out[i * outFeatures + j] += b[j];
+    if (bias) expectSize("linear bias", bias, outFeatures);
+    if (this.gemm.library !== null) {
+      // The bias first, and the BLAS adds the product to it (one pass fewer over the output).
+      const out = o.data;
+      if (bias) for (let i = 0; i < n; i++) out.set(cpu(bias).data, i * outFeatures);
+      this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, out, { accumulate: bias !== null });
+    } else {
+      if (!this.#wasmMatmul(xs, w, n, inFeatures, outFeatures, o)) this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, o.data);
+      if (bias) {
+        const b = cpu(bias).data, out = o.data;
+        for (let i = 0; i < n; i++) for (let j = 0; j < outFeatures; j++) out[i * outFeatures + j] += b[j];
+      }
     }
     if (lora) {
       const a = cpu(lora.a), b = cpu(lora.b);
