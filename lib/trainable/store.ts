@@ -67,7 +67,10 @@ export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "tr
  */
 function rewardStdErr(groups: Pick<TrajectoryGroup, "trajectories">[]): number | undefined {
   const mean = (values: number[]) => values.reduce((a, b) => a + b, 0) / values.length;
-  const sampleStdErr = (values: number[]) => Math.sqrt(values.reduce((a, v) => a + (v - mean(values)) ** 2, 0) / (values.length - 1) / values.length);
+  const sampleStdErr = (values: number[]) => {
+    const m = mean(values);
+    return Math.sqrt(values.reduce((a, v) => a + (v - m) ** 2, 0) / (values.length - 1) / values.length);
+  };
   const filled = groups.filter((g) => g.trajectories.length > 0);
   if (filled.length >= 2) return sampleStdErr(filled.map((g) => mean(g.trajectories.map((t) => t.reward))));
   const rewards = filled[0]?.trajectories.map((t) => t.reward) ?? [];

@@ -130,14 +130,14 @@ export class CpuBackend implements Backend {
   readonly gemmReason: string;
   /** The WASM SIMD matmul the portable `linear` runs on; null with a system BLAS or without WebAssembly SIMD. */
   readonly #kernel: WasmMatmul | null;
-  /** The exponentials of SwiGLU, attention's softmax and the target logprobs, vectorised, with the system BLAS only
-   * (the portable products keep the reference's bits). */
+  /** What is not a product (SwiGLU, softmaxes, RMSNorm, RoPE, exponentials) on WebAssembly SIMD, with the system
+   * BLAS only (the portable products keep the references' bits). */
   readonly #elementwise: WasmElementwise | null;
   // Attention scratch (a decoding row's scores, one head's values transposed, a stacked block), grown as needed.
   #scores = new Float32Array(0);
   #valuesT = new Float32Array(0);
   #group = new GroupScratch();
-  #lastRope: { positions: Int32Array; invFreq: Float32Array; frequencies: Float32Array; sign: 1 | -1; table: Float32Array } | null = null;
+  #lastRope: { positions: Int32Array; frequencies: Float32Array; sign: 1 | -1; table: Float32Array } | null = null;
 
   constructor(options: CpuBackendOptions = {}) {
     ({ gemm: this.gemm, reason: this.gemmReason } = chooseGemm(options.blas, options.threads));
@@ -228,8 +228,8 @@ export class CpuBackend implements Backend {
     if (bias) expectSize("linear bias", bias, outFeatures);
     if (this.gemm.library !== null) {
       // The bias first, and the BLAS adds the product to it (one pass fewer over the output).
-      const out = o.data;
-      if (bias) for (let i = 0; i < n; i++) out.set(cpu(bias).data, i * outFeatures);
+      const out = o.data, b = bias ? cpu(bias).data : null;
+      if (b) for (let i = 0; i < n; i++) out.set(b, i * outFeatures);
       this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, out, { accumulate: bias !== null });
     } else {
       if (!this.#wasmMatmul(xs, w, n, inFeatures, outFeatures, o)) this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, o.data);
@@ -492,11 +492,11 @@ export class CpuBackend implements Backend {
    */
   #ropeTable(positions: Int32Array, invFreq: Float32Array, sign: 1 | -1): Float32Array {
     const last = this.#lastRope;
-    const same = last !== null && last.invFreq === invFreq && last.sign === sign && last.positions.length === positions.length &&
+    const same = last !== null && last.sign === sign && last.positions.length === positions.length && last.frequencies.length === invFreq.length &&
       last.positions.every((p, i) => p === positions[i]) && last.frequencies.every((f, i) => f === invFreq[i]);
     if (same) return last.table;
     const table = ropeTable(positions, invFreq, sign);
-    this.#lastRope = { positions: positions.slice(), invFreq, frequencies: invFreq.slice(), sign, table };
+    this.#lastRope = { positions: positions.slice(), frequencies: invFreq.slice(), sign, table };
     return table;
   }
 }

@@ -1,8 +1,8 @@
 /**
- * The CPU backend's fast path for everything that is not a matrix product: SwiGLU and its backward, exponentials,
- * attention's softmax, RMSNorm (with the residual add before it) and RoPE on the WebAssembly SIMD kernels of
- * elementwise.wat (assembled into elementwise-wasm-bytes.ts by scripts/build-wasm.ts). The formulas are kernels.ts'
- * and attention.ts', with an f32 exponential four lanes at a time instead of V8's Math.exp and sums in a different
+ * The CPU backend's fast path for everything that is not a matrix product: SwiGLU and its backward, exponentials and
+ * the sampler's log-sum-exp, attention's softmax and its backward, RMSNorm (with the residual add before it) and RoPE
+ * on the WebAssembly SIMD kernels of elementwise.wat (assembled into elementwise-wasm-bytes.ts by
+ * scripts/build-wasm.ts). The formulas are kernels.ts', attention.ts' and sample.ts', with an f32 exponential four lanes at a time instead of V8's Math.exp and sums in a different
  * order, so results agree with them to a few f32 ulps (test/model/wasm-elementwise.test.ts), not bit for bit: the
  * backend uses this path only with a system BLAS, whose products already round differently.
  *
@@ -141,17 +141,22 @@ export class WasmElementwise {
     }
   }
 
+  /** Each row's last key into the header, where the softmax kernels read them (after any growth of the memory). */
+  #writeLasts(lasts: Int32Array, what: string): void {
+    if (lasts.length > HEADER_ROWS) throw new RangeError(`${what}: ${lasts.length} rows in one call; at most ${HEADER_ROWS}`);
+    new Int32Array(this.#floats.buffer, 16, lasts.length).set(lasts);
+  }
+
   /**
    * attention.ts causalSoftmax over a block: row r (at `at + r·stride` of `scores`) becomes the softmax of its keys
    * 0..lasts[r], zero from there up to `end`. In place when `scores` is a `scratchView`, else through a copy.
    */
   softmaxRows(scores: Float32Array, at: number, stride: number, lasts: Int32Array, end: number): void {
     const rows = lasts.length;
-    if (rows > HEADER_ROWS) throw new RangeError(`softmaxRows: ${rows} rows in one call; at most ${HEADER_ROWS}`);
     const inPlace = scores.buffer === this.#exports.memory.buffer;
     const block = inPlace ? scores.byteOffset + at * 4 : this.#layout(1, rows * end)[0];
     const heap = this.#floats;
-    new Int32Array(heap.buffer, 16, rows).set(lasts);
+    this.#writeLasts(lasts, "softmaxRows");
     if (!inPlace) for (let r = 0; r < rows; r++) heap.set(scores.subarray(at + r * stride, at + r * stride + end), block / 4 + r * end);
     this.#exports.softmax_rows(block, inPlace ? stride : end, rows, 16, end, 0);
     if (!inPlace) for (let r = 0; r < rows; r++) scores.set(heap.subarray(block / 4 + r * end, block / 4 + (r + 1) * end), at + r * stride);
@@ -163,10 +168,9 @@ export class WasmElementwise {
    */
   softmaxBackwardRows(probs: Float32Array, grads: Float32Array, at: number, stride: number, lasts: Int32Array, end: number, scale: number): void {
     const rows = lasts.length;
-    if (rows > HEADER_ROWS) throw new RangeError(`softmaxBackwardRows: ${rows} rows in one call; at most ${HEADER_ROWS}`);
     const [p, g] = this.#layout(2, rows * end);
     const heap = this.#floats;
-    new Int32Array(heap.buffer, 16, rows).set(lasts);
+    this.#writeLasts(lasts, "softmaxBackwardRows");
     for (let r = 0; r < rows; r++) {
       heap.set(probs.subarray(at + r * stride, at + r * stride + end), p / 4 + r * end);
       heap.set(grads.subarray(at + r * stride, at + r * stride + end), g / 4 + r * end);
