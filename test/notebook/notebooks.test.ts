@@ -223,6 +223,8 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
         await new Promise((r) => setTimeout(r, 4000)); // a few training steps
         await page.evaluate("Jupyter.notebook.kernel.interrupt()");
         await page.waitForFunction("typeof Jupyter.notebook.get_cells().at(-1).input_prompt_number === 'number'", { timeout: 60_000 });
+        // The kernel's error output may reach the page just after its reply numbers the cell: give it a moment.
+        await page.waitForFunction("Jupyter.notebook.get_cells().at(-1).element[0].innerText.includes('interrupted')", { timeout: 10_000 }).catch(() => {});
         expect(await page.evaluate("Jupyter.notebook.get_cells().at(-1).element[0].innerText"), `${kernel}: the interrupt is reported`).toContain("interrupted");
         // tslab refuses requests for ~200 ms after a cell that ended in an error (environment.md), so wait a moment.
         await new Promise((r) => setTimeout(r, 1000));
