@@ -203,3 +203,22 @@ describe("CPU kernels", () => {
     expect(() => b.download(t)).toThrow("a freed tensor was used");
   });
 });
+
+  it("freed storage comes back zeroed to the next tensor of its length; a caller's uploaded array never does", () => {
+    const b = new CpuBackend();
+    const made = b.zeros([3, 4]);
+    b.write(made, Float32Array.from({ length: 12 }, (_, i) => i + 1));
+    b.free(made);
+    const again = b.zeros([4, 3]);
+    expect(b.download(again)).toEqual(new Float32Array(12));
+    const copied = b.copy(again); // the same length again: storage of its own, not `again`'s
+    b.write(again, new Float32Array(12).fill(5));
+    expect(b.download(copied)).toEqual(new Float32Array(12));
+
+    const callers = new Float32Array(12).fill(9);
+    const uploaded = b.upload(callers, [12]);
+    b.free(uploaded);
+    const next = b.zeros([12]);
+    b.write(next, new Float32Array(12).fill(1));
+    expect(callers).toEqual(new Float32Array(12).fill(9));
+  });

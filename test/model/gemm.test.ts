@@ -61,16 +61,17 @@ function checkProducts(gemm: Gemm): void {
     }
   });
 
-  it("nt at decode sizes (1-4 rows: one matrix-vector product each) with strides, alpha, accumulation and columns", () => {
-    for (const n of [1, 2, 3, 4, 5]) {
-      const [k, m, xStride, wStride, outStride] = [45, 29, 50, 47, 33];
+  it("nt at decode sizes (up to 12 rows: W a slice at a time) with strides, alpha, accumulation and columns", () => {
+    // 3,000 rows of W 47 floats apart: 564 KB, so 1 to 4 rows take three 256 KiB slices, 5 to 12 rows five of 128 KiB.
+    for (const n of [1, 2, 3, 4, 5, 12, 13]) {
+      const [k, m, xStride, wStride, outStride] = [45, 3000, 50, 47, 3003];
       const x = random(n * xStride, n), w = random(m * wStride, 2), start = random(n * outStride, 3);
       const expected = reference(n, m, k, (i, p) => x[i * xStride + p], (p, j) => w[j * wStride + p]);
       const out = start.slice();
-      gemm.nt(x, w, n, k, m, out, { xStride, wStride, outStride, alpha: 2, accumulate: true, columnStart: 3, columnEnd: 27 });
+      gemm.nt(x, w, n, k, m, out, { xStride, wStride, outStride, alpha: 2, accumulate: true, columnStart: 3, columnEnd: 2990 });
       const want = Float64Array.from(out, (_, idx) => {
         const [i, j] = [Math.floor(idx / outStride), idx % outStride];
-        return j >= 3 && j < 27 ? start[idx] + 2 * expected[i * m + j] : start[idx];
+        return j >= 3 && j < 2990 ? start[idx] + 2 * expected[i * m + j] : start[idx];
       });
       expect(relativeError(want, out), `${n} rows`).toBeLessThan(TOLERANCE);
       const overwritten = new Float32Array(n * m).fill(Number.NaN);
@@ -130,7 +131,7 @@ describe.skipIf(!required && detected.gemm.library === null)(`system BLAS (${det
     expect(() => gemm.nt(new Float32Array(6), new Float32Array(6), 2, 3, 2, out, { xStride: 2 }))
       .toThrow("BLAS operand A: 2 rows of 3 values 2 apart");
     expect(() => gemm.nt(new Float32Array(3), new Float32Array(6), 1, 3, 2, new Float32Array(1)))
-      .toThrow("BLAS operand y: 1 rows of 2 values 2 apart do not fit in its 1 values");
+      .toThrow("BLAS operand C: 1 rows of 2 values 2 apart do not fit in its 1 values");
     expect(() => gemm.nnAccumulate(new Float32Array(3), new Float32Array(6), new Float32Array(6), 2, 3, 2))
       .toThrow("BLAS operand C: 2 rows of 2 values 2 apart do not fit in its 3 values");
   });

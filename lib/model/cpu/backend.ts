@@ -93,6 +93,48 @@ function moveIntoWasm(kernel: WasmMatmul, tensor: CpuTensor): CpuTensor["residen
   return tensor.resident;
 }
 
+/**
+ * Storage the backend allocated and freed, kept for the next tensor of the same length. A fresh Float32Array's pages
+ * are mapped on first write, so each new activation cost its page faults inside the product that first wrote it
+ * (measured: a [256 × 1536] product 2.9 ms into reused storage, 3.8 ms into new; a LoRA step of the 20M model 2%
+ * faster for it). Only arrays the backend made itself come back here (an uploaded tensor's array is its caller's); at
+ * most the capacity's bytes wait, the rest go to the GC.
+ */
+class StoragePool {
+  readonly #free = new Map<number, Float32Array[]>();
+  readonly #made = new WeakSet<Float32Array>();
+  readonly #capacityBytes: number;
+  #bytes = 0;
+  constructor(capacityBytes: number) {
+    this.#capacityBytes = capacityBytes;
+  }
+
+  /** Zeroed storage of `length` floats. */
+  take(length: number): Float32Array {
+    const reused = this.#free.get(length)?.pop();
+    if (!reused) {
+      const made = new Float32Array(length);
+      this.#made.add(made);
+      return made;
+    }
+    this.#bytes -= reused.byteLength;
+    return reused.fill(0);
+  }
+
+  /** `storage` now belongs to someone else too (a tensor uploaded over it): it never comes back here. */
+  disown(storage: Float32Array): void {
+    this.#made.delete(storage);
+  }
+
+  give(storage: Float32Array): void {
+    if (storage.length === 0 || !this.#made.has(storage) || this.#bytes + storage.byteLength > this.#capacityBytes) return;
+    const list = this.#free.get(storage.length);
+    if (list) list.push(storage);
+    else this.#free.set(storage.length, [storage]);
+    this.#bytes += storage.byteLength;
+  }
+}
+
 function cpuKvCache(cache: KvCache): CpuKvCache {
   if (!(cache instanceof CpuKvCache)) throw new ArtError("wrong_backend", "a KV cache from another backend was passed to the CPU backend");
   return cache;
@@ -138,6 +180,7 @@ export class CpuBackend implements Backend {
   #valuesT = new Float32Array(0);
   #group = new GroupScratch();
   #lastRope: { positions: Int32Array; frequencies: Float32Array; sign: 1 | -1; table: Float32Array } | null = null;
+  readonly #storage = new StoragePool(256 << 20);
 
   constructor(options: CpuBackendOptions = {}) {
     ({ gemm: this.gemm, reason: this.gemmReason } = chooseGemm(options.blas, options.threads));
@@ -156,15 +199,19 @@ export class CpuBackend implements Backend {
       const bits = new Uint32Array(data.buffer, data.byteOffset, data.length);
       for (let i = 0; i < data.length; i++) bits[i] = f32ToBf16(data[i]) << 16;
     }
+    this.#storage.disown(data);
     return new CpuTensor([...shape], dtype, data);
   }
 
   zeros(shape: readonly number[]): Tensor {
-    return new CpuTensor([...shape], "f32", new Float32Array(shapeSize(shape)));
+    return new CpuTensor([...shape], "f32", this.#storage.take(shapeSize(shape)));
   }
 
   copy(x: Tensor): Tensor {
-    return new CpuTensor(x.shape, "f32", Float32Array.from(cpu(x).data));
+    const values = cpu(x).data;
+    const storage = this.#storage.take(values.length);
+    storage.set(values);
+    return new CpuTensor(x.shape, "f32", storage);
   }
 
   download(tensor: Tensor): Float32Array {
@@ -182,7 +229,9 @@ export class CpuBackend implements Backend {
   }
 
   free(tensor: Tensor): void {
-    cpu(tensor).data = new Float32Array(0);
+    const t = cpu(tensor);
+    this.#storage.give(t.data);
+    t.data = new Float32Array(0);
   }
 
   owns(tensor: Tensor): boolean {

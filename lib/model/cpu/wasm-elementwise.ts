@@ -10,7 +10,7 @@
  * twentieth of the arithmetic); the memory grows to the widest row it is given. Attention's score blocks can instead
  * live in the memory (`scratchView`), so the BLAS writes them and the softmax runs where they are.
  */
-import { elementwiseWasmBase64 } from "./elementwise-wasm-bytes.ts";
+import { elementwiseUnfusedWasmBase64, elementwiseWasmBase64 } from "./elementwise-wasm-bytes.ts";
 
 // The slice of the WebAssembly JS API used here (see wasm-matmul.ts).
 declare const WebAssembly: {
@@ -22,7 +22,7 @@ interface ElementwiseExports {
   memory: { readonly buffer: ArrayBuffer; grow(pages: number): number };
   exp_shifted(x: number, out: number, vectors: number, shift: number): void;
   sum_exp(x: number, vectors: number, shift: number): number;
-  swiglu(gate: number, up: number, out: number, sigma: number, complement: number, vectors: number): void;
+  swiglu(gate: number, up: number, out: number, e: number, vectors: number): void;
   swiglu_backward(gate: number, up: number, dOut: number, dGate: number, dUp: number, sigma: number, complement: number, vectors: number): void;
   softmax_rows(scores: number, stride: number, rows: number, lasts: number, end: number, temp: number): void;
   softmax_backward_rows(probs: number, grads: number, stride: number, rows: number, lasts: number, end: number, scale: number): void;
@@ -37,27 +37,43 @@ const HEADER_ROWS = 1020;
 const HEADER = 16 + 4 * HEADER_ROWS;
 const PAGE = 65536;
 
-let compiled: object | null | undefined;
+/** Each variant's compiled module, or null where the runtime rejects it (no SIMD, or no relaxed SIMD). */
+const compiled = new Map<boolean, object | null>();
+
+function compile(fusedMultiplyAdd: boolean): object | null {
+  if (!compiled.has(fusedMultiplyAdd)) {
+    const base64 = fusedMultiplyAdd ? elementwiseWasmBase64 : elementwiseUnfusedWasmBase64;
+    try {
+      compiled.set(fusedMultiplyAdd, new WebAssembly.Module(Uint8Array.from(atob(base64), (c) => c.charCodeAt(0))));
+    } catch {
+      compiled.set(fusedMultiplyAdd, null);
+    }
+  }
+  return compiled.get(fusedMultiplyAdd)!;
+}
 
 export class WasmElementwise {
   readonly #exports: ElementwiseExports;
   #floats: Float32Array;
+  /** Whether the exponential's multiply-adds are relaxed SIMD's fused ones (else a product then a sum). */
+  readonly fusedMultiplyAdd: boolean;
 
-  /** An instance, or null where the runtime has no WebAssembly SIMD. */
-  static create(): WasmElementwise | null {
-    if (compiled === undefined) {
-      try {
-        compiled = new WebAssembly.Module(Uint8Array.from(atob(elementwiseWasmBase64), (c) => c.charCodeAt(0)));
-      } catch {
-        compiled = null;
-      }
+  /**
+   * An instance, or null where the runtime has no WebAssembly SIMD. By default the relaxed-SIMD module where the
+   * runtime compiles it, else the plain one; `fusedMultiplyAdd` asks for one (null when the runtime lacks it).
+   */
+  static create(options: { fusedMultiplyAdd?: boolean } = {}): WasmElementwise | null {
+    for (const fused of options.fusedMultiplyAdd === undefined ? [true, false] : [options.fusedMultiplyAdd]) {
+      const module = compile(fused);
+      if (module) return new WasmElementwise(new WebAssembly.Instance(module).exports as unknown as ElementwiseExports, fused);
     }
-    return compiled ? new WasmElementwise(new WebAssembly.Instance(compiled).exports as unknown as ElementwiseExports) : null;
+    return null;
   }
 
-  private constructor(exports: ElementwiseExports) {
+  private constructor(exports: ElementwiseExports, fusedMultiplyAdd: boolean) {
     this.#exports = exports;
     this.#floats = new Float32Array(exports.memory.buffer);
+    this.fusedMultiplyAdd = fusedMultiplyAdd;
   }
 
   /** The memory as floats, holding at least `bytes` (growing it detaches earlier views, so this takes a fresh one). */
@@ -113,13 +129,13 @@ export class WasmElementwise {
 
   /** out = silu(gate) · up, elementwise. */
   swiglu(gate: Float32Array, up: Float32Array, out: Float32Array): void {
-    const [g, u, o, sigma, complement] = this.#layout(5, Math.min(CHUNK, gate.length));
+    const [g, u, o, e] = this.#layout(4, Math.min(CHUNK, gate.length));
     const heap = this.#floats;
     for (let start = 0; start < gate.length; start += CHUNK) {
       const end = Math.min(gate.length, start + CHUNK), count = end - start;
       heap.set(gate.subarray(start, end), g / 4);
       heap.set(up.subarray(start, end), u / 4);
-      this.#exports.swiglu(g, u, o, sigma, complement, Math.ceil(count / 4));
+      this.#exports.swiglu(g, u, o, e, Math.ceil(count / 4));
       out.set(heap.subarray(o / 4, o / 4 + count), start);
     }
   }
