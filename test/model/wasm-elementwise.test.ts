@@ -4,7 +4,7 @@
 import { describe, expect, it } from "vitest";
 import { seededRandom } from "../../lib/core/random.ts";
 import { causalSoftmax, causalSoftmaxBackward } from "../../lib/model/cpu/attention.ts";
-import { rmsNormRows, ropeRows, ropeTable } from "../../lib/model/cpu/kernels.ts";
+import { rmsNormRows, rmsNormRowsBackward, ropeRows, ropeTable } from "../../lib/model/cpu/kernels.ts";
 import { referenceLogSumExp } from "../../lib/model/cpu/sample.ts";
 import { WasmElementwise } from "../../lib/model/cpu/wasm-elementwise.ts";
 
@@ -210,6 +210,35 @@ describe.each(variants)("WASM SIMD kernels, $variant", ({ kernels }) => {
         expect(maxRelative(inPlace, expected, 1e-6)).toBeLessThan(2.5e-7);
       }
       expect(kernels.rmsNorm(new Float32Array(6), new Float32Array(6), 1e-6, new Float32Array(6), null)).toBe(false);
+    });
+
+    it("rmsNormBackward adds rmsNormRowsBackward's dx and dWeight, rows wider than a chunk too", () => {
+      const rng = seededRandom(14);
+      for (const d of [8, 384, 5000]) {
+        const rows = 13;
+        const x = Float32Array.from({ length: rows * d }, () => (rng() - 0.5) * 8);
+        const dOut = Float32Array.from({ length: rows * d }, () => (rng() - 0.5) * 2);
+        const weight = Float32Array.from({ length: d }, () => rng() + 0.5), rstd = new Float32Array(rows);
+        rmsNormRows(x, weight, 1e-6, new Float32Array(rows * d), rstd);
+        const dx = Float32Array.from({ length: rows * d }, () => rng() - 0.5), dWeight = Float32Array.from({ length: d }, () => rng() - 0.5);
+        const [dxStart, expectedDx, expectedDWeight] = [dx.slice(), dx.slice(), dWeight.slice()];
+        rmsNormRowsBackward(x, weight, rstd, dOut, expectedDx, expectedDWeight);
+        expect(kernels.rmsNormBackward(x, weight, rstd, dOut, dx, dWeight)).toBe(true);
+        // The kernel rounds x̂ and each product to f32 where the reference keeps them in f64. Measured over 60 blocks:
+        // dx within 7.7e-8 of the size of its terms (|dx before| + |s·dOut·w| + 1), dWeight within 6.7e-7 of
+        // |dWeight| + 1 (13 rows accumulated in f32); bounds about twice that.
+        for (let i = 0; i < dx.length; i++) {
+          const scale = Math.abs(dxStart[i]) + Math.abs(rstd[Math.floor(i / d)] * dOut[i] * weight[i % d]) + 1;
+          expect(Math.abs(dx[i] - expectedDx[i]), `dx[${i}]`).toBeLessThan(1.5e-7 * scale);
+        }
+        for (let j = 0; j < d; j++) expect(Math.abs(dWeight[j] - expectedDWeight[j]), `dWeight[${j}]`).toBeLessThan(1.5e-6 * (Math.abs(expectedDWeight[j]) + 1));
+        const dxAlone = new Float32Array(rows * d), referenceAlone = new Float32Array(rows * d);
+        rmsNormRowsBackward(x, weight, rstd, dOut, referenceAlone, null);
+        expect(kernels.rmsNormBackward(x, weight, rstd, dOut, dxAlone, null)).toBe(true);
+        expect(maxRelative(dxAlone, referenceAlone, 1)).toBeLessThan(1.5e-7);
+      }
+      expect(kernels.rmsNormBackward(new Float32Array(6), new Float32Array(6), new Float32Array(1), new Float32Array(6), new Float32Array(6), null))
+        .toBe(false);
     });
 
     it("rope matches ropeRows forwards and backwards (sign −1 undoes it)", () => {

@@ -278,15 +278,20 @@ function keyLength(segment: PackedSegment): number {
 }
 
 
+/** Floats of the probabilities packedAttention saves for a batch's segments. */
+export function packedAttentionSavedSize(segments: readonly PackedSegment[], heads: number): number {
+  return segments.reduce((total, s) => total + heads * s.length * keyLength(s), 0);
+}
+
 /**
- * Attention within each segment of a packed batch; returns the softmax probabilities the backward needs, per
- * segment [heads, length, keys], segments one after another. q, out: [rows, heads·hd]; k, v: [rows, kvHeads·hd].
+ * Attention within each segment of a packed batch, writing into `probs` (zeroed, packedAttentionSavedSize floats) the
+ * softmax probabilities the backward needs, per segment [heads, length, keys], segments one after another.
+ * q, out: [rows, heads·hd]; k, v: [rows, kvHeads·hd].
  */
 export function packedAttention(
   gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number, kvHeads: number, headDim: number,
-  out: Float32Array,
-): Float32Array {
-  const probs = new Float32Array(segments.reduce((total, s) => total + heads * s.length * keyLength(s), 0));
+  out: Float32Array, probs: Float32Array,
+): void {
   const qWidth = heads * headDim, kvWidth = kvHeads * headDim;
   let offset = 0;
   for (const segment of segments) {
@@ -297,7 +302,6 @@ export function packedAttention(
       segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
     offset += segmentProbs.length;
   }
-  return probs;
 }
 
 /** Backward of packedAttention from its saved probabilities; dq, dk, dv accumulate. */

@@ -12,7 +12,9 @@ import {
   type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkTokenIds, shapeSize,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
-import { attendBlock, attendGroup, GroupScratch, groupBlockRows, packedAttention, packedAttentionBackward } from "./attention.ts";
+import {
+  attendBlock, attendGroup, GroupScratch, groupBlockRows, packedAttention, packedAttentionBackward, packedAttentionSavedSize,
+} from "./attention.ts";
 import {
   adamwUpdate, embeddingRowsBackward, linearRowsBackward, logSoftmaxRow, loraRows, loraRowsBackward, ropeRows, ropeTable, rmsNormRows,
   rmsNormRowsBackward, sumOfSquares, swigluRows, swigluRowsBackward,
@@ -453,7 +455,8 @@ export class CpuBackend implements Backend {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
     expectSize("attention v", v, k.size);
     expectSize("attention out", out, q.size);
-    const probs = packedAttention(this.gemm, this.#elementwise, cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim, cpu(out).data);
+    const probs = this.#storage.take(packedAttentionSavedSize(segments, heads));
+    packedAttention(this.gemm, this.#elementwise, cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim, cpu(out).data, probs);
     return new CpuTensor([probs.length], "f32", probs);
   }
 
@@ -472,7 +475,8 @@ export class CpuBackend implements Backend {
   }
 
   rmsNormBackward(x: Tensor, weight: Tensor, rstd: Tensor, dOut: Tensor, dx: Tensor, dWeight: Tensor | null): void {
-    rmsNormRowsBackward(cpu(x).data, cpu(weight).data, cpu(rstd).data, cpu(dOut).data, cpu(dx).data, optional(dWeight));
+    const operands = [cpu(x).data, cpu(weight).data, cpu(rstd).data, cpu(dOut).data, cpu(dx).data, optional(dWeight)] as const;
+    if (!this.#elementwise?.rmsNormBackward(...operands)) rmsNormRowsBackward(...operands);
   }
 
   linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null): void {

@@ -359,6 +359,57 @@
         (local.set $r (i32.add (local.get $r) (i32.const 1)))
         (br $next))))
 
+;; Backward of rms_norm (kernels.ts rmsNormRowsBackward) over `rows` rows of `d`: with s = rstd[row], x̂ = x·s and
+  ;; g = dOut·w, dx += s·(g − x̂·mean(g·x̂)), the mean's sum in f64 as the reference takes it; with `keep`,
+  ;; dWeight += Σ_rows dOut·x̂.
+  (func (export "rms_norm_backward") (param $x i32) (param $dOut i32) (param $dx i32) (param $weight i32) (param $dWeight i32)
+                                     (param $rstd i32) (param $keep i32) (param $rows i32) (param $d i32)
+    (local $r i32) (local $i i32) (local $end i32) (local $offset i32) (local $v v128) (local $lo v128) (local $hi v128)
+    (local $s v128) (local $c v128) (local $g v128) (local $xhat v128) (local $inverse f32)
+    (local.set $end (i32.shl (local.get $d) (i32.const 2)))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $r) (local.get $rows)))
+        (local.set $offset (i32.mul (local.get $r) (local.get $end)))
+        (local.set $inverse (f32.load (i32.add (local.get $rstd) (i32.shl (local.get $r) (i32.const 2)))))
+        ;; Σ dOut·w·x, in f64 lanes
+        (local.set $lo (v128.const i32x4 0 0 0 0))
+        (local.set $hi (v128.const i32x4 0 0 0 0))
+        (local.set $i (i32.const 0))
+        (block $dot_done
+          (loop $dot
+            (br_if $dot_done (i32.ge_u (local.get $i) (local.get $end)))
+            (local.set $v (f32x4.mul (f32x4.mul (v128.load (i32.add (local.get $dOut) (i32.add (local.get $offset) (local.get $i))))
+              (v128.load (i32.add (local.get $weight) (local.get $i)))) (v128.load (i32.add (local.get $x) (i32.add (local.get $offset) (local.get $i))))))
+            (local.set $lo (f64x2.add (local.get $lo) (f64x2.promote_low_f32x4 (local.get $v))))
+            (local.set $hi (f64x2.add (local.get $hi)
+              (f64x2.promote_low_f32x4 (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $v) (local.get $v)))))
+            (local.set $i (i32.add (local.get $i) (i32.const 16)))
+            (br $dot)))
+        ;; c = mean(g·x̂) = s · Σ(dOut·w·x) / d
+        (local.set $s (f32x4.splat (local.get $inverse)))
+        (local.set $c (f32x4.splat (f32.demote_f64 (f64.div (f64.mul
+          (f64.add (f64.add (f64x2.extract_lane 0 (local.get $lo)) (f64x2.extract_lane 1 (local.get $lo)))
+                   (f64.add (f64x2.extract_lane 0 (local.get $hi)) (f64x2.extract_lane 1 (local.get $hi))))
+          (f64.promote_f32 (local.get $inverse))) (f64.convert_i32_u (local.get $d))))))
+        (local.set $i (i32.const 0))
+        (block $row_done
+          (loop $row
+            (br_if $row_done (i32.ge_u (local.get $i) (local.get $end)))
+            (local.set $g (v128.load (i32.add (local.get $dOut) (i32.add (local.get $offset) (local.get $i)))))
+            (local.set $xhat (f32x4.mul (v128.load (i32.add (local.get $x) (i32.add (local.get $offset) (local.get $i)))) (local.get $s)))
+            (v128.store (i32.add (local.get $dx) (i32.add (local.get $offset) (local.get $i)))
+              (f32x4.add (v128.load (i32.add (local.get $dx) (i32.add (local.get $offset) (local.get $i))))
+                (f32x4.mul (local.get $s) (f32x4.sub (f32x4.mul (local.get $g) (v128.load (i32.add (local.get $weight) (local.get $i))))
+                  (f32x4.mul (local.get $xhat) (local.get $c))))))
+            (if (local.get $keep)
+              (then (v128.store (i32.add (local.get $dWeight) (local.get $i))
+                (f32x4.add (v128.load (i32.add (local.get $dWeight) (local.get $i))) (f32x4.mul (local.get $g) (local.get $xhat))))))
+            (local.set $i (i32.add (local.get $i) (i32.const 16)))
+            (br $row)))
+        (local.set $r (i32.add (local.get $r) (i32.const 1)))
+        (br $next))))
+
   ;; Rotate-half RoPE in place (kernels.ts ropeRows) of `rows` rows of `width`, heads of 2·half: row r's table holds
   ;; cos then sign·sin of its `half` angles.
   (func (export "rope") (param $x i32) (param $table i32) (param $rows i32) (param $width i32) (param $half i32)

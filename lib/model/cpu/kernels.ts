@@ -126,7 +126,8 @@ export function loraRowsBackward(
   inFeatures: number, outFeatures: number, rank: number, dx: Float32Array | null, dA: Float32Array, dB: Float32Array,
 ): void {
   // The scale rides on the [rows, rank] operands, the small ones.
-  const scaledDown = Float32Array.from(down.subarray(0, rows * rank), (v) => v * scale);
+  const scaledDown = down.slice(0, rows * rank);
+  for (let i = 0; i < scaledDown.length; i++) scaledDown[i] *= scale;
   gemm.tnAccumulate(dB, dOut, scaledDown, rows, outFeatures, rank);
   const dDown = new Float32Array(rows * rank);
   gemm.nnAccumulate(dDown, dOut, b, rows, outFeatures, rank);

@@ -1,8 +1,9 @@
 /**
  * The CPU backend's fast path for everything that is not a matrix product: SwiGLU and its backward, exponentials and
- * the sampler's log-sum-exp, attention's softmax and its backward, RMSNorm (with the residual add before it) and RoPE
- * on the WebAssembly SIMD kernels of elementwise.wat (assembled into elementwise-wasm-bytes.ts by
- * scripts/build-wasm.ts). The formulas are kernels.ts', attention.ts' and sample.ts', with an f32 exponential four lanes at a time instead of V8's Math.exp and sums in a different
+ * the sampler's log-sum-exp, attention's softmax and its backward, RMSNorm (with the residual add before it) and its
+ * backward, and RoPE on the WebAssembly SIMD kernels of elementwise.wat (assembled into elementwise-wasm-bytes.ts by
+ * scripts/build-wasm.ts). The formulas are kernels.ts', attention.ts' and sample.ts', with an f32 exponential four
+ * lanes at a time instead of V8's Math.exp and sums in a different
  * order, so results agree with them to a few f32 ulps (test/model/wasm-elementwise.test.ts), not bit for bit: the
  * backend uses this path only with a system BLAS, whose products already round differently.
  *
@@ -27,6 +28,7 @@ interface ElementwiseExports {
   softmax_rows(scores: number, stride: number, rows: number, lasts: number, end: number, temp: number): void;
   softmax_backward_rows(probs: number, grads: number, stride: number, rows: number, lasts: number, end: number, scale: number): void;
   rms_norm(a: number, b: number, sum: number, weight: number, out: number, rstd: number, keep: number, rows: number, d: number, eps: number): void;
+  rms_norm_backward(x: number, dOut: number, dx: number, weight: number, dWeight: number, rstd: number, keep: number, rows: number, d: number): void;
   rope(x: number, table: number, rows: number, width: number, half: number): void;
 }
 
@@ -217,6 +219,32 @@ export class WasmElementwise {
       out.set(heap.subarray(o / 4, o / 4 + count * d), from);
       if (rstd) rstd.set(heap.subarray(s / 4, s / 4 + count), r0);
     }
+    return true;
+  }
+
+  /**
+   * kernels.ts rmsNormRowsBackward: dx += the rows' input gradients, dWeight (when given) += the weight's. False where
+   * the width is not a multiple of 4 (the caller's reference path).
+   */
+  rmsNormBackward(x: Float32Array, weight: Float32Array, rstd: Float32Array, dOut: Float32Array, dx: Float32Array,
+    dWeight: Float32Array | null): boolean {
+    const d = weight.length;
+    if (d % 4 !== 0) return false;
+    const rowsPerChunk = Math.max(1, Math.floor(CHUNK / d)), rows = x.length / d;
+    const [w, dw, xs, g, dxs, s] = this.#layout(6, rowsPerChunk * d);
+    const heap = this.#floats;
+    heap.set(weight, w / 4);
+    if (dWeight) heap.set(dWeight, dw / 4);
+    for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
+      const count = Math.min(rowsPerChunk, rows - r0), from = r0 * d, to = from + count * d;
+      heap.set(x.subarray(from, to), xs / 4);
+      heap.set(dOut.subarray(from, to), g / 4);
+      heap.set(dx.subarray(from, to), dxs / 4);
+      heap.set(rstd.subarray(r0, r0 + count), s / 4);
+      this.#exports.rms_norm_backward(xs, g, dxs, w, dw, s, dWeight ? 1 : 0, count, d);
+      dx.set(heap.subarray(dxs / 4, dxs / 4 + count * d), from);
+    }
+    if (dWeight) dWeight.set(heap.subarray(dw / 4, dw / 4 + d));
     return true;
   }
 
