@@ -3,9 +3,9 @@
  * the sampler's log-sum-exp, attention's softmax and its backward, RMSNorm (with the residual add before it) and its
  * backward, and RoPE on the WebAssembly SIMD kernels of elementwise.wat (assembled into elementwise-wasm-bytes.ts by
  * scripts/build-wasm.ts). The formulas are kernels.ts', attention.ts' and sample.ts', with an f32 exponential four
- * lanes at a time instead of V8's Math.exp and sums in a different
- * order, so results agree with them to a few f32 ulps (test/model/wasm-elementwise.test.ts), not bit for bit: the
- * backend uses this path only with a system BLAS, whose products already round differently.
+ * lanes at a time instead of V8's Math.exp and sums in a different order, so results agree with them to a few f32 ulps
+ * (test/model/wasm-elementwise.test.ts), not bit for bit: the backend uses this path only with a system BLAS, whose
+ * products already round differently.
  *
  * Operands are copied into the module's memory a chunk at a time and results copied out (a copy costs about a
  * twentieth of the arithmetic); the memory grows to the widest row it is given. Attention's score blocks can instead
