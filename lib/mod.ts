@@ -22,7 +22,9 @@ export { TrainableModel } from "./trainable/model.ts";
 // The base URL of the in-process server: with `model.server.fetch` it connects any agent framework (docs/gather.md).
 export { IN_PROCESS_BASE_URL } from "./serve/model-server.ts";
 export type { ModelState, SftOptions, SftResult, TrainableModelOptions, TrainResult } from "./trainable/model.ts";
-export { readHistory, type HistoryRow } from "./trainable/store.ts";
+export type { HistoryRow } from "./trainable/store.ts";
+// Accuracy, cost per 1,000 runs and latency of baselines beside the trained model (ART·E's table; docs/stopping.md).
+export { costTable } from "./trainable/cost.ts";
 export type { Device } from "./load/causal-lm.ts";
 export type { ImportanceSampling, PolicyLoss, Schedule, TrainConfig, TrainConfigInit } from "./grpo/config.ts";
 export type { StepResult } from "./grpo/train.ts";

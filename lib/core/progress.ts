@@ -16,6 +16,8 @@ export interface GatherProgressState {
   /** Completion tokens sampled so far (from each Choice's token_ids, else its logprobs). */
   completionTokens: number;
   elapsedSeconds: number;
+  /** Alarms a loop raised (reward hacking, collapse: "kind at step N"), shown until the display ends. */
+  alarms?: readonly string[];
 }
 
 export interface ProgressReporter {
@@ -88,6 +90,7 @@ export function formatProgressLine(state: GatherProgressState): string {
   for (const [name, value] of Object.entries(state.metrics)) parts.push(`${name}=${formatNumber(value)}`);
   if (state.completionTokens > 0) parts.push(`tokens=${state.completionTokens.toLocaleString("en-US")}`);
   if (state.exceptions > 0) parts.push(`exceptions=${state.exceptions}`);
+  if (state.alarms && state.alarms.length > 0) parts.push(`ALARM ${state.alarms.join(", ")}`);
   return parts.join(" ");
 }
 

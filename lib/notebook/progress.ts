@@ -29,12 +29,13 @@ export function progressHtml(state: GatherProgressState, finished: boolean): str
     details.push(`${formatNumber(state.completionTokens)} tokens (${formatNumber(Math.round(rate))}/s)`);
   }
   const exceptions = state.exceptions > 0 ? ` &middot; <span style="color:#b91c1c">${state.exceptions} exception(s)</span>` : "";
+  const alarms = (state.alarms ?? []).map((alarm) => `<div style="color:#b91c1c">&#9888; ALARM ${escapeHtml(alarm)}</div>`).join("");
   return (
     `<div style="font-family:ui-monospace,monospace;font-size:12px;line-height:1.6">` +
     (state.description ? `<b>${escapeHtml(state.description)}</b> ` : "") +
     `<span style="display:inline-block;width:200px;height:9px;background:#e5e7eb;border-radius:4px;vertical-align:middle">` +
     `<span style="display:block;width:${(fraction * 100).toFixed(1)}%;height:100%;background:${finished ? "#16a34a" : "#2563eb"};border-radius:4px"></span></span> ` +
-    details.map(escapeHtml).join(" &middot; ") + exceptions + `</div>`
+    details.map(escapeHtml).join(" &middot; ") + exceptions + alarms + `</div>`
   );
 }
 
@@ -86,6 +87,7 @@ export class Progress {
   completed = 0;
   completionTokens = 0;
   exceptions = 0;
+  readonly alarms: string[] = [];
   private readonly sums = new Map<string, { sum: number; count: number }>();
   private readonly reporter: ProgressReporter;
   private readonly now: () => number;
@@ -123,6 +125,19 @@ export class Progress {
       entry.sum += x;
       entry.count += 1;
       this.sums.set(name, entry);
+    }
+    this.reporter.update(this.state());
+  }
+
+  /**
+   * Shows alarms under the bar from now on (model.alarms(): reward hacking, collapse, no signal), each once however
+   * often it is passed, as "kind at step N: message".
+   */
+  alarm(...raised: readonly { kind: string; step: number; message: string }[]): void {
+    if (this.finished) return;
+    for (const { kind, step, message } of raised) {
+      const text = `${kind} at step ${step}: ${message}`;
+      if (!this.alarms.includes(text)) this.alarms.push(text);
     }
     this.reporter.update(this.state());
   }
@@ -174,6 +189,7 @@ export class Progress {
       metrics: this.averages(),
       completionTokens: this.completionTokens,
       elapsedSeconds: (this.now() - this.startedAt) / 1000,
+      ...(this.alarms.length > 0 ? { alarms: [...this.alarms] } : {}),
     };
   }
 }

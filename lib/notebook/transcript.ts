@@ -12,6 +12,14 @@ export interface TranscriptOptions {
   collapseOver?: number;
   /** Terminal form: content is cut after this many characters; default 400. */
   terminalChars?: number;
+  /** HTML: the whole view folded under its title, one click away (an alarm's trajectories beside its message). */
+  folded?: boolean;
+}
+
+/** `body` under `title`, or folded under it with `folded`. */
+function titled(title: string | undefined, body: string, folded: boolean | undefined): string {
+  if (folded) return `<details><summary style="${SUMMARY_STYLE};font-weight:600">${escapeHtml(title ?? "trajectories")}</summary>${body}</details>`;
+  return (title ? `<div style="font-weight:600;margin:4px 0">${escapeHtml(title)}</div>` : "") + body;
 }
 
 /** One rendered turn, independent of how it is drawn. */
@@ -183,7 +191,10 @@ export class Transcript extends Renderable {
     this.options = options;
   }
   toMimeBundle(): MimeBundle {
-    return { "text/html": trajectoryHtml(this.trajectory, this.options), "text/plain": trajectoryAnsi(this.trajectory, { ...this.options, color: false }) };
+    const html = this.options.folded
+      ? titled(this.options.title, trajectoryHtml(this.trajectory, { ...this.options, title: undefined }), true)
+      : trajectoryHtml(this.trajectory, this.options);
+    return { "text/html": html, "text/plain": trajectoryAnsi(this.trajectory, { ...this.options, color: false }) };
   }
   toTerminal(): string {
     return trajectoryAnsi(this.trajectory, this.options);
@@ -211,8 +222,8 @@ export class GroupTranscript extends Renderable {
       .map((t, i) => `<div style="flex:0 0 360px;max-width:460px;${i === best ? "outline:2px solid #16a34a;border-radius:6px;" : ""}">` +
         trajectoryHtml(t, { ...this.options, title: `#${i + 1}` }) + `</div>`)
       .join("");
-    const title = this.options.title ? `<div style="font-weight:600;margin:4px 0">${escapeHtml(this.options.title)}</div>` : "";
-    return { "text/html": `${title}<div style="display:flex;gap:8px;overflow-x:auto;align-items:flex-start">${columns}</div>`, "text/plain": this.table(false) };
+    const body = `<div style="display:flex;gap:8px;overflow-x:auto;align-items:flex-start">${columns}</div>`;
+    return { "text/html": titled(this.options.title, body, this.options.folded), "text/plain": this.table(false) };
   }
 
   toTerminal(): string {

@@ -41,7 +41,9 @@ import { ReplicaFleet, type PushResult, type Replica } from "../serve/fleet.ts";
 import { IN_PROCESS_BASE_URL, ModelServer } from "../serve/model-server.ts";
 import { checkMode, evaluateScenarios, type EvaluateOptions, type EvaluationMode, type ScenarioRollout } from "./evaluate.ts";
 import { alarms, stopDecision, type Alarm, type AlarmOptions, type StopDecision, type StoppingRule } from "./monitor.ts";
-import { appendHistory, readHistory, summarizeGroups, writeTrajectories, type HistoryRow } from "./store.ts";
+import {
+  appendHistory, readHistory, readTrajectories, summarizeGroups, trajectoriesFile, writeTrajectories, type HistoryRow,
+} from "./store.ts";
 
 export interface TrainableModelOptions {
   /** The trained model's id: requests for this model use the latest adapter. */
@@ -570,11 +572,30 @@ export class TrainableModel {
     return decision;
   }
 
-  /** The alarms this model's history raises at its latest step (reward hacking, collapse, no signal), each logged. */
+  /**
+   * The alarms this model's history raises at its latest step (reward hacking, collapse, no signal). Each one new at
+   * its step is logged and written to history.jsonl (an `alarm` row naming the step's trajectories); the returned
+   * alarms carry that file's path (`trajectories`), which `model.trajectories(alarm.step)` reads back.
+   */
   alarms(options: AlarmOptions = {}): Alarm[] {
-    const raised = alarms(this.history(), options);
-    for (const alarm of raised) this.info(`art-ts: ALARM ${alarm.kind} at step ${alarm.step}: ${alarm.message}`);
-    return raised;
+    const history = this.history();
+    const written = new Set(history.filter((row) => typeof row.alarm === "string").map((row) => `${row.step} ${row.alarm}`));
+    return alarms(history, options).map((alarm) => {
+      const file = ["train", "val"].map((split) => trajectoriesFile(this.dir, split, alarm.step)).find((f) => fs.existsSync(f));
+      if (!written.has(`${alarm.step} ${alarm.kind}`)) {
+        this.info(`art-ts: ALARM ${alarm.kind} at step ${alarm.step}: ${alarm.message}`);
+        appendHistory(this.dir, {
+          step: alarm.step, recorded_at: new Date().toISOString(), alarm: alarm.kind, alarm_message: alarm.message,
+          ...(file ? { alarm_trajectories: path.relative(this.dir, file) } : {}),
+        });
+      }
+      return file ? { ...alarm, trajectories: file } : alarm;
+    });
+  }
+
+  /** The trajectories kept for `step` of `split` (train: the rollouts trained on at that step), oldest first. */
+  trajectories(step: number, split = "train"): Trajectory[] {
+    return readTrajectories(this.dir, split, step);
   }
 
   /** Checkpoint steps on disk, ascending. */

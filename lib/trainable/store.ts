@@ -2,9 +2,12 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { ArtError } from "../core/errors.ts";
-import { isChoice, type Trajectory, type TrajectoryGroup } from "../core/trajectory.ts";
+import { isChoice, Trajectory, type TrajectoryGroup } from "../core/trajectory.ts";
 
-/** One line of history.jsonl: the step, when, and metrics named `{split}/{metric}`. */
+/**
+ * One line of history.jsonl: the step, when, and metrics named `{split}/{metric}`; or an alarm raised at the step
+ * (`alarm`: its kind, `alarm_message`, `alarm_trajectories`: the file of the step's trajectories, relative to the folder).
+ */
 export interface HistoryRow {
   step: number;
   recorded_at: string;
@@ -138,14 +141,31 @@ function distinctBigramShare(groups: Pick<TrajectoryGroup, "trajectories">[]): n
  * step is retried).
  */
 export function writeTrajectories(dir: string, split: string, step: number, groups: Pick<TrajectoryGroup, "trajectories">[], mode: "append" | "replace" = "append"): string {
-  const folder = path.join(dir, "trajectories", split);
-  fs.mkdirSync(folder, { recursive: true });
-  const file = path.join(folder, `${String(step).padStart(4, "0")}.jsonl`);
+  const file = trajectoriesFile(dir, split, step);
+  fs.mkdirSync(path.dirname(file), { recursive: true });
   const lines = groups.flatMap((g, group) => g.trajectories.map((t) => JSON.stringify({ group, ...t.toJSON() })));
   const text = lines.length > 0 ? lines.join("\n") + "\n" : "";
   if (mode === "replace") fs.writeFileSync(file, text);
   else if (text !== "") fs.appendFileSync(file, text);
   return file;
+}
+
+/** Where writeTrajectories keeps a split's trajectories of a step. */
+export function trajectoriesFile(dir: string, split: string, step: number): string {
+  return path.join(dir, "trajectories", split, `${String(step).padStart(4, "0")}.jsonl`);
+}
+
+/** The trajectories writeTrajectories kept for a split's step, in the order written; none when it kept none. */
+export function readTrajectories(dir: string, split: string, step: number): Trajectory[] {
+  const file = trajectoriesFile(dir, split, step);
+  if (!fs.existsSync(file)) return [];
+  return fs.readFileSync(file, "utf8").split("\n").filter((line) => line.trim() !== "").map((line, i) => {
+    try {
+      return Trajectory.fromJSON(JSON.parse(line) as Record<string, unknown>);
+    } catch (error) {
+      throw new ArtError("bad_trajectories", `${file}: line ${i + 1} is not a trajectory (${(error as Error).message}); fix or remove that line`);
+    }
+  });
 }
 
 export function appendHistory(dir: string, row: HistoryRow): void {

@@ -110,6 +110,16 @@ describe("group view", () => {
     ]);
     expect(transcript(worse).toMimeBundle()["text/plain"]).toContain("reward 0.1");
   });
+
+  it("folds the whole view under its title when asked (an alarm's trajectories one click away)", () => {
+    const group = new TrajectoryGroup([agentRun(), agentRun()]);
+    const folded = String(groupTranscript(group, { title: "ALARM <jump>", folded: true }).toMimeBundle()["text/html"]);
+    expect(folded).toMatch(/^<details><summary [^>]*>ALARM &lt;jump&gt;<\/summary><div style="display:flex/);
+    expect(folded.endsWith("</div></details>")).toBe(true);
+    const one = String(transcript(agentRun(), { title: "one <run>", folded: true }).toMimeBundle()["text/html"]);
+    expect(one).toMatch(/^<details><summary [^>]*>one &lt;run&gt;<\/summary><div style="font-family/);
+    expect(one.match(/one &lt;run&gt;/g)).toHaveLength(1);
+  });
 });
 
 describe("formats and parameters", () => {

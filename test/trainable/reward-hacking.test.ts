@@ -106,6 +106,18 @@ describe("reward hacking, end to end on the CPU", () => {
     // The monitor saw it, and said so in the log.
     expect(firstFired.get("reward_up_validation_down")).toBeGreaterThan(0);
     expect(notes.some((note) => /ALARM reward_up_validation_down at step \d+: train\/reward rose by .* while val\/reward fell by/.test(note))).toBe(true);
+    // ...wrote it into history.jsonl once per step it was raised at, naming the trajectories of that step, which
+    // read back as the rollouts that were scored there.
+    const alarmRows = history.filter((row) => row.alarm === "reward_up_validation_down");
+    expect(alarmRows[0]!.step).toBe(firstFired.get("reward_up_validation_down"));
+    expect(new Set(alarmRows.map((row) => row.step)).size).toBe(alarmRows.length);
+    model.alarms(); // the last step's alarms again: already written
+    expect(model.history().length).toBe(history.length);
+    const [, split, padded] = String(alarmRows[0]!.alarm_trajectories).match(/^trajectories\/(train|val)\/(\d{4})\.jsonl$/)!;
+    expect(Number(padded)).toBe(alarmRows[0]!.step);
+    const scored = model.trajectories(alarmRows[0]!.step, split);
+    expect(scored.length).toBeGreaterThan(0);
+    expect(scored.reduce((sum, t) => sum + t.reward, 0) / scored.length).toBeCloseTo(Number(history.find((row) => row.step === alarmRows[0]!.step && `${split}/reward` in row)![`${split}/reward`]), 6);
     // Validation's plateau stopped the run, once the train reward levelled off too; not the budget.
     expect(reason).toMatch(/^stop: both on a plateau: val\/reward: best .* at step \d+, \d+ evaluation\(s\) since/);
     expect(lastStep).toBeLessThan(MAX_STEPS);
