@@ -575,13 +575,14 @@ export class TrainableModel {
   /**
    * The alarms this model's history raises at its latest step (reward hacking, collapse, no signal). Each one new at
    * its step is logged and written to history.jsonl (an `alarm` row naming the step's trajectories); the returned
-   * alarms carry that file's path (`trajectories`), which `model.trajectories(alarm.step)` reads back.
+   * alarms carry that file's split and path, which `model.trajectories(alarm.step, alarm.split)` reads back.
    */
   alarms(options: AlarmOptions = {}): Alarm[] {
     const history = this.history();
     const written = new Set(history.filter((row) => typeof row.alarm === "string").map((row) => `${row.step} ${row.alarm}`));
     return alarms(history, options).map((alarm) => {
-      const file = ["train", "val"].map((split) => trajectoriesFile(this.dir, split, alarm.step)).find((f) => fs.existsSync(f));
+      const split = ["train", "val"].find((name) => fs.existsSync(trajectoriesFile(this.dir, name, alarm.step)));
+      const file = split === undefined ? undefined : trajectoriesFile(this.dir, split, alarm.step);
       if (!written.has(`${alarm.step} ${alarm.kind}`)) {
         this.info(`art-ts: ALARM ${alarm.kind} at step ${alarm.step}: ${alarm.message}`);
         appendHistory(this.dir, {
@@ -589,7 +590,7 @@ export class TrainableModel {
           ...(file ? { alarm_trajectories: path.relative(this.dir, file) } : {}),
         });
       }
-      return file ? { ...alarm, trajectories: file } : alarm;
+      return file && split ? { ...alarm, split, trajectories: file } : alarm;
     });
   }
 

@@ -157,7 +157,11 @@ export interface Alarm {
   kind: "reward_up_validation_down" | "reward_jump" | "perfect_scores" | "entropy_collapse" | "no_signal" | "rising_failures" | "repeated_answers" | "diversity_collapse";
   step: number;
   message: string;
-  /** Set by TrainableModel.alarms: the file of the step's trajectories (what raised it, one transcript away). */
+  /**
+   * Set by TrainableModel.alarms: the step's trajectories (what raised it, one transcript away), the split they were
+   * logged under ("train", else "val") and their file.
+   */
+  split?: string;
   trajectories?: string;
 }
 

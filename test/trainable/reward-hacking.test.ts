@@ -19,7 +19,7 @@ import { gatherTrajectoryGroups } from "../../lib/core/gather.ts";
 import type { Choice, Trajectory } from "../../lib/core/trajectory.ts";
 import { playTicTacToe, type MovePolicy } from "../../lib/demo/tictactoe.ts";
 import { heuristicPolicyTicTacToe } from "../../lib/envs/tictactoe.ts";
-import { TrainableModel, metricSeries, type EvaluationMode, type StoppingRule } from "../../lib/trainable/mod.ts";
+import { TrainableModel, metricSeries, type Alarm, type EvaluationMode, type StoppingRule } from "../../lib/trainable/mod.ts";
 
 const MODEL = path.join(import.meta.dirname, "..", "..", "models", "tictactoe-tiny");
 const root = fs.mkdtempSync(path.join(os.tmpdir(), "art-ts-reward-hacking-"));
@@ -75,10 +75,14 @@ describe("reward hacking, end to end on the CPU", () => {
       { kind: "budget", steps: MAX_STEPS },
     ];
     const firstFired = new Map<string, number>();
+    const firstAlarm = new Map<string, Alarm>();
     let reason = "";
     for (;;) {
       await model.validate({ every: VALIDATE_EVERY, scenarios: VAL_GAMES, rollout: playAs(model.name), progress: false });
-      for (const alarm of model.alarms()) if (!firstFired.has(alarm.kind)) firstFired.set(alarm.kind, alarm.step);
+      for (const alarm of model.alarms()) {
+        if (!firstFired.has(alarm.kind)) firstFired.set(alarm.kind, alarm.step);
+        if (!firstAlarm.has(alarm.kind)) firstAlarm.set(alarm.kind, alarm);
+      }
       const decision = model.stopDecision(rules);
       if (decision.stop) {
         reason = decision.reason;
@@ -116,6 +120,9 @@ describe("reward hacking, end to end on the CPU", () => {
     const [, split, padded] = String(alarmRows[0]!.alarm_trajectories).match(/^trajectories\/(train|val)\/(\d{4})\.jsonl$/)!;
     expect(Number(padded)).toBe(alarmRows[0]!.step);
     const scored = model.trajectories(alarmRows[0]!.step, split);
+    // The alarm as the loop got it names the same split and file.
+    const first = firstAlarm.get("reward_up_validation_down")!;
+    expect([first.split, first.trajectories]).toEqual([split, path.join(model.dir, String(alarmRows[0]!.alarm_trajectories))]);
     expect(scored.length).toBeGreaterThan(0);
     expect(scored.reduce((sum, t) => sum + t.reward, 0) / scored.length).toBeCloseTo(Number(history.find((row) => row.step === alarmRows[0]!.step && `${split}/reward` in row)![`${split}/reward`]), 6);
     // Validation's plateau stopped the run, once the train reward levelled off too; not the budget.
