@@ -87,7 +87,8 @@ export class Progress {
   completed = 0;
   completionTokens = 0;
   exceptions = 0;
-  readonly alarms: string[] = [];
+  /** Alarms shown, by kind: the steps they fired at, first and last, and the latest message. */
+  readonly alarms = new Map<string, { first: number; last: number; message: string }>();
   private readonly sums = new Map<string, { sum: number; count: number }>();
   private readonly reporter: ProgressReporter;
   private readonly now: () => number;
@@ -130,14 +131,14 @@ export class Progress {
   }
 
   /**
-   * Shows alarms under the bar from now on (model.alarms(): reward hacking, collapse, no signal), each once however
-   * often it is passed, as "kind at step N: message".
+   * Shows alarms under the bar from now on (model.alarms(): reward hacking, collapse, no signal), a line per kind:
+   * "kind at step N: message", or "kind at steps A–B: message" (the latest) once it has fired at several steps.
    */
   alarm(...raised: readonly { kind: string; step: number; message: string }[]): void {
     if (this.finished) return;
     for (const { kind, step, message } of raised) {
-      const text = `${kind} at step ${step}: ${message}`;
-      if (!this.alarms.includes(text)) this.alarms.push(text);
+      const seen = this.alarms.get(kind);
+      this.alarms.set(kind, { first: Math.min(step, seen?.first ?? step), last: Math.max(step, seen?.last ?? step), message });
     }
     this.reporter.update(this.state());
   }
@@ -189,7 +190,9 @@ export class Progress {
       metrics: this.averages(),
       completionTokens: this.completionTokens,
       elapsedSeconds: (this.now() - this.startedAt) / 1000,
-      ...(this.alarms.length > 0 ? { alarms: [...this.alarms] } : {}),
+      ...(this.alarms.size > 0 ? {
+        alarms: [...this.alarms].map(([kind, { first, last, message }]) => `${kind} at step${first === last ? ` ${last}` : `s ${first}–${last}`}: ${message}`),
+      } : {}),
     };
   }
 }

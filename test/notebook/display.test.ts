@@ -149,19 +149,20 @@ describe("progress", () => {
     expect(finalHtml).toContain("reward 0.5 win 0.5");
   });
 
-  it("shows alarms under the bar until it ends, each once, in the HTML and the text line", async () => {
+  it("shows alarms under the bar until it ends, a line per kind, in the HTML and the text line", async () => {
     const send = fakeDenoKernel();
     const bar = progress(2, "train", { reporter: new NotebookProgress({ minIntervalMs: 0 }), now: () => 0 });
     bar.update(1, { reward: 0.5 });
     const jump = { kind: "reward_jump", step: 7, message: "train/reward jumped <a lot>" };
     bar.alarm(jump);
-    bar.alarm(jump, { kind: "no_signal", step: 8, message: "every group's rewards were equal" });
+    bar.alarm(jump, { kind: "no_signal", step: 8, message: "75% of the groups were flat" });
+    bar.alarm({ kind: "no_signal", step: 9, message: "every group was flat" });
     bar.update(1);
     await bar.done();
     const final = send.mock.calls.at(-1)![0] as Record<string, string>;
     expect(final["text/html"]).toContain("&#9888; ALARM reward_jump at step 7: train/reward jumped &lt;a lot&gt;");
     expect(final["text/html"].match(/ALARM reward_jump/g)).toHaveLength(1);
-    expect(final["text/plain"]).toMatch(/ ALARM reward_jump at step 7: .*, no_signal at step 8: every group's rewards were equal$/);
+    expect(final["text/plain"]).toMatch(/ ALARM reward_jump at step 7: .*, no_signal at steps 8–9: every group was flat$/);
     expect(bar.state().alarms).toHaveLength(2);
   });
 
