@@ -254,4 +254,41 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
     expect(first.checkpoints.at(-1)).toBe(first.step);
     expect(result.completion).toEqual({ choices: 1 });
   }, 300_000);
+
+  // The endpoint paths for real, over HTTP: `art-ts serve` stands in for a provider (the "vllm" prefix, pointed at it
+  // by VLLM_BASE_URL), as RULER's judge, AutoRL's generator and ART·E's prompted baseline, with prices for the table.
+  it("run against OpenAI-compatible endpoints: judge, generator and a prompted baseline on `art-ts serve`", async () => {
+    const server = spawn(process.execPath, ["lib/cli.ts", "serve", "--model", "models/tictactoe-tiny", "--name", "endpoint-tiny", "--port", "0",
+      "--device", "cpu", "--slots", "16"], { stdio: ["ignore", "pipe", "pipe"] });
+    try {
+      const baseURL = await new Promise<string>((resolveURL, reject) => {
+        let seen = "";
+        server.stdout.on("data", (chunk: Buffer) => {
+          seen += chunk.toString();
+          const found = /art-ts serve: endpoint-tiny on \S+ at (http:\/\/\S+)/.exec(seen);
+          if (found) resolveURL(found[1]!);
+        });
+        server.on("exit", (code) => reject(new Error(`art-ts serve exited (${code}) before listening: ${seen}`)));
+      });
+      const env = {
+        ...process.env, VLLM_BASE_URL: baseURL, ART_NB_JUDGE: "vllm/endpoint-tiny", ART_NB_GENERATOR: "vllm/endpoint-tiny",
+        ART_NB_BASELINE: "vllm/endpoint-tiny", ART_NB_PRICE: "0.2", ART_NB_BASELINE_PRICE: "2",
+      };
+      const notebooks = spawnSync(process.execPath, ["scripts/notebook-run.ts", "notebooks/art-e.ipynb", "notebooks/auto-rl.ipynb"], { encoding: "utf8", env });
+      expect(notebooks.status, notebooks.stdout + notebooks.stderr).toBe(0);
+      for (const kernel of ["deno", "tslab"]) {
+        const outputs = (name: string) => (JSON.parse(readFileSync(join("notebooks", ".executed", `${name}.${kernel}.ipynb`), "utf8")) as { cells: Cell[] }).cells
+          .flatMap((c) => c.outputs ?? []).map((o) => [o.text, o.data?.["text/plain"]].flat().join("")).join("\n");
+        const arte = outputs("art-e");
+        expect(arte).toContain("judge: vllm/endpoint-tiny");
+        expect(arte).toMatch(/vllm\/endpoint-tiny: \d+\.\d% correct/);
+        // The table prices the baseline at its own rate and the trained model at the notebook's.
+        expect(arte).toMatch(/\| vllm\/endpoint-tiny \| \d+\.\d% \| \$[\d.]+ \|/);
+        expect(arte).toMatch(/\| trained \(step \d+\) \| \d+\.\d% \| \$[\d.]+ \|/);
+        expect(outputs("auto-rl")).toContain("generator: vllm/endpoint-tiny");
+      }
+    } finally {
+      server.kill();
+    }
+  }, 600_000);
 });
