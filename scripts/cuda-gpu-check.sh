@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the CUDA path must prove on a GPU machine, in one device call; results under $OUT:
 #   env.txt        GPU, driver, toolkit, Node, Python packages, where art-ts finds cuBLAS/NVRTC, the kernel build log
-#   tests.txt      ART_TEST_GPU=1 vitest of test/cuda: the ABI check against the machine's headers and libraries,
+#   tests.txt      ART_TEST_GPU=1 vitest of test/cuda (less the emulator's suites, which CI runs): the ABI check against the machine's headers and libraries,
 #                  parity with the CPU backend, tiny checkpoints, greedy generation, the LoRA training ops and whole
 #                  training pass vs the CPU trainer (and TrainableModel on CUDA), and (when the transformers
 #                  reference could be written) logits vs transformers; kernels from the prebuilt fatbin
@@ -10,7 +10,9 @@
 #                  misaligned accesses, shared-memory races and barrier misuse (the CPU emulator cannot see the races
 #                  within a stretch between two barriers)
 #   hf-fixtures.tar.gz  test/fixtures/hf as scripts/reference/hf_fixtures.py wrote it (transformers + PEFT)
-#   bench.tar      bench/: roofline.json (bench/peers/gpu_roofline.py), hf.json (bench/peers/hf_generate.py),
+#   demo.txt       art-ts demo --device cuda: the tic-tac-toe GRPO demo trained on the GPU, its win rates before and after
+#   results.tar    demo/: the demo's summary.json, reward curve, transcripts, history.jsonl (under demo/art/);
+#                  bench/: roofline.json (bench/peers/gpu_roofline.py), hf.json (bench/peers/hf_generate.py),
 #                  decode.json (bench/cuda-decode.ts: decode and prefill, the peer's numbers beside ours when hf.json
 #                  is valid), hf-train.json (bench/peers/hf_train_step.py), train.json (bench/cuda-train.ts: the
 #                  LoRA step at Qwen2.5 0.5B-7B shapes, 8 x 1024 and 2 x 4096 tokens, beside the peer, with MFU
@@ -20,16 +22,18 @@
 #   log.txt        every step's command and stderr
 # Prepare here first: bash scripts/cuda-device-bundle.sh; then run on the device, carrying ".device" and
 # "lib/cuda/build":  bash scripts/cuda-gpu-check.sh
-# All steps take longer than one device call (600 s): steps that no longer fit are "skipped: out of time"; run them in
-# the next calls, e.g. ART_GPU_CHECK_STEPS="roofline hf_peer bench", then "roofline hf_train_peer train_bench".
+# All steps take longer than one device call (600 s): they run in order of what a call cut short should still have
+# shown (correctness, benches, the demo, the sanitizer, the rest); steps that no longer fit are "skipped: out of time";
+# run them in the next calls, e.g. ART_GPU_CHECK_STEPS="sanitizer nvrtc_fallback", then "roofline hf_peer bench".
 # ART_GPU_CHECK_STEPS picks steps (default: all, in the order below); ART_GPU_CHECK_SECONDS is the whole budget
 # (default 570, under the device command's 600 s); every step's limit is cut to what is left of it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
-mkdir -p "$OUT/bench"
+mkdir -p "$OUT/results/bench"
 : >> "$OUT/log.txt"
-all_steps="env build hf_reference tests nvrtc_fallback sanitizer hf_fixtures roofline hf_peer bench hf_train_peer train_bench"
+# Ordered by what a call cut short should still have shown: correctness, then the benches, then the rest.
+all_steps="env build hf_reference tests roofline hf_peer bench hf_train_peer train_bench demo sanitizer nvrtc_fallback hf_fixtures"
 selected=" ${ART_GPU_CHECK_STEPS:-$all_steps} "
 deadline=$((SECONDS + ${ART_GPU_CHECK_SECONDS:-570}))
 declare -A status
@@ -93,25 +97,29 @@ step hf_reference 120 log.txt python3 scripts/cuda-hf-logits.py /tmp/art-hf-refe
 # hf-parity runs only when the reference was written (transformers may be missing); vitest reports on both streams.
 reference=""
 [[ ${status[hf_reference]:-} == ok* ]] && reference="ART_HF_REFERENCE=/tmp/art-hf-reference"
-step tests 200 tests.txt bash -c "ART_TEST_GPU=1 $reference node node_modules/vitest/vitest.mjs run test/cuda test/trainable/cuda.test.ts --reporter=verbose 2>&1"
-step nvrtc_fallback 120 fallback.txt bash -c 'ART_TEST_GPU=1 ART_CUDA_KERNELS=nvrtc node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts test/cuda/training-parity.test.ts --reporter=verbose 2>&1'
+step tests 200 tests.txt bash -c "ART_TEST_GPU=1 $reference node node_modules/vitest/vitest.mjs run test/cuda test/trainable/cuda.test.ts --exclude '**/*emulat*' --reporter=verbose 2>&1"
+step roofline 60 results/bench/roofline.json python3 bench/peers/gpu_roofline.py
+step hf_peer 240 results/bench/hf.json python3 bench/peers/hf_generate.py
+peer=""
+[[ ${status[hf_peer]:-} == ok* ]] && peer="--peer $OUT/results/bench/hf.json"
+step bench 150 results/bench/decode.json node bench/cuda-decode.ts $peer
+step hf_train_peer 240 results/bench/hf-train.json python3 bench/peers/hf_train_step.py
+peer=""
+[[ ${status[hf_train_peer]:-} == ok* ]] && peer="--peer $OUT/results/bench/hf-train.json"
+[[ ${status[roofline]:-} == ok* ]] && peer+=" --roofline $OUT/results/bench/roofline.json"
+step train_bench 300 results/bench/train.json node bench/cuda-train.ts $peer
+# The first GRPO loop on the GPU: the demo trains the embedded tic-tac-toe model on CUDA (its win rates before and after
+# beside the CPU's, same seed, in docs/cuda.md).
+step demo 120 demo.txt bash -c "mkdir -p '$OUT/results/demo' && node lib/cli.ts demo --device cuda --quiet --out '$OUT/results/demo' --art-dir '$OUT/results/demo/art' 2>&1"
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
 if [ -n "$sanitizer" ]; then
-  step sanitizer 240 sanitizer.txt bash -c "for tool in memcheck racecheck synccheck; do echo \"== \$tool\"; ART_TEST_GPU=1 '$sanitizer' --tool \$tool --target-processes all --error-exitcode 1 node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts test/cuda/training-parity.test.ts 2>&1 || exit 1; done"
+  # Every tool runs (at most 100 s each) even when an earlier one reports errors; the step fails if any did.
+  step sanitizer 240 sanitizer.txt bash -c "failed=0; for tool in racecheck memcheck synccheck; do echo \"== \$tool\"; ART_TEST_GPU=1 '$sanitizer' --tool \$tool --target-processes all --error-exitcode 1 timeout 100 node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts test/cuda/training-parity.test.ts 2>&1 || failed=1; done; exit \$failed"
 else
   skip sanitizer "no compute-sanitizer on PATH or in /usr/local/cuda/bin"
 fi
+step nvrtc_fallback 120 fallback.txt bash -c 'ART_TEST_GPU=1 ART_CUDA_KERNELS=nvrtc node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts test/cuda/training-parity.test.ts --reporter=verbose 2>&1'
 step hf_fixtures 90 log.txt bash -c "python3 scripts/reference/hf_fixtures.py /tmp/art-hf-fixtures >&2 && tar -czf '$OUT/hf-fixtures.tar.gz' -C /tmp art-hf-fixtures"
-step roofline 60 bench/roofline.json python3 bench/peers/gpu_roofline.py
-step hf_peer 240 bench/hf.json python3 bench/peers/hf_generate.py
-peer=""
-[[ ${status[hf_peer]:-} == ok* ]] && peer="--peer $OUT/bench/hf.json"
-step bench 150 bench/decode.json node bench/cuda-decode.ts $peer
-step hf_train_peer 240 bench/hf-train.json python3 bench/peers/hf_train_step.py
-peer=""
-[[ ${status[hf_train_peer]:-} == ok* ]] && peer="--peer $OUT/bench/hf-train.json"
-[[ ${status[roofline]:-} == ok* ]] && peer+=" --roofline $OUT/bench/roofline.json"
-step train_bench 300 bench/train.json node bench/cuda-train.ts $peer
-# The device tool returns at most 8 files: the bench results travel as one archive.
-tar -cf "$OUT/bench.tar" -C "$OUT" bench && rm -rf "$OUT/bench"
+# The device tool returns at most 8 files: the bench and demo results travel as one archive.
+tar -cf "$OUT/results.tar" -C "$OUT/results" . && rm -rf "$OUT/results"
 cat "$OUT/summary.json"
