@@ -594,8 +594,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     dqs.version++;
     dks.version++;
     dvs.version++;
-    // Δ = Σ dOut·out per (row, head), written by the dq pass for the dk/dv pass.
+    // Δ = Σ dOut·out per (row, head), written by the dq pass for the dk/dv pass; each query head's share of dk and dv
+    // (zeros where no segment has a row), summed over each kv head's group at the end.
     const delta = cuda(this.zeros([rows, heads]));
+    const dkHeads = cuda(this.zeros([rows, heads * headDim])), dvHeads = cuda(this.zeros([rows, heads * headDim]));
     try {
       this.#withIndices(queryTiles, (index) => this.#launch(`packed_attention_backward_dq_hd${hd}`, [queryTiles.length / 5, heads],
         [2 * tensorCoreTileRows], [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", o.address], ["ptr", g.address],
@@ -603,12 +605,14 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
         dqBytes));
       const keyTiles = packedKeyTiles(segments);
       this.#withIndices(keyTiles.tiles, (tileIndex) => this.#withIndices(keyTiles.ranges, (rangeIndex) =>
-        this.#launch(`packed_attention_backward_dkdv_hd${hd}`, [keyTiles.tiles.length / 4, kvHeads], [2 * tensorCoreTileRows],
+        this.#launch(`packed_attention_backward_dkdv_hd${hd}`, [keyTiles.tiles.length / 4, heads], [2 * tensorCoreTileRows],
           [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", g.address], ["ptr", lse.address], ["ptr", delta.address],
-            ["ptr", tileIndex], ["ptr", rangeIndex], ["ptr", dks.address], ["ptr", dvs.address], ["i32", heads], ["i32", kvHeads],
+            ["ptr", tileIndex], ["ptr", rangeIndex], ["ptr", dkHeads.address], ["ptr", dvHeads.address], ["i32", heads], ["i32", kvHeads],
             ["i32", headDim]], dkdvBytes)));
+      this.#launch("packed_attention_group_sum", [gridFor(dks.size)], [256], [["ptr", dkHeads.address], ["ptr", dvHeads.address],
+        ["ptr", dks.address], ["ptr", dvs.address], ["i64", dks.size], ["i32", heads / kvHeads], ["i32", headDim]]);
     } finally {
-      this.free(delta);
+      for (const scratch of [delta, dkHeads, dvHeads]) this.free(scratch);
     }
   }
 

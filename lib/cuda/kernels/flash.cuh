@@ -90,9 +90,22 @@ __device__ __forceinline__ void for_each_accumulator(const float (&acc)[HD / 8][
 }
 
 // Rows 0 .. TILE − 1 of a shared tile from one head's columns of an f32 tensor, rounded to bf16: row r is
-// source row row_of(r), or zeros where that is negative; columns past head_dim are zeros.
+// source row row_of(r), or zeros where that is negative; columns past head_dim are zeros. Four columns per thread,
+// one 16-byte load and one 8-byte store, when every row's columns start 16-byte aligned (the usual case: head_dim a
+// multiple of 4); else one column at a time. The loads are what the tensor cores wait for between barriers.
 template <int HD, int TILE, typename RowOf>
 __device__ __forceinline__ void load_tile(bf16* tile, const float* source, long long row_stride, int column, int head_dim, RowOf row_of) {
+  if (head_dim % 4 == 0 && reinterpret_cast<unsigned long long>(source) % 16 == 0) {
+    constexpr int QUADS = HD / 4;
+    for (int i = threadIdx.x; i < TILE * QUADS; i += blockDim.x) {
+      const int r = i / QUADS, c = i % QUADS * 4;
+      const long long row = row_of(r);
+      float4 x = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (row >= 0 && c < head_dim) x = *reinterpret_cast<const float4*>(source + row * row_stride + column + c);
+      *reinterpret_cast<uint2*>(tile + r * (HD + 8) + c) = uint2{pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w)};
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < TILE * HD; i += blockDim.x) {
     const int r = i / HD, c = i % HD;
     const long long row = row_of(r);

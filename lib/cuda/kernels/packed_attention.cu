@@ -117,21 +117,25 @@ __device__ void packed_attention_backward_dq(const float* __restrict__ q, const 
 }
 
 // ---- key tiles: the dk/dv pass ------------------------------------------------------------------------------------
-// Backward, second pass: dk and dv of one key tile (at most 64 rows of one segment, 16 per warp: the host's
-// packedKeyTiles, per tile {first key row, keys, first range, ranges}) and one kv head, from every query row that
-// sees those keys, for every query head of the kv head's group. The query rows come as ranges {first row, end,
-// prefix start, prefix end, causal}: a causal range (the key's own segment) sees a key at or before the row; a prefix
-// range (a segment reading the keys' segment as its prefix) sees the keys in [prefix start, prefix end). The ranges
-// are read QUERY_CHUNK rows at a time. Each warp computes Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for its 16 keys, then
-// dv += Pᵀ·dO and dk += dSᵀ·Q / √d with dSᵀ = Pᵀ (dPᵀ − Δ), in registers. The block owns its key rows: no atomics.
-// Grid: (key tiles, kv heads). Block: 128. Dynamic shared memory: (2·64 + 2·QUERY_CHUNK) rows of HD + 8 bf16, then
+// Backward, second pass: the dk and dv that one query head contributes to one key tile (at most 64 rows of one
+// segment, 16 per warp: the host's packedKeyTiles, per tile {first key row, keys, first range, ranges}), from every
+// query row of that head that sees those keys. The query rows come as ranges {first row, end, prefix start, prefix
+// end, causal}: a causal range (the key's own segment) sees a key at or before the row; a prefix range (a segment
+// reading the keys' segment as its prefix) sees the keys in [prefix start, prefix end). The ranges are read
+// QUERY_CHUNK rows at a time. Each warp computes Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for its 16 keys, then dv += Pᵀ·dO and
+// dk += dSᵀ·Q / √d with dSᵀ = Pᵀ (dPᵀ − Δ), in registers.
+// A block per (key tile, query head), not per kv head: a kv head's group of query heads (7 for Qwen2.5-0.5B) would
+// otherwise run one after another in one block, and a batch of a few packed rows gives too few blocks to fill the
+// GPU. Each block stores its head's share in dk_heads and dv_heads ([rows, heads · head_dim]); group_sum adds the
+// group's shares into dk and dv, in a fixed order: no atomics, the same bits every run.
+// Grid: (key tiles, heads). Block: 128. Dynamic shared memory: (2·64 + 2·QUERY_CHUNK) rows of HD + 8 bf16, then
 // 2·QUERY_CHUNK floats.
 template <int HD, int QUERY_CHUNK>
 __device__ void packed_attention_backward_dkdv(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                                const float* __restrict__ dout, const float* __restrict__ lse,
                                                const float* __restrict__ delta, const int* __restrict__ key_tiles,
-                                               const int* __restrict__ ranges, float* __restrict__ dk, float* __restrict__ dv,
-                                               int heads, int kv_heads, int head_dim) {
+                                               const int* __restrict__ ranges, float* __restrict__ dk_heads,
+                                               float* __restrict__ dv_heads, int heads, int kv_heads, int head_dim) {
   extern __shared__ float shared[];
   constexpr int STRIDE = HD + 8, KEY_TILE = FLASH_TILE_ROWS;
   bf16* ks = reinterpret_cast<bf16*>(shared);
@@ -142,7 +146,7 @@ __device__ void packed_attention_backward_dkdv(const float* __restrict__ q, cons
   float* chunk_delta = chunk_lse + QUERY_CHUNK;
   const int* tile = key_tiles + 4 * blockIdx.x;
   const int first_key = tile[0], keys = tile[1], first_range = tile[2], range_count = tile[3];
-  const int kv_head = blockIdx.y, group = heads / kv_heads;
+  const int head = blockIdx.y, kv_head = head / (heads / kv_heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const long long q_stride = (long long)heads * head_dim, kv_stride = (long long)kv_heads * head_dim;
   const auto key_row = [&](int r) { return r < keys ? (long long)first_key + r : -1LL; };
@@ -154,54 +158,69 @@ __device__ void packed_attention_backward_dkdv(const float* __restrict__ q, cons
   const float log2e = 1.4426950408889634f, scale = rsqrtf((float)head_dim), scale2 = scale * log2e;
   float grad_k[HD / 8][4] = {}, grad_v[HD / 8][4] = {};
 
-  for (int member = 0; member < group; member++) {
-    const int head = kv_head * group + member;
-    for (int range = first_range; range < first_range + range_count; range++) {
-      const int* bounds = ranges + 5 * range;
-      const int first = bounds[0], end = bounds[1], prefix_start = bounds[2], prefix_end = bounds[3];
-      const bool causal = bounds[4] != 0;
-      for (int chunk = first; chunk < end; chunk += QUERY_CHUNK) {
-        __syncthreads();  // the previous chunk is no longer read
-        const auto query_row = [&](int r) { return chunk + r < end ? (long long)chunk + r : -1LL; };
-        load_tile<HD, QUERY_CHUNK>(qs, q, q_stride, head * head_dim, head_dim, query_row);
-        load_tile<HD, QUERY_CHUNK>(dos, dout, q_stride, head * head_dim, head_dim, query_row);
-        for (int r = threadIdx.x; r < QUERY_CHUNK; r += blockDim.x) {
-          const bool real = chunk + r < end;
-          chunk_lse[r] = real ? lse[(long long)(chunk + r) * heads + head] * log2e : 0.0f;
-          chunk_delta[r] = real ? delta[(long long)(chunk + r) * heads + head] : 0.0f;
-        }
-        __syncthreads();
-        // Skip when no row of the chunk sees any of the warp's keys (uniform over the warp).
-        const int chunk_last = min(chunk + QUERY_CHUNK, end) - 1;
-        const bool any = key_lo < key_hi && (causal ? key_lo <= chunk_last : key_lo < prefix_end && key_hi > prefix_start);
-        if (!any) continue;
-
-        float p[QUERY_CHUNK / 8][4], ds[QUERY_CHUNK / 8][4];
-        product_transposed<HD, QUERY_CHUNK>(p, ks, warp * 16, qs, g, t);   // Sᵀ
-        product_transposed<HD, QUERY_CHUNK>(ds, vs, warp * 16, dos, g, t);  // dPᵀ
-#pragma unroll
-        for (int n = 0; n < QUERY_CHUNK / 8; n++) {
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            const int local = n * 8 + 2 * t + (i & 1), query = chunk + local, key = i < 2 ? key0 : key1;
-            const bool seen = query < end && key < key_hi && (causal ? key <= query : key >= prefix_start && key < prefix_end);
-            p[n][i] = seen ? exp2f(p[n][i] * scale2 - chunk_lse[local]) : 0.0f;
-            ds[n][i] = p[n][i] * (ds[n][i] - chunk_delta[local]);
-          }
-        }
-        accumulate_product<HD, QUERY_CHUNK>(grad_v, p, dos, g, t);
-        accumulate_product<HD, QUERY_CHUNK>(grad_k, ds, qs, g, t);
+  for (int range = first_range; range < first_range + range_count; range++) {
+    const int* bounds = ranges + 5 * range;
+    const int first = bounds[0], end = bounds[1], prefix_start = bounds[2], prefix_end = bounds[3];
+    const bool causal = bounds[4] != 0;
+    for (int chunk = first; chunk < end; chunk += QUERY_CHUNK) {
+      __syncthreads();  // the previous chunk is no longer read
+      const auto query_row = [&](int r) { return chunk + r < end ? (long long)chunk + r : -1LL; };
+      load_tile<HD, QUERY_CHUNK>(qs, q, q_stride, head * head_dim, head_dim, query_row);
+      load_tile<HD, QUERY_CHUNK>(dos, dout, q_stride, head * head_dim, head_dim, query_row);
+      for (int r = threadIdx.x; r < QUERY_CHUNK; r += blockDim.x) {
+        const bool real = chunk + r < end;
+        chunk_lse[r] = real ? lse[(long long)(chunk + r) * heads + head] * log2e : 0.0f;
+        chunk_delta[r] = real ? delta[(long long)(chunk + r) * heads + head] : 0.0f;
       }
+      __syncthreads();
+      // Skip when no row of the chunk sees any of the warp's keys (uniform over the warp).
+      const int chunk_last = min(chunk + QUERY_CHUNK, end) - 1;
+      const bool any = key_lo < key_hi && (causal ? key_lo <= chunk_last : key_lo < prefix_end && key_hi > prefix_start);
+      if (!any) continue;
+
+      float p[QUERY_CHUNK / 8][4], ds[QUERY_CHUNK / 8][4];
+      product_transposed<HD, QUERY_CHUNK>(p, ks, warp * 16, qs, g, t);   // Sᵀ
+      product_transposed<HD, QUERY_CHUNK>(ds, vs, warp * 16, dos, g, t);  // dPᵀ
+#pragma unroll
+      for (int n = 0; n < QUERY_CHUNK / 8; n++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int local = n * 8 + 2 * t + (i & 1), query = chunk + local, key = i < 2 ? key0 : key1;
+          const bool seen = query < end && key < key_hi && (causal ? key <= query : key >= prefix_start && key < prefix_end);
+          p[n][i] = seen ? exp2f(p[n][i] * scale2 - chunk_lse[local]) : 0.0f;
+          ds[n][i] = p[n][i] * (ds[n][i] - chunk_delta[local]);
+        }
+      }
+      accumulate_product<HD, QUERY_CHUNK>(grad_v, p, dos, g, t);
+      accumulate_product<HD, QUERY_CHUNK>(grad_k, ds, qs, g, t);
     }
   }
   for_each_accumulator<HD>(grad_k, g, t, [&](int row, int c, float value, bool) {
     const int key = key_lo + row;
-    if (key < key_hi && c < head_dim) dk[key * kv_stride + kv_head * head_dim + c] += value * scale;
+    if (key < key_hi && c < head_dim) dk_heads[key * q_stride + head * head_dim + c] = value * scale;
   });
   for_each_accumulator<HD>(grad_v, g, t, [&](int row, int c, float value, bool) {
     const int key = key_lo + row;
-    if (key < key_hi && c < head_dim) dv[key * kv_stride + kv_head * head_dim + c] += value;
+    if (key < key_hi && c < head_dim) dv_heads[key * q_stride + head * head_dim + c] = value;
   });
+}
+
+// dk[row, kv head, c] += Σ over the kv head's group of dk_heads[row, head, c], members in order; likewise dv. `size` is
+// rows · kv_heads · head_dim. A query head's columns follow its kv head's (head = kv head · group + member), so
+// element e of dk sits at (e / head_dim · group + member) · head_dim + e % head_dim of dk_heads.
+extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ dk_heads, const float* __restrict__ dv_heads,
+                                                      float* __restrict__ dk, float* __restrict__ dv, long long size, int group,
+                                                      int head_dim) {
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < size; e += (long long)gridDim.x * blockDim.x) {
+    const long long first = e / head_dim * group * head_dim + e % head_dim;
+    float sum_k = 0.0f, sum_v = 0.0f;
+    for (int member = 0; member < group; member++) {
+      sum_k += dk_heads[first + (long long)member * head_dim];
+      sum_v += dv_heads[first + (long long)member * head_dim];
+    }
+    dk[e] += sum_k;
+    dv[e] += sum_v;
+  }
 }
 
 // Instantiations per head size: the dk/dv pass reads query chunks of 64 rows, or 32 at head size 128, where its two
@@ -219,9 +238,10 @@ __device__ void packed_attention_backward_dkdv(const float* __restrict__ q, cons
   }                                                                                                                      \
   extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dkdv_hd##HD(                              \
       const float* q, const float* k, const float* v, const float* dout, const float* lse, const float* delta,          \
-      const int* key_tiles, const int* ranges, float* dk, float* dv, int heads, int kv_heads, int head_dim) {           \
-    packed_attention_backward_dkdv<HD, QUERY_CHUNK>(q, k, v, dout, lse, delta, key_tiles, ranges, dk, dv, heads,       \
-                                                    kv_heads, head_dim);                                                 \
+      const int* key_tiles, const int* ranges, float* dk_heads, float* dv_heads, int heads, int kv_heads,               \
+      int head_dim) {                                                                                                    \
+    packed_attention_backward_dkdv<HD, QUERY_CHUNK>(q, k, v, dout, lse, delta, key_tiles, ranges, dk_heads, dv_heads,  \
+                                                    heads, kv_heads, head_dim);                                          \
   }
 PACKED_ATTENTION(16, 64)
 PACKED_ATTENTION(32, 64)

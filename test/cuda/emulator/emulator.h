@@ -22,6 +22,9 @@ extern emu_dim3 threadIdx, blockIdx;  // the running fiber's
 extern emu_dim3 blockDim, gridDim;
 
 struct __nv_bfloat16 { uint16_t bits; };
+// CUDA's vector types as the kernels use them: 16- and 8-byte aligned, read and written whole.
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
 
 inline float __bfloat162float(__nv_bfloat16 h) {
   uint32_t u = uint32_t(h.bits) << 16;
