@@ -198,12 +198,15 @@ function trend(points: readonly Point[], window: number): { change: number; nois
   return { change: late.mean - early.mean, noise: 2 * Math.hypot(early.stdErr, late.stdErr) };
 }
 
-/** The alarms the history raises at its latest step. */
+/**
+ * The alarms the history raises at its latest step. Each is dated by the newest point of the metric that raised it
+ * (a validation row logged after the last training step does not re-date a training alarm), so a caller that records
+ * alarms once per (step, kind) records each once, beside the trajectories that raised it.
+ */
 export function alarms(history: readonly HistoryRow[], options: AlarmOptions = {}): Alarm[] {
   const window = options.window ?? 6;
   const trainMetric = options.train ?? "train/reward", valMetric = options.validation ?? "val/reward";
   const train = metricSeries(history, trainMetric);
-  const step = history.at(-1)?.step ?? 0;
   const raised: Alarm[] = [];
 
   // Both over the steps of the last `window` validations, however often validation runs.
@@ -211,6 +214,7 @@ export function alarms(history: readonly HistoryRow[], options: AlarmOptions = {
   const trainTrend = val.length > 0 ? trend(train.filter((p) => p.step >= val[0]!.step), Infinity) : null;
   const valTrend = trend(val, window);
   if (trainTrend && valTrend && trainTrend.change > trainTrend.noise && valTrend.change < -valTrend.noise) {
+    const step = Math.max(train.at(-1)!.step, val.at(-1)!.step);
     raised.push({ kind: "reward_up_validation_down", step, message: `${trainMetric} rose by ${trainTrend.change.toPrecision(2)} while ${valMetric} fell by ${(-valTrend.change).toPrecision(2)} over the last ${window} evaluations (noise ${trainTrend.noise.toPrecision(2)} / ${valTrend.noise.toPrecision(2)}): the reward may be hacked; read the latest transcripts` });
   }
 
@@ -221,7 +225,7 @@ export function alarms(history: readonly HistoryRow[], options: AlarmOptions = {
     const sd = Math.sqrt(before.reduce((s, p) => s + (p.value - mean) ** 2, 0) / (before.length - 1));
     const noise = Math.max(sd, last.stdErr, ...before.map((p) => p.stdErr));
     if (noise > 0 && last.value - mean > 6 * noise) {
-      raised.push({ kind: "reward_jump", step, message: `${trainMetric} jumped to ${last.value.toPrecision(3)} from a plateau at ${mean.toPrecision(3)} (${((last.value - mean) / noise).toFixed(1)} times its noise): check the step's transcripts for a loophole` });
+      raised.push({ kind: "reward_jump", step: last.step, message: `${trainMetric} jumped to ${last.value.toPrecision(3)} from a plateau at ${mean.toPrecision(3)} (${((last.value - mean) / noise).toFixed(1)} times its noise): check the step's transcripts for a loophole` });
     }
   }
 
@@ -233,24 +237,24 @@ export function alarms(history: readonly HistoryRow[], options: AlarmOptions = {
     const validation = valTrend
       ? `${valMetric} changed by ${valTrend.change.toPrecision(2)} (noise ${valTrend.noise.toPrecision(2)})`
       : `${valMetric} has fewer than 4 values to confirm it (log a validation split)`;
-    raised.push({ kind: "perfect_scores", step, message: `${Math.round(perfect.at(-1)!.value * 100)}% of the step's rollouts got the top reward (up by ${Math.round(perfectTrend.change * 100)} points) while ${validation}: a perfect score the policy did not earn on held-out tasks is often a loophole; read the top-scoring transcripts` });
+    raised.push({ kind: "perfect_scores", step: perfect.at(-1)!.step, message: `${Math.round(perfect.at(-1)!.value * 100)}% of the step's rollouts got the top reward (up by ${Math.round(perfectTrend.change * 100)} points) while ${validation}: a perfect score the policy did not earn on held-out tasks is often a loophole; read the top-scoring transcripts` });
   }
 
   const entropy = metricSeries(history, "loss/entropy");
   if (entropy.length >= 3 && entropy[0]!.value > 0 && entropy.at(-1)!.value < 0.1 * entropy[0]!.value) {
-    raised.push({ kind: "entropy_collapse", step, message: `loss/entropy fell to ${entropy.at(-1)!.value.toPrecision(2)} from ${entropy[0]!.value.toPrecision(2)}: the policy has nearly stopped exploring, so groups stop differing` });
+    raised.push({ kind: "entropy_collapse", step: entropy.at(-1)!.step, message: `loss/entropy fell to ${entropy.at(-1)!.value.toPrecision(2)} from ${entropy[0]!.value.toPrecision(2)}: the policy has nearly stopped exploring, so groups stop differing` });
   }
 
   const flat = metricSeries(history, "train/flat_groups").at(-1);
   if (flat !== undefined && flat.value >= 0.5) {
-    raised.push({ kind: "no_signal", step, message: `${Math.round(flat.value * 100)}% of the step's groups had equal rewards, which GRPO learns nothing from: make the task harder or easier, or the reward finer` });
+    raised.push({ kind: "no_signal", step: flat.step, message: `${Math.round(flat.value * 100)}% of the step's groups had equal rewards, which GRPO learns nothing from: make the task harder or easier, or the reward finer` });
   }
 
   // Groups collapsing onto one answer: most answers repeat another's in their group, and more than they used to.
   const repeats = metricSeries(history, "train/repeated_answers");
   const repeatTrend = trend(repeats, window);
   if (repeats.length > 0 && repeats.at(-1)!.value >= 0.75 && repeatTrend && repeatTrend.change > Math.max(repeatTrend.noise, 0.15)) {
-    raised.push({ kind: "repeated_answers", step, message: `${Math.round(repeats.at(-1)!.value * 100)}% of the rollouts repeat another answer of their group (up by ${Math.round(repeatTrend.change * 100)} points over the last ${window} steps): exploration is collapsing; if rewards are not rising with it, raise the temperature or lower the learning rate, and read the transcripts` });
+    raised.push({ kind: "repeated_answers", step: repeats.at(-1)!.step, message: `${Math.round(repeats.at(-1)!.value * 100)}% of the rollouts repeat another answer of their group (up by ${Math.round(repeatTrend.change * 100)} points over the last ${window} steps): exploration is collapsing; if rewards are not rising with it, raise the temperature or lower the learning rate, and read the transcripts` });
   }
 
   // Groups' answers sharing ever more word pairs: the last half-window below half the first window's level, beyond
@@ -261,16 +265,16 @@ export function alarms(history: readonly HistoryRow[], options: AlarmOptions = {
     const [first, recent] = [meanOf(distinct.slice(0, window)), meanOf(distinct.slice(-recentSpan))];
     const noise = 2 * Math.hypot(first.stdErr / 2, recent.stdErr);
     if (first.mean / 2 - recent.mean > noise) {
-      raised.push({ kind: "diversity_collapse", step, message: `train/distinct_2grams fell to ${recent.mean.toPrecision(2)} over the last ${recentSpan} steps from ${first.mean.toPrecision(2)} over the first ${window} (below half by more than its noise, ${noise.toPrecision(2)}): the answers of a group are converging on the same words; if rewards are not rising with it, raise the temperature or lower the learning rate, and read the transcripts` });
+      raised.push({ kind: "diversity_collapse", step: distinct.at(-1)!.step, message: `train/distinct_2grams fell to ${recent.mean.toPrecision(2)} over the last ${recentSpan} steps from ${first.mean.toPrecision(2)} over the first ${window} (below half by more than its noise, ${noise.toPrecision(2)}): the answers of a group are converging on the same words; if rewards are not rising with it, raise the temperature or lower the learning rate, and read the transcripts` });
     }
   }
 
   const keys = new Set(history.flatMap((row) => Object.keys(row)));
   const failures = options.failureMetrics ?? [...keys].filter((k) => k.startsWith("train/") && /invalid|error|exception/.test(k));
   for (const metric of failures) {
-    const t = trend(metricSeries(history, metric), window);
+    const series = metricSeries(history, metric), t = trend(series, window);
     if (t && t.change > Math.max(t.noise, 0.05)) {
-      raised.push({ kind: "rising_failures", step, message: `${metric} rose by ${t.change.toPrecision(2)} over the last ${window} evaluations` });
+      raised.push({ kind: "rising_failures", step: series.at(-1)!.step, message: `${metric} rose by ${t.change.toPrecision(2)} over the last ${window} evaluations` });
     }
   }
   return raised;

@@ -133,6 +133,10 @@ describe("alarms", () => {
     });
     trainRows.at(-1)!["train/flat_groups"] = 0.75;
     expect(kinds(history).sort()).toEqual(["entropy_collapse", "no_signal", "rising_failures"]);
+    // A validation logged after the last training step does not re-date them: each keeps its metric's step.
+    const lastTrainStep = trainRows.at(-1)!.step;
+    const validated = [...history, { step: lastTrainStep + 1, recorded_at: "", "val/reward": 0.5 }];
+    expect(alarms(validated).map((a) => [a.kind, a.step])).toEqual(alarms(history).map((a) => [a.kind, lastTrainStep]));
   });
 
   it("measure repeated answers per group, and alarm when groups collapse onto one answer", () => {
