@@ -15,7 +15,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import {
-  type AdamWScalars, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, type LoraWeights,
+  type AdamWScalars, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights,
   type PackedSegment, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
   checkSamplingParams, checkTokenIds, shapeSize,
 } from "../model/backend.ts";
@@ -445,13 +445,17 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   // ---- inference: KV cache, attention over it, sampling ----------------------------------------------------------
 
   createKvCache(spec: KvCacheSpec): KvCache {
-    const elements = spec.numLayers * 2 * spec.numSlots * spec.numKvHeads * spec.maxPositions * spec.headDim;
-    const address = this.context.pool.allocate(elements * 2);
-    this.context.zero(address, elements * 2);
+    const bytes = this.kvCacheBytes(spec);
+    const address = this.context.pool.allocate(bytes);
+    this.context.zero(address, bytes);
     return new CudaKvCache({ ...spec }, address, this.#nextCacheId++, (cache) => {
       this.#graphs?.forgetCache(cache.id);
       this.context.pool.free(cache.address);
     });
+  }
+
+  kvCacheBytes(spec: KvCacheSpec): number {
+    return kvCacheElements(spec) * 2;
   }
 
   attention(q: Tensor, k: Tensor, v: Tensor, kvCache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void {

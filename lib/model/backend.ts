@@ -43,6 +43,11 @@ export interface KvCacheSpec {
   maxPositions: number;
 }
 
+/** Keys and values in a cache of `spec`: two planes (K, V) per layer of slots × positions × kv heads × head_dim. */
+export function kvCacheElements(spec: KvCacheSpec): number {
+  return 2 * spec.numLayers * spec.numSlots * spec.maxPositions * spec.numKvHeads * spec.headDim;
+}
+
 /** Keys and values of every layer for `numSlots` sequences. A row at (slot, position) attends to positions 0..position. */
 export interface KvCache {
   readonly spec: KvCacheSpec;
@@ -263,6 +268,8 @@ export interface Backend {
 
   // Inference: the KV cache, attention over it, sampling.
   createKvCache(spec: KvCacheSpec): KvCache;
+  /** Bytes a cache of `spec` takes (f32 on the CPU, bf16 on CUDA): what sizing a cache from free memory divides by. */
+  kvCacheBytes(spec: KvCacheSpec): number;
   /**
    * Writes k, v of every row into `cache` at (slot, position) of `layer`, then causal grouped-query attention:
    * row i's query heads attend to positions 0..positions[i] of its slot, softmax(q·k / sqrt(headDim)) v.

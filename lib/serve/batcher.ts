@@ -25,6 +25,7 @@ import { seededRandom } from "../core/random.ts";
 import type { SampledToken, TopLogprob } from "../model/generate.ts";
 import type { LayerLoras } from "../model/lora.ts";
 import type { Transformer } from "../model/transformer.ts";
+import { ArtError } from "../core/errors.ts";
 import { ApiError } from "./api-error.ts";
 import type { JsonConstraint } from "./token-mask.ts";
 
@@ -56,8 +57,16 @@ export interface SequenceResult {
 }
 
 export interface BatcherOptions {
-  /** Sequences decoded at once (KV-cache slots). */
+  /**
+   * Sequences decoded at once (KV-cache slots). Default: where the backend knows its free memory (CUDA), as many as
+   * `kvCacheMemory` of it holds at `maxPositions`, at most 256; else (the CPU) 32.
+   */
   numSlots?: number;
+  /**
+   * The share of the backend's available memory (after the weights are loaded) the KV cache may take when numSlots is
+   * not given; default 0.5, leaving the rest to training's activations and optimizer state in the same process.
+   */
+  kvCacheMemory?: number;
   /** Positions per slot: the longest prompt + completion served. */
   maxPositions?: number;
   /** Sequences that may wait for a slot before submit answers 429. */
@@ -100,6 +109,45 @@ interface Sequence {
   onAbort: (() => void) | null;
 }
 
+/** The most slots sized from memory: a decode pass of this many rows already keeps a GPU's bandwidth busy. */
+export const MAX_MEMORY_SIZED_SLOTS = 256;
+
+const gib = (bytes: number) => `${(bytes / 2 ** 30).toFixed(2)} GiB`;
+
+/**
+ * The KV-cache slots of a batcher: options.numSlots, checked against the backend's available memory where it knows
+ * it, or as many as options.kvCacheMemory of that memory holds at `maxPositions` (at most MAX_MEMORY_SIZED_SLOTS);
+ * 32 where the backend cannot say (the CPU). Throws an ArtError naming the options to change when none fit.
+ */
+export function kvCacheSlots(transformer: Transformer, maxPositions: number, options: BatcherOptions = {}): number {
+  const share = options.kvCacheMemory ?? 0.5;
+  if (!(share > 0 && share <= 1)) {
+    throw new ArtError("bad_option", `batcher.kvCacheMemory must be a share of available memory in (0, 1], got ${share}`);
+  }
+  if (options.numSlots !== undefined && !(Number.isInteger(options.numSlots) && options.numSlots >= 1)) {
+    throw new ArtError("bad_option", `batcher.numSlots must be a positive integer, got ${options.numSlots}`);
+  }
+  const available = transformer.backend.availableMemory?.();
+  if (available === undefined) return options.numSlots ?? 32;
+  const { numLayers, numKvHeads, headDim } = transformer.config;
+  const slotBytes = transformer.backend.kvCacheBytes({ numLayers, numKvHeads, headDim, numSlots: 1, maxPositions });
+  if (options.numSlots !== undefined) {
+    if (options.numSlots * slotBytes > available) {
+      throw new ArtError("kv_cache_memory", `a KV cache of ${options.numSlots} slots × ${maxPositions} positions takes ` +
+        `${gib(options.numSlots * slotBytes)}, more than the ${gib(available)} available: lower batcher.numSlots (art-ts serve ` +
+        `--slots) or batcher.maxPositions (--context), or leave numSlots out to size the cache from free memory`);
+    }
+    return options.numSlots;
+  }
+  const slots = Math.min(MAX_MEMORY_SIZED_SLOTS, Math.floor((share * available) / slotBytes));
+  if (slots < 1) {
+    throw new ArtError("kv_cache_memory", `one KV-cache slot of ${maxPositions} positions takes ${gib(slotBytes)}, more than ` +
+      `${share} of the ${gib(available)} available: lower batcher.maxPositions (art-ts serve --context) or raise ` +
+      `batcher.kvCacheMemory (--kv-memory)`);
+  }
+  return slots;
+}
+
 export class Batcher {
   readonly numSlots: number;
   readonly maxPositions: number;
@@ -127,8 +175,8 @@ export class Batcher {
   constructor(transformer: Transformer, options: BatcherOptions = {}) {
     this.transformer = transformer;
     this.backend = transformer.backend;
-    this.numSlots = options.numSlots ?? 32;
     this.maxPositions = Math.min(options.maxPositions ?? 4096, transformer.config.maxPositionEmbeddings);
+    this.numSlots = kvCacheSlots(transformer, this.maxPositions, options);
     this.maxQueued = options.maxQueued ?? 1024;
     this.maxPrefillTokens = options.maxPrefillTokens ?? 2048;
     this.reusePrefixes = options.reusePrefixes ?? true;

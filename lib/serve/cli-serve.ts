@@ -2,7 +2,7 @@
  * `art-ts serve`: a checkpoint behind the OpenAI-compatible API over HTTP, for agents in other processes.
  *
  *   art-ts serve --model <dir|hf-id> [--adapter <dir>] [--name <id>] [--host 127.0.0.1] [--port 8000]
- *                [--api-key K | --api-key-file F] [--device auto|cpu|cuda] [--slots 32] [--context 4096] [--max-request-mb 8]
+ *                [--api-key K | --api-key-file F] [--device auto|cpu|cuda] [--slots N] [--kv-memory 0.5] [--context 4096] [--max-request-mb 8]
  *                [--allow-runtime-lora]
  */
 import * as fs from "node:fs";
@@ -21,7 +21,10 @@ export interface ServeArgs {
   port: number;
   apiKey: string | null;
   device: Device;
-  slots: number;
+  /** KV-cache slots; null sizes the cache from free memory (batcher.kvCacheMemory). */
+  slots: number | null;
+  /** The share of available memory a cache sized from it may take. */
+  kvMemory: number;
   context: number;
   /** Largest request body in MiB. */
   maxRequestMb: number;
@@ -43,13 +46,16 @@ options:
   --api-key <key>      require "Authorization: Bearer <key>" on every request (visible in ps: prefer
                        --api-key-file <path>, the key on the file's first line, or the ART_API_KEY variable)
   --device <d>         auto | cpu | cuda (default auto)
-  --slots <n>          sequences decoded at once (default 32)
+  --slots <n>          sequences decoded at once (default: on CUDA, as many as --kv-memory of the free GPU memory
+                       holds, at most 256; on the CPU, 32)
+  --kv-memory <f>      the share of free memory (after the weights) the KV cache takes when --slots is not given
+                       (default 0.5)
   --context <n>        longest prompt + completion in tokens (default 4096, at most the model's)
   --max-request-mb <n> largest request body in MiB (default 8; larger ones get 413 before they are read)
   --allow-runtime-lora serve vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter, which load PEFT
                        adapters from paths on this machine (a trainer elsewhere pushes each checkpoint)`;
 
-const FLAGS = new Set(["--model", "--adapter", "--name", "--host", "--port", "--api-key", "--api-key-file", "--device", "--slots", "--context", "--max-request-mb"]);
+const FLAGS = new Set(["--model", "--adapter", "--name", "--host", "--port", "--api-key", "--api-key-file", "--device", "--slots", "--kv-memory", "--context", "--max-request-mb"]);
 
 export function parseServeArgs(argv: string[], env: Record<string, string | undefined> = process.env): ServeArgs {
   const values = new Map<string, string>();
@@ -78,11 +84,20 @@ export function parseServeArgs(argv: string[], env: Record<string, string | unde
     port: integer(values, "--port", 8000, 0, 65535),
     apiKey: apiKeyFrom(values, env),
     device,
-    slots: integer(values, "--slots", 32, 1),
+    slots: values.has("--slots") ? integer(values, "--slots", 32, 1) : null,
+    kvMemory: share(values, "--kv-memory", 0.5),
     context: integer(values, "--context", 4096, 2),
     maxRequestMb: integer(values, "--max-request-mb", 8, 1),
     allowRuntimeLora,
   };
+}
+
+function share(values: Map<string, string>, flag: string, fallback: number): number {
+  const raw = values.get(flag);
+  if (raw === undefined) return fallback;
+  const value = Number(raw);
+  if (!(value > 0 && value <= 1)) throw new ArtError("bad_arguments", `art-ts serve: ${flag} must be a number in (0, 1], got ${JSON.stringify(raw)}`);
+  return value;
 }
 
 function integer(values: Map<string, string>, flag: string, fallback: number, min: number, max = Number.MAX_SAFE_INTEGER): number {
@@ -117,7 +132,8 @@ const LOOPBACK = /^(127\.\d+\.\d+\.\d+|::1|localhost)$/;
 /** Loads the model and serves it until the returned handle is closed. */
 export async function runServe(args: ServeArgs, log: (line: string) => void = console.log): Promise<{ server: ModelServer; http: HttpServerHandle }> {
   const lm = await loadCausalLM(args.model, { device: args.device, adapter: args.adapter ?? undefined, log });
-  const server = new ModelServer({ apiKey: args.apiKey, maxRequestBytes: args.maxRequestMb * 1024 * 1024, batcher: { numSlots: args.slots, maxPositions: args.context },
+  const server = new ModelServer({ apiKey: args.apiKey, maxRequestBytes: args.maxRequestMb * 1024 * 1024, batcher: {
+    ...(args.slots === null ? {} : { numSlots: args.slots }), kvCacheMemory: args.kvMemory, maxPositions: args.context },
     runtimeAdapters: args.allowRuntimeLora });
   if (lm.adapter) {
     server.addBaseModel(args.model, lm);

@@ -6,6 +6,7 @@ import { type SamplingParams, allowedTokenMask } from "../../lib/model/backend.t
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { generate } from "../../lib/model/generate.ts";
 import { loadTransformer } from "../../lib/model/transformer.ts";
+import { Batcher, MAX_MEMORY_SIZED_SLOTS } from "../../lib/serve/batcher.ts";
 import { tinyCheckpoint } from "../model/helpers.ts";
 import { RecordingDevice } from "./recording-device.ts";
 
@@ -35,6 +36,32 @@ describe("CUDA backend host logic (recording device)", () => {
       expect(device.outstandingBytes).toBe(0);
     });
   }
+
+  it("sizes a batcher's KV cache from the device's free memory, and names the knobs when it cannot fit", async () => {
+    const { device, backend } = recordingBackend();
+    const model = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 3 }), backend, "bf16");
+    const { numLayers, numKvHeads, headDim } = model.config;
+    const slotBytes = 2 * numLayers * numKvHeads * headDim * 64 * 2; // K and V, bf16, 64 positions
+    expect(backend.kvCacheBytes({ numLayers, numKvHeads, headDim, numSlots: 1, maxPositions: 64 })).toBe(slotBytes);
+    // 40.5 slots free: half of it holds 20; a quarter, 10.
+    device.limitBytes = device.outstandingBytes + Math.floor(40.5 * slotBytes) - backend.context.pool.stats().cachedBytes;
+    const sized = new Batcher(model, { maxPositions: 64 });
+    expect(sized.numSlots).toBe(20);
+    await sized.close();
+    const quarter = new Batcher(model, { maxPositions: 64, kvCacheMemory: 0.25 });
+    expect(quarter.numSlots).toBe(10);
+    await quarter.close();
+    expect(() => new Batcher(model, { maxPositions: 64, numSlots: 41 })).toThrow(/41 slots × 64 positions takes .* GiB, more than the .* GiB available: lower batcher.numSlots/);
+    expect(() => new Batcher(model, { maxPositions: 64, kvCacheMemory: 0.02 })).toThrow(/one KV-cache slot of 64 positions takes .* more than 0.02 of the .* available: lower batcher.maxPositions/);
+    expect(() => new Batcher(model, { kvCacheMemory: 1.5 })).toThrow(/kvCacheMemory must be a share of available memory in \(0, 1\], got 1.5/);
+    // Plenty of memory: at most MAX_MEMORY_SIZED_SLOTS.
+    device.limitBytes = Infinity;
+    const capped = new Batcher(model, { maxPositions: 64 });
+    expect(capped.numSlots).toBe(MAX_MEMORY_SIZED_SLOTS);
+    await capped.close();
+    model.free();
+    backend.dispose();
+  });
 
   it("splits long key ranges in decode and merges them; a long prompt's prefill goes to the tensor-core kernel", () => {
     const { device, backend } = recordingBackend();

@@ -15,6 +15,10 @@ describe("art-ts serve", () => {
     expect(parseServeArgs(["--model", "m"])).toMatchObject({ model: "m", name: "m", host: "127.0.0.1", port: 8000, apiKey: null, device: "auto", adapter: null });
     expect(parseServeArgs(["--model=m", "--port=0", "--api-key", "k", "--name", "agent"])).toMatchObject({ port: 0, apiKey: "k", name: "agent", maxRequestMb: 8 });
     expect(parseServeArgs(["--model", "m", "--max-request-mb", "2"]).maxRequestMb).toBe(2);
+    // No --slots: the KV cache is sized from free memory (on CUDA), half of it unless --kv-memory says otherwise.
+    expect(parseServeArgs(["--model", "m"])).toMatchObject({ slots: null, kvMemory: 0.5 });
+    expect(parseServeArgs(["--model", "m", "--slots", "8", "--kv-memory", "0.3"])).toMatchObject({ slots: 8, kvMemory: 0.3 });
+    expect(() => parseServeArgs(["--model", "m", "--kv-memory", "1.5"])).toThrow(/--kv-memory must be a number in \(0, 1\], got "1.5"/);
     expect(() => parseServeArgs(["--model", "m", "--max-request-mb", "0"])).toThrow(/--max-request-mb must be an integer >= 1, got "0"/);
     expect(() => parseServeArgs([])).toThrow(/--model is required/);
     expect(() => parseServeArgs(["--model", "m", "--port", "x"])).toThrow(/--port must be an integer/);

@@ -8,7 +8,7 @@
  */
 import { ArtError } from "../../core/errors.ts";
 import {
-  type AdamWScalars, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, type LoraWeights, type PackedSegment,
+  type AdamWScalars, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights, type PackedSegment,
   type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkTokenIds, shapeSize,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
@@ -351,6 +351,10 @@ export class CpuBackend implements Backend {
 
   createKvCache(spec: KvCacheSpec): KvCache {
     return new CpuKvCache({ ...spec });
+  }
+
+  kvCacheBytes(spec: KvCacheSpec): number {
+    return kvCacheElements(spec) * 4;
   }
 
   /**
