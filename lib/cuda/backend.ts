@@ -600,9 +600,14 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     dvs.version++;
     // Δ = Σ dOut·out per (row, head), written by the dq pass for the dk/dv pass; each query head's share of dk and dv
     // (zeros where no segment has a row), summed over each kv head's group at the end.
-    const delta = cuda(this.zeros([rows, heads]));
-    const dkHeads = cuda(this.zeros([rows, heads * headDim])), dvHeads = cuda(this.zeros([rows, heads * headDim]));
+    const scratch: CudaTensor[] = [];
+    const allocate = (shape: number[]) => {
+      scratch.push(cuda(this.zeros(shape)));
+      return scratch.at(-1)!;
+    };
     try {
+      const delta = allocate([rows, heads]);
+      const dkHeads = allocate([rows, heads * headDim]), dvHeads = allocate([rows, heads * headDim]);
       this.#withIndices(queryTiles, (index) => this.#launch(`packed_attention_backward_dq_hd${hd}`, [queryTiles.length / 5, heads],
         [2 * tensorCoreTileRows], [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", o.address], ["ptr", g.address],
           ["ptr", lse.address], ["ptr", index], ["ptr", dqs.address], ["ptr", delta.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim]],
@@ -616,7 +621,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       this.#launch("packed_attention_group_sum", [gridFor(dks.size)], [256], [["ptr", dkHeads.address], ["ptr", dvHeads.address],
         ["ptr", dks.address], ["ptr", dvs.address], ["i64", dks.size], ["i32", heads / kvHeads], ["i32", headDim]]);
     } finally {
-      for (const scratch of [delta, dkHeads, dvHeads]) this.free(scratch);
+      for (const tensor of scratch) this.free(tensor);
     }
   }
 

@@ -141,8 +141,10 @@ export class MemoryPool {
     const address = this.#device.allocate(size);
     if (address === null) {
       throw new ArtError("cuda_out_of_memory",
-        `out of GPU memory allocating ${requested} bytes (${this.#stats.inUseBytes} bytes in use by art-ts): ` +
-        "use a smaller batch or fewer KV-cache slots/positions, or free other GPU processes");
+        `out of GPU memory allocating ${requested} bytes (${this.#stats.inUseBytes} bytes in use by art-ts): to train, ` +
+        "lower microBatchSize or set recomputeActivations: true; to serve, fewer KV-cache slots or positions " +
+        "(batcher numSlots, maxPositions or kvCacheMemory; art-ts serve --slots, --context or --kv-memory); or free other " +
+        "GPU processes");
     }
     return address;
   }

@@ -32,22 +32,17 @@ export function adamwStep(backend: Backend, params: ParameterTensors[], state: A
         "no weights were changed. Lower the learning rate, check rewards and inputs for NaN, or resume from the last checkpoint.",
     );
   }
+  // Every moment exists before any parameter moves, so running out of memory here changes no weight.
+  for (const p of params) {
+    if (!state.m.has(p.name)) state.m.set(p.name, backend.zeros(p.shape));
+    if (!state.v.has(p.name)) state.v.set(p.name, backend.zeros(p.shape));
+  }
   state.step += 1;
   const { learningRate, beta1, beta2, eps, weightDecay } = options;
   const scalars = {
     clip: Math.min(1, options.maxGradNorm / (norm + 1e-6)), learningRate, beta1, beta2, eps, weightDecay,
     correction1: 1 - beta1 ** state.step, correction2: 1 - beta2 ** state.step,
   };
-  for (const p of params) {
-    let m = state.m.get(p.name);
-    let v = state.v.get(p.name);
-    if (m === undefined || v === undefined) {
-      m = backend.zeros(p.shape);
-      v = backend.zeros(p.shape);
-      state.m.set(p.name, m);
-      state.v.set(p.name, v);
-    }
-    backend.adamw(p.value, p.grad, m, v, scalars);
-  }
+  for (const p of params) backend.adamw(p.value, p.grad, state.m.get(p.name)!, state.v.get(p.name)!, scalars);
   return norm;
 }

@@ -202,28 +202,34 @@ export class Trainer {
       const pass = this.network.forward(batch);
       const dLogprobs = new Float32Array(pass.logprobs.length);
       let offset = 0;
-      for (const s of micro[b]) {
-        const count = trainedCount(s);
-        const newLogprobs = pass.logprobs.subarray(offset, offset + count);
-        const weight = weights.get(s)! / tokens;
-        let result: { loss: number; dNewLogprobs: Float32Array; clippedTokens?: number; kl?: number };
-        if (!grpo) {
-          result = crossEntropyLoss(newLogprobs, weight);
-        } else {
-          const oldLogprobs = new Float32Array(count);
-          let i = 0;
-          for (let t = 1; t < s.tokens.length; t++) if (s.trainable[t]) oldLogprobs[i++] = s.logprobs[t];
-          const refLogprobs = references ? references[b].subarray(offset, offset + count) : null;
-          const advantages = this.config.klPenaltyCoef > 0
-            ? klShapedAdvantages(s.advantage, newLogprobs, refLogprobs!, this.config.klPenaltyCoef, meanKl)
-            : new Float32Array(count).fill(s.advantage);
-          result = policyLoss({ newLogprobs, oldLogprobs, refLogprobs, advantages, weight }, this.config);
+      // The backward frees the pass, also when it fails; until it runs, a failure here must.
+      try {
+        for (const s of micro[b]) {
+          const count = trainedCount(s);
+          const newLogprobs = pass.logprobs.subarray(offset, offset + count);
+          const weight = weights.get(s)! / tokens;
+          let result: { loss: number; dNewLogprobs: Float32Array; clippedTokens?: number; kl?: number };
+          if (!grpo) {
+            result = crossEntropyLoss(newLogprobs, weight);
+          } else {
+            const oldLogprobs = new Float32Array(count);
+            let i = 0;
+            for (let t = 1; t < s.tokens.length; t++) if (s.trainable[t]) oldLogprobs[i++] = s.logprobs[t];
+            const refLogprobs = references ? references[b].subarray(offset, offset + count) : null;
+            const advantages = this.config.klPenaltyCoef > 0
+              ? klShapedAdvantages(s.advantage, newLogprobs, refLogprobs!, this.config.klPenaltyCoef, meanKl)
+              : new Float32Array(count).fill(s.advantage);
+            result = policyLoss({ newLogprobs, oldLogprobs, refLogprobs, advantages, weight }, this.config);
+          }
+          dLogprobs.set(result.dNewLogprobs, offset);
+          metrics.loss += result.loss;
+          metrics.kl += result.kl ?? 0;
+          clipped += result.clippedTokens ?? 0;
+          offset += count;
         }
-        dLogprobs.set(result.dNewLogprobs, offset);
-        metrics.loss += result.loss;
-        metrics.kl += result.kl ?? 0;
-        clipped += result.clippedTokens ?? 0;
-        offset += count;
+      } catch (error) {
+        this.network.release(pass);
+        throw error;
       }
       for (const e of pass.entropies) metrics.entropy += e / tokens;
       this.network.backward(pass, dLogprobs);

@@ -263,38 +263,45 @@ export class DifferentiableTransformer {
     const n = batch.tokens.length;
     const d = c.hiddenSize;
     checkTokenIds(batch.tokens, c.vocabSize);
-    let x = b.zeros([n, d]);
-    b.embedding(this.embedding.tensor, batch.tokens, x);
-    const layers: SavedLayer[] = [];
-    for (let l = 0; l < c.numLayers; l++) {
-      const { acts, output } = this.layerForward(l, x, batch, useAdapter);
-      if (!keep) {
-        this.freeActivations(acts);
-        b.free(x);
-      } else if (this.keepsActivations(acts)) {
-        layers.push({ input: x, acts });
-      } else {
-        this.freeActivations(acts);
-        layers.push({ input: x, acts: null });
+    const held = new Holdings(b);
+    try {
+      let x = held.zeros([n, d]);
+      b.embedding(this.embedding.tensor, batch.tokens, x);
+      const layers: SavedLayer[] = [];
+      for (let l = 0; l < c.numLayers; l++) {
+        const { acts, output } = this.layerForward(l, x, batch, useAdapter);
+        for (const tensor of [...activationTensors(acts), output]) held.hold(tensor);
+        if (!keep) {
+          held.freeAll(activationTensors(acts));
+          held.free(x);
+        } else if (this.keepsActivations(acts)) {
+          layers.push({ input: x, acts });
+        } else {
+          held.freeAll(activationTensors(acts));
+          layers.push({ input: x, acts: null });
+        }
+        x = output;
       }
-      x = output;
+      const finalRstd = held.zeros([n]);
+      const finalHidden = held.zeros([n, d]);
+      b.rmsNorm(x, this.finalNorm.tensor, c.rmsNormEps, finalHidden, finalRstd);
+      const scored: number[] = [];
+      for (let r = 0; r < n; r++) if (batch.targets[r] >= 0) scored.push(r);
+      const scoredRows = Int32Array.from(scored);
+      const scoredHidden = held.zeros([scored.length, d]);
+      b.gatherRows(finalHidden, scoredRows, scoredHidden);
+      held.free(finalHidden);
+      const scoredTargets = Int32Array.from(scoredRows, (row) => batch.targets[row]);
+      const { logprobs, entropies, logsumexp } = b.targetLogprobs(scoredHidden, this.lmHead.tensor, scoredTargets, this.chunks);
+      const pass: ForwardPass = {
+        batch, useAdapter, layers, finalResidual: x, finalRstd, scoredRows, scoredHidden, logprobs, entropies, logsumexp,
+      };
+      if (!keep) this.release(pass);
+      return pass;
+    } catch (error) {
+      held.freeAll();
+      throw error;
     }
-    const finalRstd = b.zeros([n]);
-    const finalHidden = b.zeros([n, d]);
-    b.rmsNorm(x, this.finalNorm.tensor, c.rmsNormEps, finalHidden, finalRstd);
-    const scored: number[] = [];
-    for (let r = 0; r < n; r++) if (batch.targets[r] >= 0) scored.push(r);
-    const scoredRows = Int32Array.from(scored);
-    const scoredHidden = b.zeros([scored.length, d]);
-    b.gatherRows(finalHidden, scoredRows, scoredHidden);
-    b.free(finalHidden);
-    const scoredTargets = Int32Array.from(scoredRows, (row) => batch.targets[row]);
-    const { logprobs, entropies, logsumexp } = b.targetLogprobs(scoredHidden, this.lmHead.tensor, scoredTargets, this.chunks);
-    const pass: ForwardPass = {
-      batch, useAdapter, layers, finalResidual: x, finalRstd, scoredRows, scoredHidden, logprobs, entropies, logsumexp,
-    };
-    if (!keep) this.release(pass);
-    return pass;
   }
 
   /** Whether a layer's activations, just computed, stay for the backward (see RecomputeActivations). */
@@ -328,24 +335,30 @@ export class DifferentiableTransformer {
     const b = this.backend, c = this.config, w = this.layers[l];
     const n = batch.tokens.length;
     const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
-    const z = (width: number) => b.zeros([n, width]);
-    const loras = useAdapter ? this.engineLorasOf(l) : undefined;
-    const loraDown: LayerActivations["loraDown"] = {};
-    for (const [projection, lora] of Object.entries(loras ?? {})) loraDown[projection as Projection] = z(lora.a.shape[0]);
-    // Without the q/k norm, RoPE rotates the projections in place: nothing before it is needed by the backward.
-    const qkNorm = w.qNorm !== null && w.kNorm !== null;
-    const qRaw = z(h * hd), kRaw = z(kv * hd);
-    const acts: LayerActivations = {
-      attnInput: z(d), rstd1: b.zeros([n]), qRaw, kRaw, qRstd: qkNorm ? b.zeros([n * h]) : null, kRstd: qkNorm ? b.zeros([n * kv]) : null,
-      q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: z(kv * hd), attn: z(h * hd), attnSaved: null, attnOut: z(d),
-      mid: z(d), mlpInput: z(d), rstd2: b.zeros([n]), gate: z(inter), up: z(inter), hidden: z(inter), mlpOut: z(d), loraDown,
-    };
-    const output = z(d);
-    const attend: Attend = (_layer, q, k, v, out) => b.packedAttention(q, k, v, batch.segments, hd, out);
-    this.transformer.layerForward(l, input, output, acts, batch.positions, attend, loras);
-    b.free(acts.attnOut);
-    b.free(acts.mlpOut);
-    return { acts, output };
+    const held = new Holdings(b);
+    try {
+      const z = (width: number) => held.zeros([n, width]);
+      const loras = useAdapter ? this.engineLorasOf(l) : undefined;
+      const loraDown: LayerActivations["loraDown"] = {};
+      for (const [projection, lora] of Object.entries(loras ?? {})) loraDown[projection as Projection] = z(lora.a.shape[0]);
+      // Without the q/k norm, RoPE rotates the projections in place: nothing before it is needed by the backward.
+      const qkNorm = w.qNorm !== null && w.kNorm !== null;
+      const qRaw = z(h * hd), kRaw = z(kv * hd);
+      const acts: LayerActivations = {
+        attnInput: z(d), rstd1: held.zeros([n]), qRaw, kRaw, qRstd: qkNorm ? held.zeros([n * h]) : null, kRstd: qkNorm ? held.zeros([n * kv]) : null,
+        q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: z(kv * hd), attn: z(h * hd), attnSaved: null, attnOut: z(d),
+        mid: z(d), mlpInput: z(d), rstd2: held.zeros([n]), gate: z(inter), up: z(inter), hidden: z(inter), mlpOut: z(d), loraDown,
+      };
+      const output = z(d);
+      const attend: Attend = (_layer, q, k, v, out) => held.hold(b.packedAttention(q, k, v, batch.segments, hd, out));
+      this.transformer.layerForward(l, input, output, acts, batch.positions, attend, loras);
+      held.free(acts.attnOut);
+      held.free(acts.mlpOut);
+      return { acts, output };
+    } catch (error) {
+      held.freeAll();
+      throw error;
+    }
   }
 
   private engineLorasOf(l: number): LayerLoras {
@@ -367,38 +380,50 @@ export class DifferentiableTransformer {
     const d = c.hiddenSize;
     if (pass.layers.length !== c.numLayers) throw new ArtError("bad_backward", "backward needs a forward pass that kept its activations (each pass serves one backward)");
     const scoredTargets = Int32Array.from(pass.scoredRows, (row) => pass.batch.targets[row]);
-    const dScored = b.zeros([pass.scoredRows.length, d]);
-    b.targetLogprobsBackward(pass.scoredHidden, this.lmHead.tensor, scoredTargets, pass.logsumexp, dLogprobs, dScored, this.lmHead.gradTensor,
-      this.chunks);
-    const dFinal = b.zeros([n, d]);
-    b.gatherRowsBackward(pass.scoredRows, dScored, dFinal);
-    b.free(dScored);
-    let dx = b.zeros([n, d]);
-    b.rmsNormBackward(pass.finalResidual, this.finalNorm.tensor, pass.finalRstd, dFinal, dx, this.finalNorm.gradTensor);
-    b.free(dFinal);
-    for (let l = c.numLayers - 1; l >= 0; l--) {
-      const saved = pass.layers[l];
-      let acts = saved.acts;
-      if (!acts) {
-        const recomputed = this.layerForward(l, saved.input, pass.batch, true);
-        b.free(recomputed.output);
-        acts = recomputed.acts;
+    // On failure, what the backward holds and the pass itself go back to the backend (gradients stay half-accumulated
+    // until the next zeroGradients).
+    const held = new Holdings(b);
+    try {
+      const dScored = held.zeros([pass.scoredRows.length, d]);
+      b.targetLogprobsBackward(pass.scoredHidden, this.lmHead.tensor, scoredTargets, pass.logsumexp, dLogprobs, dScored, this.lmHead.gradTensor,
+        this.chunks);
+      const dFinal = held.zeros([n, d]);
+      b.gatherRowsBackward(pass.scoredRows, dScored, dFinal);
+      held.free(dScored);
+      let dx = held.zeros([n, d]);
+      b.rmsNormBackward(pass.finalResidual, this.finalNorm.tensor, pass.finalRstd, dFinal, dx, this.finalNorm.gradTensor);
+      held.free(dFinal);
+      for (let l = c.numLayers - 1; l >= 0; l--) {
+        const saved = pass.layers[l];
+        let acts = saved.acts;
+        if (!acts) {
+          const recomputed = this.layerForward(l, saved.input, pass.batch, true);
+          b.free(recomputed.output);
+          acts = recomputed.acts;
+          for (const tensor of activationTensors(acts)) held.hold(tensor);
+        }
+        const dInput = held.hold(this.layerBackward(l, saved.input, acts, dx, pass.batch));
+        // Done with this layer: only its input stays (the previous layer's output), freed with the pass.
+        if (saved.acts) this.freeActivations(saved.acts);
+        else held.freeAll(activationTensors(acts));
+        saved.acts = null;
+        held.free(dx);
+        dx = dInput;
       }
-      const dInput = this.layerBackward(l, saved.input, acts, dx, pass.batch);
-      // Done with this layer: only its input stays (the previous layer's output), freed with the pass.
-      this.freeActivations(acts);
-      saved.acts = null;
-      b.free(dx);
-      dx = dInput;
+      if (this.embedding.gradTensor) b.embeddingBackward(pass.batch.tokens, dx, this.embedding.gradTensor);
+      held.free(dx);
+    } catch (error) {
+      held.freeAll();
+      throw error;
+    } finally {
+      this.release(pass);
     }
-    if (this.embedding.gradTensor) b.embeddingBackward(pass.batch.tokens, dx, this.embedding.gradTensor);
-    b.free(dx);
-    this.release(pass);
   }
 
   /** Takes d(loss)/d(layer output) and returns d(loss)/d(layer input), accumulating parameter gradients. */
   private layerBackward(l: number, input: Tensor, acts: LayerActivations, dOut: Tensor, batch: SequenceBatch): Tensor {
     const b = this.backend, c = this.config, w = this.layers[l], invFreq = this.transformer.invFreq;
+    const held = new Holdings(b);
     const n = batch.tokens.length;
     const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
     const linearBack = (proj: Projection, x: Tensor, dy: Tensor, dx: Tensor) => {
@@ -410,47 +435,82 @@ export class DifferentiableTransformer {
         b.loraBackward(x, { a: lora.a.tensor, b: lora.b.tensor, scale: lora.scale }, down, dy, dx, lora.a.gradTensor!, lora.b.gradTensor!);
       }
     };
-    // MLP: out = mid + down(swiglu(gate(m), up(m))), m = norm2(mid)
-    const dHidden = b.zeros([n, inter]);
-    linearBack("down_proj", acts.hidden, dOut, dHidden);
-    const dGate = b.zeros([n, inter]);
-    const dUp = b.zeros([n, inter]);
-    b.swigluBackward(acts.gate, acts.up, dHidden, dGate, dUp);
-    const dMlpInput = b.zeros([n, d]);
-    linearBack("gate_proj", acts.mlpInput, dGate, dMlpInput);
-    linearBack("up_proj", acts.mlpInput, dUp, dMlpInput);
-    const dMid = b.copy(dOut); // residual branch
-    b.rmsNormBackward(acts.mid, w.postAttentionNorm.tensor, acts.rstd2!, dMlpInput, dMid, w.postAttentionNorm.gradTensor);
-    for (const t of [dHidden, dGate, dUp, dMlpInput]) b.free(t);
-    // attention: mid = input + o(attn(rope(norm?(q(a))), rope(norm?(k(a))), v(a))), a = norm1(input)
-    const dAttn = b.zeros([n, h * hd]);
-    linearBack("o_proj", acts.attn, dMid, dAttn);
-    const dq = b.zeros([n, h * hd]);
-    const dk = b.zeros([n, kv * hd]);
-    const dv = b.zeros([n, kv * hd]);
-    b.packedAttentionBackward(acts.q, acts.k, acts.v, acts.attn, acts.attnSaved!, batch.segments, hd, dAttn, dq, dk, dv);
-    b.free(dAttn);
-    b.ropeBackward(dq, batch.positions, invFreq, hd);
-    b.ropeBackward(dk, batch.positions, invFreq, hd);
-    let dqRaw = dq, dkRaw = dk;
-    if (w.qNorm && w.kNorm && acts.qRstd && acts.kRstd) {
-      dqRaw = b.zeros([n, h * hd]);
-      dkRaw = b.zeros([n, kv * hd]);
-      b.rmsNormBackward(acts.qRaw, w.qNorm.tensor, acts.qRstd, dq, dqRaw, w.qNorm.gradTensor);
-      b.rmsNormBackward(acts.kRaw, w.kNorm.tensor, acts.kRstd, dk, dkRaw, w.kNorm.gradTensor);
-      b.free(dq);
-      b.free(dk);
+    try {
+      // MLP: out = mid + down(swiglu(gate(m), up(m))), m = norm2(mid)
+      const dHidden = held.zeros([n, inter]);
+      linearBack("down_proj", acts.hidden, dOut, dHidden);
+      const dGate = held.zeros([n, inter]);
+      const dUp = held.zeros([n, inter]);
+      b.swigluBackward(acts.gate, acts.up, dHidden, dGate, dUp);
+      const dMlpInput = held.zeros([n, d]);
+      linearBack("gate_proj", acts.mlpInput, dGate, dMlpInput);
+      linearBack("up_proj", acts.mlpInput, dUp, dMlpInput);
+      const dMid = held.copy(dOut); // residual branch
+      b.rmsNormBackward(acts.mid, w.postAttentionNorm.tensor, acts.rstd2!, dMlpInput, dMid, w.postAttentionNorm.gradTensor);
+      for (const t of [dHidden, dGate, dUp, dMlpInput]) held.free(t);
+      // attention: mid = input + o(attn(rope(norm?(q(a))), rope(norm?(k(a))), v(a))), a = norm1(input)
+      const dAttn = held.zeros([n, h * hd]);
+      linearBack("o_proj", acts.attn, dMid, dAttn);
+      const dq = held.zeros([n, h * hd]);
+      const dk = held.zeros([n, kv * hd]);
+      const dv = held.zeros([n, kv * hd]);
+      b.packedAttentionBackward(acts.q, acts.k, acts.v, acts.attn, acts.attnSaved!, batch.segments, hd, dAttn, dq, dk, dv);
+      held.free(dAttn);
+      b.ropeBackward(dq, batch.positions, invFreq, hd);
+      b.ropeBackward(dk, batch.positions, invFreq, hd);
+      let dqRaw = dq, dkRaw = dk;
+      if (w.qNorm && w.kNorm && acts.qRstd && acts.kRstd) {
+        dqRaw = held.zeros([n, h * hd]);
+        dkRaw = held.zeros([n, kv * hd]);
+        b.rmsNormBackward(acts.qRaw, w.qNorm.tensor, acts.qRstd, dq, dqRaw, w.qNorm.gradTensor);
+        b.rmsNormBackward(acts.kRaw, w.kNorm.tensor, acts.kRstd, dk, dkRaw, w.kNorm.gradTensor);
+        held.free(dq);
+        held.free(dk);
+      }
+      const dAttnInput = held.zeros([n, d]);
+      linearBack("q_proj", acts.attnInput, dqRaw, dAttnInput);
+      linearBack("k_proj", acts.attnInput, dkRaw, dAttnInput);
+      linearBack("v_proj", acts.attnInput, dv, dAttnInput);
+      for (const t of [dqRaw, dkRaw, dv]) held.free(t);
+      const dInput = held.copy(dMid); // residual branch
+      b.rmsNormBackward(input, w.inputNorm.tensor, acts.rstd1!, dAttnInput, dInput, w.inputNorm.gradTensor);
+      held.free(dMid);
+      held.free(dAttnInput);
+      return dInput;
+    } catch (error) {
+      held.freeAll();
+      throw error;
     }
-    const dAttnInput = b.zeros([n, d]);
-    linearBack("q_proj", acts.attnInput, dqRaw, dAttnInput);
-    linearBack("k_proj", acts.attnInput, dkRaw, dAttnInput);
-    linearBack("v_proj", acts.attnInput, dv, dAttnInput);
-    for (const t of [dqRaw, dkRaw, dv]) b.free(t);
-    const dInput = b.copy(dMid); // residual branch
-    b.rmsNormBackward(input, w.inputNorm.tensor, acts.rstd1!, dAttnInput, dInput, w.inputNorm.gradTensor);
-    b.free(dMid);
-    b.free(dAttnInput);
-    return dInput;
+  }
+}
+
+/**
+ * The tensors a pass has allocated and not yet freed or handed on. If the pass fails part-way (out of GPU memory, most
+ * often), freeing them leaves the backend's memory as the pass found it, so the engine goes on serving and training.
+ */
+class Holdings {
+  readonly #tensors = new Set<Tensor>();
+  readonly #backend: Backend;
+  constructor(backend: Backend) {
+    this.#backend = backend;
+  }
+  hold<T extends Tensor>(tensor: T): T {
+    this.#tensors.add(tensor);
+    return tensor;
+  }
+  zeros(shape: readonly number[]): Tensor {
+    return this.hold(this.#backend.zeros(shape));
+  }
+  copy(tensor: Tensor): Tensor {
+    return this.hold(this.#backend.copy(tensor));
+  }
+  free(tensor: Tensor): void {
+    this.#tensors.delete(tensor);
+    this.#backend.free(tensor);
+  }
+  /** Frees `tensors` (default: everything still held). */
+  freeAll(tensors: Iterable<Tensor> = [...this.#tensors]): void {
+    for (const tensor of tensors) this.free(tensor);
   }
 }
 

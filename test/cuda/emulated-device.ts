@@ -95,6 +95,11 @@ class EmulatedDevice implements DeviceQueue {
   #captured: Array<() => void> | null = null;
   readonly #graphs = new Map<bigint, Array<() => void>>();
   #nextGraph = 1n;
+  /** Device memory the emulator hands out before an allocation fails as a GPU's would (out-of-memory tests). */
+  limitBytes = Infinity;
+  /** Bytes allocated from the emulator and not yet released. */
+  outstandingBytes = 0;
+  readonly #sizes = new Map<bigint, number>();
 
   constructor(library: string) {
     this.#lib = openLibrary(library, {
@@ -104,7 +109,20 @@ class EmulatedDevice implements DeviceQueue {
     });
     this.#gemmEx = emulatedGemmEx(library);
     const c = this.#lib.symbols;
-    this.pool = new MemoryPool({ allocate: (bytes) => c.emu_alloc(bytes) as bigint, release: (address) => void c.emu_free(address) });
+    this.pool = new MemoryPool({
+      allocate: (bytes) => {
+        if (this.outstandingBytes + bytes > this.limitBytes) return null;
+        const address = c.emu_alloc(bytes) as bigint;
+        this.#sizes.set(address, bytes);
+        this.outstandingBytes += bytes;
+        return address;
+      },
+      release: (address) => {
+        this.outstandingBytes -= this.#sizes.get(address) ?? 0;
+        this.#sizes.delete(address);
+        c.emu_free(address);
+      },
+    });
     this.#argBlock = this.#memory.malloc(kernelArgBlockBytes(64));
   }
 
@@ -189,8 +207,9 @@ class EmulatedDevice implements DeviceQueue {
     if (this.#captured) throw new Error(`emulator: ${what} while capturing a graph`);
   }
 
-  /** The emulator's device memory is the host's. */
+  /** The emulator's device memory is the host's, or limitBytes where a test set one. */
   memoryInfo() {
+    if (Number.isFinite(this.limitBytes)) return { freeBytes: this.limitBytes - this.outstandingBytes, totalBytes: this.limitBytes };
     return { freeBytes: freemem(), totalBytes: totalmem() };
   }
 
