@@ -245,34 +245,42 @@ export class Transformer {
   #forwardPass(ids: Int32Array, rows: RowPlacement, cache: KvCache, logitRows: Int32Array | null, loras?: LayerLoras[]): Tensor {
     const b = this.backend, c = this.config;
     const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
-    const x = b.zeros([ids.length, d]);
-    const z = (width: number) => b.zeros([ids.length, width]);
-    // One set of buffers for every layer; q and k are normed and rotated in place, and the residual stream is x.
-    const q = z(h * hd), k = z(kv * hd);
-    const acts: LayerActivations = {
-      attnInput: z(d), rstd1: null, qRaw: q, kRaw: k, qRstd: null, kRstd: null, q, k, v: z(kv * hd), attn: z(h * hd), attnSaved: null,
-      attnOut: z(d), mid: x, mlpInput: z(d), rstd2: null, gate: z(inter), up: z(inter), hidden: z(inter), mlpOut: z(d), loraDown: {},
-    };
-    const attend: Attend = (layer, q, k, v, out) => {
-      b.attention(q, k, v, cache, layer, rows, out);
-      return null;
+    // Every buffer of the pass, freed at its end, also when an allocation or an op fails (out of GPU memory).
+    const buffers: Tensor[] = [];
+    const z = (width: number) => {
+      buffers.push(b.zeros([ids.length, width]));
+      return buffers.at(-1)!;
     };
     try {
+      const x = z(d);
+      // One set of buffers for every layer; q and k are normed and rotated in place, and the residual stream is x.
+      const q = z(h * hd), k = z(kv * hd);
+      const acts: LayerActivations = {
+        attnInput: z(d), rstd1: null, qRaw: q, kRaw: k, qRstd: null, kRstd: null, q, k, v: z(kv * hd), attn: z(h * hd), attnSaved: null,
+        attnOut: z(d), mid: x, mlpInput: z(d), rstd2: null, gate: z(inter), up: z(inter), hidden: z(inter), mlpOut: z(d), loraDown: {},
+      };
+      const attend: Attend = (layer, q, k, v, out) => {
+        b.attention(q, k, v, cache, layer, rows, out);
+        return null;
+      };
       b.embedding(this.weights.embedding, ids, x);
       for (let l = 0; l < c.numLayers; l++) this.layerForward(l, x, x, acts, rows.positions, attend, loras?.[l]);
       let final = x;
       if (logitRows) {
-        final = b.zeros([logitRows.length, d]);
+        buffers.push(final = b.zeros([logitRows.length, d]));
         b.gatherRows(x, logitRows, final);
       }
       b.rmsNorm(final, this.weights.finalNorm, c.rmsNormEps, final);
       const logits = b.zeros([final.shape[0], c.vocabSize]);
-      b.linear(final, this.weights.lmHead, null, logits);
-      if (final !== x) b.free(final);
+      try {
+        b.linear(final, this.weights.lmHead, null, logits);
+      } catch (error) {
+        b.free(logits);
+        throw error;
+      }
       return logits;
     } finally {
-      for (const tensor of new Set([acts.attnInput, q, k, acts.v, acts.attn, acts.attnOut, acts.mlpInput, acts.gate, acts.up, acts.hidden, acts.mlpOut])) b.free(tensor);
-      b.free(x);
+      for (const tensor of buffers) b.free(tensor);
     }
   }
 

@@ -72,4 +72,30 @@ describe.skipIf(compiler === null)("out of GPU memory during a training step (em
       backend.dispose();
     });
   }
+
+  it("a generation that runs out fails with the same error, gives back its buffers, and the next one runs", async () => {
+    const backend = createEmulatedBackend(buildEmulator(compiler!), { graphs: false });
+    const device = backend.context;
+    const base = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 6 }), backend, "bf16");
+    const request = { promptIds: [1, 2, 3, 4, 5], temperature: 0, topK: 0, topLogprobs: 0, maxTokens: 4, stopIds: [] };
+    const [expected] = await generate(base, [request]);
+    device.pool.trim();
+    const inUse = device.pool.stats().inUseBytes, held = device.outstandingBytes;
+    let failures = 0;
+    for (let budget = 0; budget < 64 * 1024; budget += 4096) {
+      device.limitBytes = held + budget;
+      try {
+        await generate(base, [request]);
+      } catch (error) {
+        failures++;
+        expect((error as { code?: string }).code).toBe("cuda_out_of_memory");
+      }
+      expect(device.pool.stats().inUseBytes - inUse, `budget ${budget}`).toBeLessThanOrEqual(indexCacheBound);
+    }
+    expect(failures).toBeGreaterThan(2);
+    device.limitBytes = Infinity;
+    const [again] = await generate(base, [request]);
+    expect(again!.tokenIds).toEqual(expected!.tokenIds);
+    backend.dispose();
+  });
 });
