@@ -45,16 +45,20 @@ __device__ __forceinline__ void accumulators_as_a(unsigned (&a)[4], const float 
 }
 
 // c[n] = A·B for an A of 16 rows × HD (row0.. of tile a) and B = the rows n·8 .. of tile b, transposed: 16 × N scores.
+// Each A fragment is loaded once and used for all N / 8 column blocks (k outside, n inside): shared-memory loads per
+// mma fall from 6 to 2.5 at N = 64, and each c[n] still sums its k-chunks in the same order.
 template <int HD, int N>
 __device__ __forceinline__ void product_transposed(float (&c)[N / 8][4], const bf16* a_tile, int row0, const bf16* b_tile, int g, int t) {
   constexpr int STRIDE = HD + 8;
 #pragma unroll
-  for (int n = 0; n < N / 8; n++) {
-    c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+  for (int n = 0; n < N / 8; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
 #pragma unroll
-    for (int kc = 0; kc < HD / 16; kc++) {
-      unsigned a[4], b[2];
-      load_a(a, a_tile, STRIDE, row0, kc * 16, g, t);
+  for (int kc = 0; kc < HD / 16; kc++) {
+    unsigned a[4];
+    load_a(a, a_tile, STRIDE, row0, kc * 16, g, t);
+#pragma unroll
+    for (int n = 0; n < N / 8; n++) {
+      unsigned b[2];
       load_b_transposed(b, b_tile, STRIDE, n * 8, kc * 16, g, t);
       mma_bf16_16816(c[n], a, b, c[n]);
     }
