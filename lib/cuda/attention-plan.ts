@@ -120,9 +120,12 @@ export function flashHeadSize(headDim: number): 16 | 32 | 64 | 128 | null {
   return ([16, 32, 64, 128] as const).find((size) => headDim <= size) ?? null;
 }
 
-/** Dynamic shared memory of flash.cuh's forward: a query tile and a key tile of K and V, bf16 rows of HD + 8. */
+/**
+ * Dynamic shared memory of flash.cuh's forward: a query tile and a key tile of K in bf16 rows of HD + 8, and the key
+ * tile of V transposed, HD rows of tile + 8.
+ */
 export function flashForwardBytes(hd: number): number {
-  return 3 * tensorCoreTileRows * (hd + 8) * 2;
+  return (2 * tensorCoreTileRows * (hd + 8) + hd * (tensorCoreTileRows + 8)) * 2;
 }
 
 /**

@@ -219,7 +219,7 @@ struct CacheKeys {
   int head_dim, first_position, rows;
   __device__ int seen(int local) const { return first_position + min(local, rows - 1) + 1; }
   __device__ int count() const { return first_position + rows; }
-  template <int HD, int KEY_TILE>
+  template <int HD, int KEY_TILE, bool V_TRANSPOSED>
   __device__ void load(bf16* k_tile, bf16* v_tile, int key0) const {
     const int keys = count();
     for (int i = threadIdx.x; i < KEY_TILE * HD; i += blockDim.x) {
@@ -227,13 +227,13 @@ struct CacheKeys {
       const bool real = key0 + r < keys && c < head_dim;
       const long long at = (long long)(key0 + r) * head_dim + c;
       k_tile[r * (HD + 8) + c] = real ? k[at] : __float2bfloat16_rn(0.0f);
-      v_tile[r * (HD + 8) + c] = real ? v[at] : __float2bfloat16_rn(0.0f);
+      v_tile[V_TRANSPOSED ? c * (KEY_TILE + 8) + r : r * (HD + 8) + c] = real ? v[at] : __float2bfloat16_rn(0.0f);
     }
   }
 };
 
 // tiles: per tile {first row, rows (at most 64), slot, first position}; row first_row + r is at position
-// first_position + r. Grid: (tiles, heads). Block: 128. Dynamic shared memory: 3 · 64 rows of HD + 8 bf16.
+// first_position + r. Grid: (tiles, heads). Block: 128. Dynamic shared memory: flash_forward's.
 template <int HD>
 __device__ void attention_prefill(const float* __restrict__ q, const bf16* __restrict__ cache_k, const bf16* __restrict__ cache_v,
                                   const int* __restrict__ tiles, float* __restrict__ out, bf16* __restrict__ out_bf16,

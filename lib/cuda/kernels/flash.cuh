@@ -82,6 +82,23 @@ __device__ __forceinline__ void accumulate_product(float (&acc)[HD / 8][4], cons
   }
 }
 
+// acc += P·V for P (16 × K, accumulator fragments) and V stored transposed, vt[c][key] with rows of K + 8: the B
+// fragments' pairs along k (keys) are then adjacent, two 32-bit loads each instead of load_b's four 16-bit ones.
+template <int HD, int K>
+__device__ __forceinline__ void accumulate_product_vt(float (&acc)[HD / 8][4], const float (&p)[K / 8][4], const bf16* vt, int g, int t) {
+#pragma unroll
+  for (int kc = 0; kc < K / 16; kc++) {
+    unsigned a[4];
+    accumulators_as_a(a, p[2 * kc], p[2 * kc + 1]);
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+      unsigned b[2];
+      load_b_transposed(b, vt, K + 8, n * 8, kc * 16, g, t);
+      mma_bf16_16816(acc[n], a, b, acc[n]);
+    }
+  }
+}
+
 // Hands each element of a warp's 16 × HD accumulators to store(row, column, value, low): this lane's elements are
 // rows g (low) and g + 8 of the 16, columns n·8 + 2t and n·8 + 2t + 1.
 template <int HD, typename Store>
@@ -94,11 +111,15 @@ __device__ __forceinline__ void for_each_accumulator(const float (&acc)[HD / 8][
 }
 
 // Rows 0 .. TILE − 1 of a shared tile from one head's columns of an f32 tensor, rounded to bf16: row r is
-// source row row_of(r), or zeros where that is negative; columns past head_dim are zeros. Four columns per thread,
-// one 16-byte load and one 8-byte store, when every row's columns start 16-byte aligned (the usual case: head_dim a
-// multiple of 4); else one column at a time. The loads are what the tensor cores wait for between barriers.
-template <int HD, int TILE, typename RowOf>
+// source row row_of(r), or zeros where that is negative; columns past head_dim are zeros. TRANSPOSED stores element
+// (r, c) at tile[c · (TILE + 8) + r] instead of tile[r · (HD + 8) + c]. Four columns per thread, one 16-byte load,
+// when every row's columns start 16-byte aligned (the usual case: head_dim a multiple of 4); else one column at a
+// time. The loads are what the tensor cores wait for between barriers.
+template <int HD, int TILE, bool TRANSPOSED = false, typename RowOf>
 __device__ __forceinline__ void load_tile(bf16* tile, const float* source, long long row_stride, int column, int head_dim, RowOf row_of) {
+  const auto store = [&](int r, int c, float value) {
+    tile[TRANSPOSED ? c * (TILE + 8) + r : r * (HD + 8) + c] = __float2bfloat16_rn(value);
+  };
   if (head_dim % 4 == 0 && reinterpret_cast<unsigned long long>(source) % 16 == 0) {
     constexpr int QUADS = HD / 4;
     for (int i = threadIdx.x; i < TILE * QUADS; i += blockDim.x) {
@@ -106,14 +127,18 @@ __device__ __forceinline__ void load_tile(bf16* tile, const float* source, long 
       const long long row = row_of(r);
       float4 x = {0.0f, 0.0f, 0.0f, 0.0f};
       if (row >= 0 && c < head_dim) x = *reinterpret_cast<const float4*>(source + row * row_stride + column + c);
-      *reinterpret_cast<uint2*>(tile + r * (HD + 8) + c) = uint2{pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w)};
+      if (TRANSPOSED) {
+        store(r, c, x.x), store(r, c + 1, x.y), store(r, c + 2, x.z), store(r, c + 3, x.w);
+      } else {
+        *reinterpret_cast<uint2*>(tile + r * (HD + 8) + c) = uint2{pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w)};
+      }
     }
     return;
   }
   for (int i = threadIdx.x; i < TILE * HD; i += blockDim.x) {
     const int r = i / HD, c = i % HD;
     const long long row = row_of(r);
-    tile[r * (HD + 8) + c] = __float2bfloat16_rn(row >= 0 && c < head_dim ? source[row * row_stride + column + c] : 0.0f);
+    store(r, c, row >= 0 && c < head_dim ? source[row * row_stride + column + c] : 0.0f);
   }
 }
 
@@ -122,15 +147,17 @@ __device__ __forceinline__ void load_tile(bf16* tile, const float* source, long 
 // Keys: where a query tile's keys come from (packed training rows, or a slot of the KV cache). It provides
 //   int count() const           the tile's keys (those of its last row)
 //   int seen(int local) const   the keys row `local` of the tile sees (a row past the tile: those of its last row)
-//   template <int HD, int KEY_TILE> void load(bf16* k_tile, bf16* v_tile, int key0) const
-//                               keys key0 .. key0 + KEY_TILE − 1 into the shared tiles, zeros past count() and past
-//                               head_dim, by every thread of the block
+//   template <int HD, int KEY_TILE, bool V_TRANSPOSED> void load(bf16* k_tile, bf16* v_tile, int key0) const
+//                               keys key0 .. key0 + KEY_TILE − 1 into the shared tiles, K in rows of HD + 8, V likewise
+//                               or (V_TRANSPOSED, as the forward reads it) transposed: row c holds column c of every
+//                               key, rows of KEY_TILE + 8; zeros past count() and past head_dim, by every thread
 // Rows see a prefix of the keys, so a key tile past a warp's last row is skipped whole.
 
 // Each warp computes S = Q·Kᵀ for its 16 rows and a key tile, keeps each row's running max and sum (online softmax,
 // base 2), and accumulates O += P·V with P rounded to bf16. out (and out_bf16, when not null) get O / sum, rows
 // [first_row, first_row + rows) and the head's columns of [rows, heads · head_dim]; lse (when not null) gets
-// log Σ exp(q·k/√d) at [row, head]. Dynamic shared memory: (64 + 2·KEY_TILE) rows of HD + 8 bf16.
+// log Σ exp(q·k/√d) at [row, head]. Dynamic shared memory: (64 + KEY_TILE) rows of HD + 8 bf16, then HD rows of
+// KEY_TILE + 8 (V transposed).
 template <int HD, int KEY_TILE, typename Keys>
 __device__ void flash_forward(const float* __restrict__ q, const Keys& keys, int first_row, int rows, int head, int heads,
                               int head_dim, float* __restrict__ out, bf16* __restrict__ out_bf16, float* __restrict__ lse) {
@@ -152,7 +179,7 @@ __device__ void flash_forward(const float* __restrict__ q, const Keys& keys, int
 
   for (int key0 = 0; key0 < keys.count(); key0 += KEY_TILE) {
     __syncthreads();  // the previous tile's K and V are no longer read
-    keys.template load<HD, KEY_TILE>(ks, vs, key0);
+    keys.template load<HD, KEY_TILE, true>(ks, vs, key0);
     __syncthreads();
     // Every key of this tile lies past this warp's rows, or the warp has no rows (uniform over the warp).
     if (key0 >= warp_seen || warp * 16 >= rows) continue;
@@ -196,7 +223,7 @@ __device__ void flash_forward(const float* __restrict__ q, const Keys& keys, int
       sum0 += s[n][0] + s[n][1];
       sum1 += s[n][2] + s[n][3];
     }
-    accumulate_product<HD, KEY_TILE>(o, s, vs, g, t);
+    accumulate_product_vt<HD, KEY_TILE>(o, s, vs, g, t);
   }
   sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
   sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);

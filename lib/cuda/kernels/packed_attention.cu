@@ -26,16 +26,16 @@ struct PackedKeys {
   __device__ int seen(int local) const { return prefix_length + first_row + min(local, rows - 1) - segment_start + 1; }
   __device__ int count() const { return seen(rows - 1); }
   __device__ long long key_row(int j) const { return j < prefix_length ? prefix_start + j : segment_start + (j - prefix_length); }
-  template <int HD, int KEY_TILE>
+  template <int HD, int KEY_TILE, bool V_TRANSPOSED>
   __device__ void load(bf16* k_tile, bf16* v_tile, int key0) const {
     const int keys = count();
     const auto row_of = [&](int r) { return key0 + r < keys ? key_row(key0 + r) : -1LL; };
     load_tile<HD, KEY_TILE>(k_tile, k, kv_stride, column, head_dim, row_of);
-    load_tile<HD, KEY_TILE>(v_tile, v, kv_stride, column, head_dim, row_of);
+    load_tile<HD, KEY_TILE, V_TRANSPOSED>(v_tile, v, kv_stride, column, head_dim, row_of);
   }
 };
 
-// Forward. Grid: (query tiles, heads). Block: 128. Dynamic shared memory: 3 · 64 rows of HD + 8 bf16.
+// Forward. Grid: (query tiles, heads). Block: 128. Dynamic shared memory: flash_forward's.
 template <int HD>
 __device__ void packed_attention_forward(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                          const int* __restrict__ tiles, float* __restrict__ out, float* __restrict__ lse,
@@ -91,7 +91,7 @@ __device__ void packed_attention_backward_dq(const float* __restrict__ q, const 
 
   for (int key0 = 0; key0 < tile.count(); key0 += KEY_TILE) {
     __syncthreads();
-    tile.load<HD, KEY_TILE>(ks, vs, key0);
+    tile.load<HD, KEY_TILE, false>(ks, vs, key0);  // V as rows: dP = dO·Vᵀ
     __syncthreads();
     if (key0 >= warp_seen || warp * 16 >= tile.rows) continue;
 
