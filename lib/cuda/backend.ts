@@ -15,7 +15,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import {
-  type AdamWScalars, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights,
+  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights,
   type PackedSegment, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
   checkSamplingParams, checkTokenIds, shapeSize,
 } from "../model/backend.ts";
@@ -280,10 +280,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.context.upload(t.address, data);
   }
 
-  zero(tensor: Tensor): void {
-    const t = cuda(tensor);
-    t.version++;
-    this.context.zero(t.address, t.bytes);
+  zero(tensors: readonly Tensor[]): void {
+    const ts = tensors.map((tensor) => f32("zeroed tensor", tensor));
+    for (const t of ts) t.version++;
+    this.#launchOverTensors("zero_tensors", ts.map((t) => [t.address]), ts.map((t) => t.size), [], 64);
   }
 
   owns(tensor: Tensor): boolean {
@@ -752,15 +752,12 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
 
   sumOfSquares(tensors: readonly Tensor[]): number {
     if (tensors.length === 0) return 0;
+    const ts = tensors.map((tensor) => f32("gradient", tensor));
     const pool = this.context.pool;
-    const partials = pool.allocate(tensors.length * sumSquaresBlocks * 4);
+    const partials = pool.allocate(ts.length * sumSquaresBlocks * 4);
     try {
-      tensors.forEach((tensor, i) => {
-        const t = f32("gradient", tensor);
-        this.#launch("sum_squares", [sumSquaresBlocks], [256],
-          [["ptr", t.address], ["i64", t.size], ["ptr", partials + BigInt(i * sumSquaresBlocks * 4)]]);
-      });
-      const host = new Float32Array(tensors.length * sumSquaresBlocks);
+      this.#launchOverTensors("sum_squares", ts.map((t) => [t.address]), ts.map((t) => t.size), [["ptr", partials]], sumSquaresBlocks);
+      const host = new Float32Array(ts.length * sumSquaresBlocks);
       this.context.download(partials, host);
       let sum = 0;
       for (const partial of host) sum += partial;
@@ -770,13 +767,44 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
   }
 
-  adamw(value: Tensor, grad: Tensor, m: Tensor, v: Tensor, scalars: AdamWScalars): void {
-    const p = f32("parameter", value);
+  adamw(params: readonly AdamWTensors[], scalars: AdamWScalars): void {
     const { clip, learningRate, beta1, beta2, eps, weightDecay, correction1, correction2 } = scalars;
-    p.version++;
-    this.#launch("adamw_update", [gridFor(p.size)], [256], [["ptr", p.address], ["ptr", f32("gradient", grad).address],
-      ["ptr", f32("first moment", m).address], ["ptr", f32("second moment", v).address], ["i64", p.size], ["f32", clip],
-      ["f32", learningRate], ["f32", beta1], ["f32", beta2], ["f32", eps], ["f32", weightDecay], ["f32", correction1], ["f32", correction2]]);
+    const rows = params.map(({ value, grad, m, v }) => {
+      const p = f32("parameter", value), g = f32("gradient", grad), ms = f32("first moment", m), vs = f32("second moment", v);
+      for (const [name, t] of [["gradient", g], ["first moment", ms], ["second moment", vs]] as const) expectSize(name, t, p.size);
+      p.version++;
+      ms.version++;
+      vs.version++;
+      return { addresses: [p.address, g.address, ms.address, vs.address], size: p.size };
+    });
+    this.#launchOverTensors("adamw_update", rows.map((r) => r.addresses), rows.map((r) => r.size), [["f32", clip], ["f32", learningRate],
+      ["f32", beta1], ["f32", beta2], ["f32", eps], ["f32", weightDecay], ["f32", correction1], ["f32", correction2]], 64);
+  }
+
+  /**
+   * One launch of an adamw.cu kernel over many tensors: a table of each tensor's addresses, then every tensor's
+   * element count, uploaded for the launch; grid (blocks along each tensor, tensors). `blocks` is the most blocks a
+   * tensor gets (sum_squares: exactly its partials' count per tensor).
+   */
+  #launchOverTensors(kernel: "zero_tensors" | "sum_squares" | "adamw_update", addresses: bigint[][], sizes: number[], rest: KernelArg[],
+    blocks: number): void {
+    const count = sizes.length;
+    if (count === 0) return;
+    if (count > 65535) throw new ArtError("too_many_tensors", `cuda backend: ${kernel} over ${count} tensors; a launch takes at most 65,535 (the grid's y)`);
+    const fields = addresses[0]!.length;
+    const table = new BigUint64Array(count * (fields + 1));
+    for (let t = 0; t < count; t++) {
+      addresses[t]!.forEach((address, f) => (table[t * fields + f] = address));
+      table[count * fields + t] = BigInt(sizes[t]!);
+    }
+    const grid = kernel === "sum_squares" ? blocks : Math.min(blocks, gridFor(Math.max(...sizes)));
+    const address = this.context.pool.allocate(table.byteLength);
+    try {
+      this.context.upload(address, table);
+      this.#launch(kernel, [grid, count], [256], [["ptr", address], ["i32", count], ...rest]);
+    } finally {
+      this.context.pool.free(address); // stream-ordered: reused only by later work
+    }
   }
 
   /** Waits for every queued op. */

@@ -60,8 +60,9 @@ export const kernelModules = {
     logprob_block_grad: [ptr, i32, i32, ptr, ptr, ptr],
   },
   adamw: {
-    sum_squares: [ptr, i64, ptr],
-    adamw_update: [ptr, ptr, ptr, ptr, i64, f32, f32, f32, f32, f32, f32, f32, f32],
+    zero_tensors: [ptr, i32],
+    sum_squares: [ptr, i32, ptr],
+    adamw_update: [ptr, i32, f32, f32, f32, f32, f32, f32, f32, f32],
   },
 } as const satisfies Record<string, Record<string, readonly KernelArgType[]>>;
 export type KernelModuleName = keyof typeof kernelModules;

@@ -43,6 +43,6 @@ export function adamwStep(backend: Backend, params: ParameterTensors[], state: A
     clip: Math.min(1, options.maxGradNorm / (norm + 1e-6)), learningRate, beta1, beta2, eps, weightDecay,
     correction1: 1 - beta1 ** state.step, correction2: 1 - beta2 ** state.step,
   };
-  for (const p of params) backend.adamw(p.value, p.grad, state.m.get(p.name)!, state.v.get(p.name)!, scalars);
+  backend.adamw(params.map((p) => ({ value: p.value, grad: p.grad, m: state.m.get(p.name)!, v: state.v.get(p.name)! })), scalars);
   return norm;
 }

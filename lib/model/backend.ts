@@ -186,6 +186,14 @@ export interface TokenLogprobs {
 }
 
 /** The scalars of one AdamW update (the same for every parameter of a step). */
+/** A parameter and its gradient and moments, as one AdamW update takes them. */
+export interface AdamWTensors {
+  value: Tensor;
+  grad: Tensor;
+  m: Tensor;
+  v: Tensor;
+}
+
 export interface AdamWScalars {
   /** Gradient multiplier from global-norm clipping (≤ 1). */
   clip: number;
@@ -230,8 +238,8 @@ export interface Backend {
   download(tensor: Tensor): Float32Array;
   /** Overwrites an f32 tensor with `data` (the same number of values). */
   write(tensor: Tensor, data: Float32Array): void;
-  /** Sets every value of a tensor to 0. */
-  zero(tensor: Tensor): void;
+  /** Sets every value of each tensor to 0 (one launch for all of them on a GPU). */
+  zero(tensors: readonly Tensor[]): void;
   free(tensor: Tensor): void;
   /** Whether `tensor` is this kind of backend's (a model's weights must be, to run or train here). */
   owns(tensor: Tensor): boolean;
@@ -321,8 +329,8 @@ export interface Backend {
     dHidden: Tensor, dHead: Tensor | null, chunks: ChunkSizes): void;
   /** Σ x² over every element of every tensor, accumulated in float64 (the global gradient norm is its root). */
   sumOfSquares(tensors: readonly Tensor[]): number;
-  /** One AdamW update of `value` in place (torch.optim.AdamW), moments m and v updated too. */
-  adamw(value: Tensor, grad: Tensor, m: Tensor, v: Tensor, scalars: AdamWScalars): void;
+  /** One AdamW update of each value in place (torch.optim.AdamW), its moments m and v updated too (one launch on a GPU). */
+  adamw(params: readonly AdamWTensors[], scalars: AdamWScalars): void;
 
   // Optional: replaying recorded passes (the CUDA backend's graphs).
   /**

@@ -239,7 +239,7 @@ export class DifferentiableTransformer {
   }
 
   zeroGradients(): void {
-    for (const p of this.trainedParams()) this.backend.zero(p.gradTensor!);
+    this.backend.zero(this.trainedParams().map((p) => p.gradTensor!));
   }
 
   /** The adapter as the engine's per-layer LoRA: the very tensors AdamW updates, so inference sees every update. */

@@ -156,15 +156,24 @@ describe.skipIf(skip)(title, () => {
     }
   });
 
-  it("sum of squares and the AdamW update", () => {
-    const tensors = [both(random(1000, 29), [1000]), both(random(77, 30), [77])];
+  it("sum of squares, the AdamW update and zeroing, each over tensors of different sizes in one call", () => {
+    const sizes = [1000, 77, 3000];
+    const tensors = sizes.map((size, k) => both(random(size, 29 + k), [size]));
     const [c, g] = [cpu.sumOfSquares(tensors.map((t) => t[0])), gpu.sumOfSquares(tensors.map((t) => t[1]))];
     expect(Math.abs(c - g) / c).toBeLessThan(1e-5);
-    const value = both(random(1000, 31), [1000]), grad = tensors[0], m = both(random(1000, 32, 0.1), [1000]);
-    const v = both(Float32Array.from(random(1000, 33), (x) => x * x), [1000]);
+    // Each tensor's own share: a launch that mixed up the tensors' table entries would get these wrong.
+    for (const t of tensors) expect(Math.abs(cpu.sumOfSquares([t[0]]) - gpu.sumOfSquares([t[1]])) / cpu.sumOfSquares([t[0]])).toBeLessThan(1e-5);
+    const params = sizes.map((size, k) => ({
+      value: both(random(size, 31 + k), [size]), grad: tensors[k]!, m: both(random(size, 41 + k, 0.1), [size]),
+      v: both(Float32Array.from(random(size, 51 + k), (x) => x * x), [size]),
+    }));
     const scalars = { clip: 0.5, learningRate: 1e-2, beta1: 0.9, beta2: 0.99, eps: 1e-8, weightDecay: 0.1, correction1: 1 - 0.9 ** 3, correction2: 1 - 0.99 ** 3 };
-    run((b, i) => b.adamw(value[i], grad[i], m[i], v[i], scalars));
-    for (const t of [value, m, v]) expect(error(t)).toBeLessThan(1e-6);
+    run((b, i) => b.adamw(params.map((p) => ({ value: p.value[i], grad: p.grad[i], m: p.m[i], v: p.v[i] })), scalars));
+    for (const p of params) for (const t of [p.value, p.m, p.v]) expect(error(t)).toBeLessThan(1e-6);
+    gpu.zero([params[0]!.value[1], params[2]!.m[1]]);
+    expect(gpu.download(params[0]!.value[1]).every((x) => x === 0)).toBe(true);
+    expect(gpu.download(params[2]!.m[1]).every((x) => x === 0)).toBe(true);
+    expect(gpu.download(params[1]!.value[1]).some((x) => x !== 0)).toBe(true); // not in the list: untouched
   });
 
   for (const arch of ARCHITECTURES) {

@@ -8,7 +8,7 @@
  */
 import { ArtError } from "../../core/errors.ts";
 import {
-  type AdamWScalars, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights, type PackedSegment,
+  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights, type PackedSegment,
   type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkTokenIds, shapeSize,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
@@ -226,8 +226,8 @@ export class CpuBackend implements Backend {
     t.data.set(values);
   }
 
-  zero(tensor: Tensor): void {
-    cpu(tensor).data.fill(0);
+  zero(tensors: readonly Tensor[]): void {
+    for (const tensor of tensors) cpu(tensor).data.fill(0);
   }
 
   free(tensor: Tensor): void {
@@ -529,8 +529,8 @@ export class CpuBackend implements Backend {
     return sumOfSquares(tensors.map((t) => cpu(t).data));
   }
 
-  adamw(value: Tensor, grad: Tensor, m: Tensor, v: Tensor, scalars: AdamWScalars): void {
-    adamwUpdate(cpu(value).data, cpu(grad).data, cpu(m).data, cpu(v).data, scalars);
+  adamw(params: readonly AdamWTensors[], scalars: AdamWScalars): void {
+    for (const { value, grad, m, v } of params) adamwUpdate(cpu(value).data, cpu(grad).data, cpu(m).data, cpu(v).data, scalars);
   }
 
   // ---- helpers ----------------------------------------------------------------------------------------------------
