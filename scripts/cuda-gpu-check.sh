@@ -11,7 +11,10 @@
 #                  within a stretch between two barriers)
 #   hf-fixtures.tar.gz  test/fixtures/hf as scripts/reference/hf_fixtures.py wrote it (transformers + PEFT)
 #   demo.txt       art-ts demo --device cuda: the tic-tac-toe GRPO demo trained on the GPU, its win rates before and after
+#   notebooks.txt  the four cookbook notebooks on CUDA, each notebook's code cells run as one Node module (the machine
+#                  has no Jupyter; scripts/notebook-run.ts --kernel node), their printed output in results.tar
 #   results.tar    demo/: the demo's summary.json, reward curve, transcripts, history.jsonl (under demo/art/);
+#                  notebooks/: each notebook's output on CUDA;
 #                  bench/: roofline.json (bench/peers/gpu_roofline.py), hf.json (bench/peers/hf_generate.py),
 #                  decode.json (bench/cuda-decode.ts: decode and prefill, the peer's numbers beside ours when hf.json
 #                  is valid), hf-train.json (bench/peers/hf_train_step.py), train.json (bench/cuda-train.ts: the
@@ -20,8 +23,8 @@
 #   summary.json   every step with its status ("ok", "failed (exit N)", "timed out after N s", "skipped: why",
 #                  "running", "pending"), rewritten after each step, so a call cut short still leaves valid JSON
 #   log.txt        every step's command and stderr
-# Prepare here first: bash scripts/cuda-device-bundle.sh; then run on the device, carrying ".device" and
-# "lib/cuda/build":  bash scripts/cuda-gpu-check.sh
+# Prepare here first: bash scripts/cuda-device-bundle.sh (it builds dist/ too); then run on the device, carrying
+# ".device", "lib/cuda/build" and "dist":  bash scripts/cuda-gpu-check.sh
 # All steps take longer than one device call (600 s): they run in order of what a call cut short should still have
 # shown (correctness, benches, the demo, the sanitizer, the rest); steps that no longer fit are "skipped: out of time";
 # run them in the next calls, e.g. ART_GPU_CHECK_STEPS="sanitizer nvrtc_fallback", then "roofline hf_peer bench".
@@ -33,7 +36,7 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT/results/bench"
 : >> "$OUT/log.txt"
 # Ordered by what a call cut short should still have shown: correctness, then the benches, then the rest.
-all_steps="env build hf_reference tests roofline hf_peer bench hf_train_peer train_bench demo sanitizer nvrtc_fallback hf_fixtures"
+all_steps="env build hf_reference tests roofline hf_peer bench hf_train_peer train_bench demo notebooks sanitizer nvrtc_fallback hf_fixtures"
 selected=" ${ART_GPU_CHECK_STEPS:-$all_steps} "
 deadline=$((SECONDS + ${ART_GPU_CHECK_SECONDS:-570}))
 declare -A status
@@ -111,6 +114,9 @@ step train_bench 300 results/bench/train.json node bench/cuda-train.ts $peer
 # The first GRPO loop on the GPU: the demo trains the embedded tic-tac-toe model on CUDA (its win rates before and after
 # beside the CPU's, same seed, in docs/cuda.md).
 step demo 120 demo.txt bash -c "mkdir -p '$OUT/results/demo' && node lib/cli.ts demo --device cuda --quiet --out '$OUT/results/demo' --art-dir '$OUT/results/demo/art' 2>&1"
+# The cookbook on CUDA: each notebook's code cells as one Node module (the machine has no Jupyter), CI's sizes,
+# ART_NB_DEVICE=cuda so a notebook that falls back to the CPU fails; needs dist/ (carried).
+step notebooks 150 notebooks.txt bash -c "ART_NB_DEVICE=cuda node scripts/notebook-run.ts --kernel node 2>&1; status=\$?; mkdir -p '$OUT/results/notebooks'; cp notebooks/.executed/*.node.txt '$OUT/results/notebooks/' 2> /dev/null; exit \$status"
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
 if [ -n "$sanitizer" ]; then
   # Every tool runs even when an earlier one reports errors, within its own limit (racecheck is the slowest: the

@@ -1,7 +1,11 @@
 /**
  * Executes notebooks headless under both kernels and checks what they produced (npm run notebooks).
  *
- *   node scripts/notebook-run.ts [notebooks/x.ipynb ...] [--kernel deno|tslab]
+ *   node scripts/notebook-run.ts [notebooks/x.ipynb ...] [--kernel deno|tslab|node]
+ *
+ * `--kernel node` runs a notebook's code cells, in order, as one Node module in its folder, without Jupyter (plots
+ * and transcripts print as text): what a machine without Jupyter can run of the cookbook, such as the GPU check's.
+ * Its output goes to notebooks/.executed/<name>.node.txt; a non-zero exit fails the run.
  *
  * Each notebook runs with Jupyter's nbconvert (Debian's jupyter-nbconvert); a cell error fails the run.
  * The executed copy goes to notebooks/.executed/<name>.<kernel>.ipynb (and .html), then is checked:
@@ -13,13 +17,14 @@
  * when unset. Needs the kernels registered (npm run kernels) and dist/ built.
  */
 import { spawnSync } from "node:child_process";
-import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { basename, dirname, join, resolve } from "node:path";
 import process from "node:process";
 import { fileURLToPath } from "node:url";
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 const KERNELS = ["deno", "tslab"] as const;
+const RUNNERS = [...KERNELS, "node"] as const;
 const PLOTLY_MIME = "application/vnd.plotly.v1+json";
 /** A saved run of a notebook stays under this size (plots are SVG, a few kB each). */
 const MAX_SAVED_BYTES = 1_000_000;
@@ -79,6 +84,24 @@ export function checkExecuted(notebook: { cells: Cell[] }, html: string, plots =
   return problems;
 }
 
+/**
+ * Runs the notebook's code cells, in order, as one ES module beside it (so relative paths and the art-ts import
+ * resolve as in a kernel); stdout and stderr go to `<out>.txt`. Returns the problems: empty when it exited 0.
+ */
+function runAsModule(notebook: string, out: string, env: NodeJS.ProcessEnv): string[] {
+  const cells = (JSON.parse(readFileSync(notebook, "utf8")) as { cells: Cell[] }).cells;
+  const module = join(dirname(notebook), `.${basename(notebook, ".ipynb")}.notebook-run.ts`);
+  writeFileSync(module, cells.filter((c) => c.cell_type === "code").map((c) => text(c.source)).join("\n;\n") + "\n");
+  try {
+    const run = spawnSync(process.execPath, [module], { cwd: dirname(notebook), env, encoding: "utf8", maxBuffer: 256 * 1024 * 1024 });
+    writeFileSync(`${out}.txt`, `${run.stdout ?? ""}${run.stderr ?? ""}`);
+    if (run.status === 0) return [];
+    return [`exit ${run.status ?? run.signal}:\n${(run.stderr || run.error?.message || "").split("\n").slice(-25).join("\n")}`];
+  } finally {
+    rmSync(module, { force: true });
+  }
+}
+
 function jupyter(): string {
   return process.env.JUPYTER ?? (existsSync("/usr/bin/jupyter") ? "/usr/bin/jupyter" : "jupyter");
 }
@@ -86,19 +109,25 @@ function jupyter(): string {
 function main(): void {
   const args = process.argv.slice(2);
   const kernelIndex = args.indexOf("--kernel");
-  const kernels = kernelIndex >= 0 ? [args.splice(kernelIndex, 2)[1] as (typeof KERNELS)[number]] : [...KERNELS];
-  if (kernels.some((k) => !KERNELS.includes(k))) throw new Error(`--kernel must be one of ${KERNELS.join(", ")}`);
+  const kernels = kernelIndex >= 0 ? [args.splice(kernelIndex, 2)[1] as (typeof RUNNERS)[number]] : [...KERNELS];
+  if (kernels.some((k) => !RUNNERS.includes(k))) throw new Error(`--kernel must be one of ${RUNNERS.join(", ")}`);
   const notebooks = args.length > 0 ? args.map((a) => resolve(a)) :
     readdirSync(join(root, "notebooks")).filter((f) => f.endsWith(".ipynb")).sort().map((f) => join(root, "notebooks", f));
-  if (!existsSync(join(root, ".jupyter", "kernels", "deno")) || !existsSync(join(root, ".jupyter", "kernels", "tslab"))) {
-    console.error("notebook-run: the kernels are not registered: run npm run kernels first.");
+  if (!existsSync(join(root, "dist", "lib", "mod.js"))) {
+    console.error("notebook-run: dist/ is not built (the notebooks import art-ts from it): run npm run build first.");
     process.exit(1);
   }
-  const probe = spawnSync(jupyter(), ["nbconvert", "--version"], { encoding: "utf8" });
-  if (probe.status !== 0) {
-    console.error(`notebook-run: ${jupyter()} nbconvert does not run (${probe.error?.message ?? probe.stderr.trim().split("\n").at(-1)}). ` +
-      "Install Debian's jupyter-nbconvert python3-nbclient jupyter-client, or point JUPYTER at a jupyter that has nbconvert.");
-    process.exit(1);
+  if (kernels.some((k) => k !== "node")) {
+    if (!existsSync(join(root, ".jupyter", "kernels", "deno")) || !existsSync(join(root, ".jupyter", "kernels", "tslab"))) {
+      console.error("notebook-run: the kernels are not registered: run npm run kernels first.");
+      process.exit(1);
+    }
+    const probe = spawnSync(jupyter(), ["nbconvert", "--version"], { encoding: "utf8" });
+    if (probe.status !== 0) {
+      console.error(`notebook-run: ${jupyter()} nbconvert does not run (${probe.error?.message ?? probe.stderr.trim().split("\n").at(-1)}). ` +
+        "Install Debian's jupyter-nbconvert python3-nbclient jupyter-client, or point JUPYTER at a jupyter that has nbconvert.");
+      process.exit(1);
+    }
   }
   const outDir = join(root, "notebooks", ".executed");
   mkdirSync(outDir, { recursive: true });
@@ -119,6 +148,13 @@ function main(): void {
     for (const kernel of kernels) {
       const name = `${basename(notebook, ".ipynb")}.${kernel}`;
       const started = Date.now();
+      if (kernel === "node") {
+        const problems = runAsModule(notebook, join(outDir, name), env);
+        console.log(`${problems.length === 0 ? "ok  " : "FAIL"} ${name} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
+        for (const p of problems) console.log(`     ${p}`);
+        if (problems.length > 0) failures.push(name);
+        continue;
+      }
       const run = spawnSync(jupyter(), ["nbconvert", "--to", "notebook", "--execute", `--ExecutePreprocessor.kernel_name=${kernel}`,
         "--ExecutePreprocessor.timeout=900", "--output-dir", outDir, "--output", `${name}.ipynb`, source], { env, encoding: "utf8" });
       let problems: string[];

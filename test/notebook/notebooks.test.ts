@@ -60,6 +60,16 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
     expect(entries.stdout).toMatch(/all 2 run\(s\) passed/);
   }, 900_000);
 
+  // What the GPU check runs where there is no Jupyter: each notebook's code cells as one Node module.
+  it("run as plain Node modules too, without Jupyter (--kernel node), printing their plots and transcripts as text", () => {
+    const modules = run(["scripts/notebook-run.ts", "--kernel", "node"]);
+    expect(modules.status, modules.stdout + modules.stderr).toBe(0);
+    expect(modules.stdout).toMatch(/all 4 run\(s\) passed/);
+    const output = readFileSync(join("notebooks", ".executed", "tic-tac-toe.node.txt"), "utf8");
+    expect(output).toMatch(/win rate: [\d.]+% before → [\d.]+% after 3 steps/);
+    expect(output).toMatch(/━━ one game of the untrained model/); // a transcript, as text
+  }, 300_000);
+
   // The executed notebooks' HTML in a real browser (Debian's chromium, driven by puppeteer-core; ART_TEST_BROWSER=1,
   // which CI sets): every plot renders as a sized SVG, transcripts toggle, the progress bars' last state is there.
   // Full-page screenshots go to test/.tmp/browser/ as artifacts. Needs the run above (same file, so it runs first).
