@@ -410,8 +410,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
   }
 
-  rope(x: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
-    this.#rotate(x, positions, invFreq, headDim, 1);
+  rope(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
+    this.#rotate(q, k, positions, invFreq, headDim, 1);
   }
 
   swiglu(gate: Tensor, up: Tensor, out: Tensor): void {
@@ -672,8 +672,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
   }
 
-  ropeBackward(dx: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
-    this.#rotate(dx, positions, invFreq, headDim, -1);
+  ropeBackward(dq: Tensor, dk: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
+    this.#rotate(dq, dk, positions, invFreq, headDim, -1);
   }
 
   swigluBackward(gate: Tensor, up: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void {
@@ -868,15 +868,18 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     return address;
   }
 
-  /** In-place RoPE by sign · the angles (sign −1 is the backward). */
-  #rotate(x: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number, sign: 1 | -1): void {
-    const xs = f32("rope input", x), f = cuda(invFreq);
-    xs.version++;
+  /** In-place RoPE of q and k by sign · the angles (sign −1 is the backward), one launch for both. */
+  #rotate(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number, sign: 1 | -1): void {
+    const qs = f32("rope q", q), ks = f32("rope k", k), f = cuda(invFreq);
     expectSize("rope inverse frequencies", f, headDim / 2);
-    expectMultiple("rope input", xs, positions.length * headDim);
-    const heads = xs.size / (positions.length * headDim);
-    this.#launch(f.dtype === "bf16" ? "rope_bf16" : "rope_f32", [positions.length], [rowThreads((heads * headDim) / 2, 128)],
-      [["ptr", xs.address], ["ptr", this.#indices(positions)], ["ptr", f.address], ["i32", heads], ["i32", headDim], ["f32", sign]]);
+    expectMultiple("rope q", qs, positions.length * headDim);
+    expectMultiple("rope k", ks, positions.length * headDim);
+    qs.version++;
+    ks.version++;
+    const qHeads = qs.size / (positions.length * headDim), kHeads = ks.size / (positions.length * headDim);
+    this.#launch(f.dtype === "bf16" ? "rope_bf16" : "rope_f32", [positions.length], [rowThreads(((qHeads + kHeads) * headDim) / 2, 128)],
+      [["ptr", qs.address], ["ptr", ks.address], ["ptr", this.#indices(positions)], ["ptr", f.address], ["i32", qHeads], ["i32", kHeads],
+        ["i32", headDim], ["f32", sign]]);
   }
 
   /** The address of a norm's rstd output (written by the launch about to be queued), or 0n for none. */

@@ -263,10 +263,11 @@ export interface Backend {
    */
   linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor, lora?: LoraWeights | null, loraDown?: Tensor): void;
   /**
-   * Rotary embedding in place, rotate-half layout (pairs (j, j + hd/2) within each head), angle positions[i] · invFreq[j]
-   * rounded to f32; x:[n, heads·headDim], invFreq:[headDim/2].
+   * Rotary embedding of q and k in place (one launch on a GPU), rotate-half layout (pairs (j, j + hd/2) within each
+   * head), angle positions[i] · invFreq[j] rounded to f32; q:[n, heads·headDim], k:[n, kvHeads·headDim],
+   * invFreq:[headDim/2].
    */
-  rope(x: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void;
+  rope(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void;
   /** out = silu(gate) · up, elementwise. */
   swiglu(gate: Tensor, up: Tensor, out: Tensor): void;
   /** out = a + b, elementwise; `out` may be `a` or `b`. */
@@ -313,8 +314,8 @@ export interface Backend {
   linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null): void;
   /** The LoRA part of linear's backward: dB += scale · dOutᵀ (x Aᵀ); dA += (scale · dOut B)ᵀ x; dx += (scale · dOut B) A. */
   loraBackward(x: Tensor, lora: LoraWeights, loraDown: Tensor, dOut: Tensor, dx: Tensor | null, dA: Tensor, dB: Tensor): void;
-  /** RoPE's backward: the rotation by minus each angle, in place on the gradient (a rotation's transpose is its inverse). */
-  ropeBackward(dx: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void;
+  /** RoPE's backward: the rotation by minus each angle, in place on the gradients (a rotation's transpose is its inverse). */
+  ropeBackward(dq: Tensor, dk: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void;
   /** d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))): dGate += dOut · up · that; dUp += dOut · silu(gate). */
   swigluBackward(gate: Tensor, up: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void;
   /** dx[rowIndex[i]] += dOut[i]. */

@@ -456,8 +456,7 @@ export class DifferentiableTransformer {
       const dv = held.zeros([n, kv * hd]);
       b.packedAttentionBackward(acts.q, acts.k, acts.v, acts.attn, acts.attnSaved!, batch.segments, hd, dAttn, dq, dk, dv);
       held.free(dAttn);
-      b.ropeBackward(dq, batch.positions, invFreq, hd);
-      b.ropeBackward(dk, batch.positions, invFreq, hd);
+      b.ropeBackward(dq, dk, batch.positions, invFreq, hd);
       let dqRaw = dq, dkRaw = dk;
       if (w.qNorm && w.kNorm && acts.qRstd && acts.kRstd) {
         dqRaw = held.zeros([n, h * hd]);

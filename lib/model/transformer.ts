@@ -209,8 +209,7 @@ export class Transformer {
       b.rmsNorm(acts.qRaw, w.qNorm, eps, acts.q, acts.qRstd);
       b.rmsNorm(acts.kRaw, w.kNorm, eps, acts.k, acts.kRstd);
     }
-    b.rope(acts.q, positions, this.invFreq, c.headDim);
-    b.rope(acts.k, positions, this.invFreq, c.headDim);
+    b.rope(acts.q, acts.k, positions, this.invFreq, c.headDim);
     acts.attnSaved = attend(layer, acts.q, acts.k, acts.v, acts.attn);
     linear("o_proj", acts.attn, acts.attnOut);
     b.addRmsNorm(input, acts.attnOut, acts.mid, w.postAttentionNorm, eps, acts.mlpInput, acts.rstd2);

@@ -112,8 +112,8 @@ describe("CUDA backend host logic (recording device)", () => {
     const rows = { slots: new Int32Array(6), positions: Int32Array.from([0, 1, 2, 3, 4, 5]) };
     model.backend.free(model.forward(Int32Array.from([1, 2, 3, 4, 5, 6]), rows, cache, Int32Array.from([5])));
     const ropes = device.launches.filter((l) => l.name === "rope_f32");
-    expect(ropes.length).toBe(2 * model.config.numLayers);
-    expect(new Set(ropes.map((l) => l.args[1][1])).size).toBe(1);
+    expect(ropes.length).toBe(model.config.numLayers); // q and k in one launch
+    expect(new Set(ropes.map((l) => l.args[2][1])).size).toBe(1);
     expect(device.gemms.every((g) => g.type === "f32")).toBe(true);
     cache.free();
     model.free();

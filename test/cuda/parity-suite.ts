@@ -97,12 +97,14 @@ describe.skipIf(skip)(title, () => {
     }
   });
 
-  it("rope (rotate-half) at positions up to 4000", () => {
-    const hd = 64, heads = 14, positions = Int32Array.from([0, 1, 2, 100, 4000, 77]);
+  it("rope (rotate-half) of q and k together, at positions up to 4000", () => {
+    const hd = 64, heads = 14, kvHeads = 2, positions = Int32Array.from([0, 1, 2, 100, 4000, 77]);
     const invFreq = Float32Array.from({ length: hd / 2 }, (_, j) => 1 / 1e6 ** ((2 * j) / hd));
-    const x = both(random(positions.length * heads * hd, 12), [positions.length, heads * hd]), f = both(invFreq, [hd / 2]);
-    run((b, i) => b.rope(x[i], positions, f[i], hd));
-    expect(error(x)).toBeLessThan(2e-3);
+    const q = both(random(positions.length * heads * hd, 12), [positions.length, heads * hd]), f = both(invFreq, [hd / 2]);
+    const k = both(random(positions.length * kvHeads * hd, 13), [positions.length, kvHeads * hd]);
+    run((b, i) => b.rope(q[i], k[i], positions, f[i], hd));
+    expect(error(q)).toBeLessThan(2e-3);
+    expect(error(k)).toBeLessThan(2e-3);
   });
 
   for (const [heads, kvHeads, hd] of [[14, 2, 64], [12, 2, 128], [4, 4, 80], [8, 1, 16]] as const) {

@@ -68,10 +68,13 @@ describe.skipIf(skip)(title, () => {
     const positions = Int32Array.from([0, 1, 7, 300, 4000]), heads = 3, half = 8;
     const invFreq = both(Float32Array.from({ length: half }, (_, j) => 1 / 1e4 ** (j / half)), [half]);
     const x = both(random(positions.length * heads * 2 * half, 5), [positions.length, heads * 2 * half]);
-    run((b, i) => b.ropeBackward(x[i], positions, invFreq[i], 2 * half));
+    const y = both(random(positions.length * 2 * half, 6), [positions.length, 2 * half]); // one kv head
+    run((b, i) => b.ropeBackward(x[i], y[i], positions, invFreq[i], 2 * half));
     expect(error(x)).toBeLessThan(2e-3);
-    run((b, i) => b.rope(x[i], positions, invFreq[i], 2 * half));
+    expect(error(y)).toBeLessThan(2e-3);
+    run((b, i) => b.rope(x[i], y[i], positions, invFreq[i], 2 * half));
     expect(error(x)).toBeLessThan(2e-3);
+    expect(error(y)).toBeLessThan(2e-3);
   });
 
   // Forward and backward run on tensor cores: q, k, v, dout, the probabilities and dS rounded to bf16, sums in f32.

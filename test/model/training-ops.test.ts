@@ -103,14 +103,27 @@ describe("the CPU backend's training ops match PyTorch autograd and finite diffe
     const [rows, heads, headDim] = [5, 4, 6];
     const positions = Int32Array.from(fixtures.rope.positions as number[]);
     const invFreq = tensor(Float64Array.from({ length: headDim / 2 }, (_, i) => 1 / 10000 ** ((2 * i) / headDim)), [headDim / 2]);
+    // The fixture's heads split between q (the first 3 of each row) and k (the last), rotated by one call.
+    const qWidth = 3 * headDim, kWidth = (heads - 3) * headDim, width = heads * headDim;
+    const split = (x: Float32Array) => [
+      tensor(Float32Array.from({ length: rows * qWidth }, (_, i) => x[Math.floor(i / qWidth) * width + (i % qWidth)]), [rows, qWidth]),
+      tensor(Float32Array.from({ length: rows * kWidth }, (_, i) => x[Math.floor(i / kWidth) * width + qWidth + (i % kWidth)]), [rows, kWidth]),
+    ] as const;
+    const join = (q: Tensor, k: Tensor) => {
+      const [qs, ks] = [cpu.download(q), cpu.download(k)];
+      return Float32Array.from({ length: rows * width }, (_, i) => {
+        const row = Math.floor(i / width), col = i % width;
+        return col < qWidth ? qs[row * qWidth + col] : ks[row * kWidth + col - qWidth];
+      });
+    };
     checkOp("rope", ({ x }) => {
-      const out = tensor(x, [rows, heads * headDim]);
-      cpu.rope(out, positions, invFreq, headDim);
-      return valuesOf(out, []);
+      const [q, k] = split(x);
+      cpu.rope(q, k, positions, invFreq, headDim);
+      return join(q, k);
     }, (_inputs, up) => {
-      const dx = tensor(up, [rows, heads * headDim]);
-      cpu.ropeBackward(dx, positions, invFreq, headDim);
-      return { x: cpu.download(dx) };
+      const [dq, dk] = split(up);
+      cpu.ropeBackward(dq, dk, positions, invFreq, headDim);
+      return { x: join(dq, dk) };
     });
   });
 

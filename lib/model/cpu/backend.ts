@@ -319,8 +319,8 @@ export class CpuBackend implements Backend {
     return true;
   }
 
-  rope(x: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
-    this.#rotate(x, positions, invFreq, headDim, 1);
+  rope(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
+    for (const x of [q, k]) this.#rotate(x, positions, invFreq, headDim, 1);
   }
 
   swiglu(gate: Tensor, up: Tensor, out: Tensor): void {
@@ -495,8 +495,8 @@ export class CpuBackend implements Backend {
       x.size / inFeatures, inFeatures, outFeatures, rank, optional(dx), cpu(dA).data, cpu(dB).data);
   }
 
-  ropeBackward(dx: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
-    this.#rotate(dx, positions, invFreq, headDim, -1);
+  ropeBackward(dq: Tensor, dk: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
+    for (const x of [dq, dk]) this.#rotate(x, positions, invFreq, headDim, -1);
   }
 
   swigluBackward(gate: Tensor, up: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void {
