@@ -193,15 +193,18 @@ export class Transformer {
    * One layer over the rows of `input` (the residual stream entering layer `layer`), writing the stream leaving it to
    * `output`: the same tensor when decoding (updated in place), another when training (the input is kept for the
    * backward). Every intermediate goes to `acts`; `attend` runs the attention and returns what its backward needs.
+   * `chain` (inference, where one set of buffers serves every layer): the input's norm is already in acts.attnInput
+   * (`normed`), and the layer ends by writing the next layer's normed input there too (`nextNorm`: its weight), one
+   * fused add + RMSNorm where an add and an RMSNorm were two launches (the same values).
    */
   layerForward(layer: number, input: Tensor, output: Tensor, acts: LayerActivations, positions: Int32Array, attend: Attend,
-    loras?: LayerLoras): void {
+    loras?: LayerLoras, chain: { normed: boolean; nextNorm: Tensor | null } = { normed: false, nextNorm: null }): void {
     const b = this.backend, w = this.weights.layers[layer], c = this.config, eps = c.rmsNormEps;
     const linear = (projection: Projection, x: Tensor, out: Tensor) => {
       const { weight, bias } = w.projections[projection];
       b.linear(x, weight, bias, out, loras?.[projection], acts.loraDown[projection]);
     };
-    b.rmsNorm(input, w.inputNorm, eps, acts.attnInput, acts.rstd1);
+    if (!chain.normed) b.rmsNorm(input, w.inputNorm, eps, acts.attnInput, acts.rstd1);
     linear("q_proj", acts.attnInput, acts.qRaw);
     linear("k_proj", acts.attnInput, acts.kRaw);
     linear("v_proj", acts.attnInput, acts.v);
@@ -217,7 +220,8 @@ export class Transformer {
     linear("up_proj", acts.mlpInput, acts.up);
     b.swiglu(acts.gate, acts.up, acts.hidden);
     linear("down_proj", acts.hidden, acts.mlpOut);
-    b.add(acts.mid, acts.mlpOut, output);
+    if (chain.nextNorm) b.addRmsNorm(acts.mid, acts.mlpOut, output, chain.nextNorm, eps, acts.attnInput, acts.rstd1);
+    else b.add(acts.mid, acts.mlpOut, output);
   }
 
   /**
@@ -263,7 +267,10 @@ export class Transformer {
         return null;
       };
       b.embedding(this.weights.embedding, ids, x);
-      for (let l = 0; l < c.numLayers; l++) this.layerForward(l, x, x, acts, rows.positions, attend, loras?.[l]);
+      const layers = this.weights.layers;
+      for (let l = 0; l < c.numLayers; l++) {
+        this.layerForward(l, x, x, acts, rows.positions, attend, loras?.[l], { normed: l > 0, nextNorm: layers[l + 1]?.inputNorm ?? null });
+      }
       let final = x;
       if (logitRows) {
         buffers.push(final = b.zeros([logitRows.length, d]));

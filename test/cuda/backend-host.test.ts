@@ -135,9 +135,11 @@ describe("CUDA backend host logic (recording device)", () => {
       expect(device.launches.filter((l) => l.name === "f32_to_bf16")).toHaveLength(0);
       const copies = (name: string, index: number) => device.launches.filter((l) => l.name === name).map((l) => l.args[index][1] !== 0n);
       const bf16 = weights === "bf16";
-      const perLayer = [bf16, false, false]; // input norm, q norm, k norm
-      expect(copies("rmsnorm_f32", 4)).toEqual([...perLayer, ...perLayer, bf16]);
-      expect(copies("add_rmsnorm_f32", 6)).toEqual([bf16, bf16]);
+      // RMSNorm: the first layer's input norm, each layer's q and k norms, the final norm; a later layer's input
+      // norm is fused into the add that ends the layer before it (add + RMSNorm, like the post-attention one).
+      expect(copies("rmsnorm_f32", 4)).toEqual([bf16, false, false, false, false, bf16]);
+      expect(copies("add_rmsnorm_f32", 6)).toEqual([bf16, bf16, bf16]); // layer 0: post-attention, into layer 1; layer 1
+      expect(device.launches.filter((l) => l.name === "add")).toHaveLength(1); // the last layer's residual add
       expect(copies("swiglu", 3)).toEqual([bf16, bf16]);
       expect(copies("attention_dpl1", 13)).toEqual([bf16, bf16]);
       expect(device.gemms.length).toBe(7 * model.config.numLayers + 1);
