@@ -43,13 +43,15 @@ function count(shape: Record<string, unknown>, batch: number, graphs: boolean, w
     rows = rows.map((r) => ({ ...r, startPosition: r.startPosition + r.tokens.length, tokens: [1] }));
   };
   for (let s = 0; s < 3; s++) advance(); // prefill, then a first sighting and a recording with graphs
-  const before = { launches: device.launches.length, gemms: device.gemms.length, events: device.events.length, graphLaunches: device.graphLaunches };
+  const before = { launches: device.launches.length, gemms: device.gemms.length, events: device.events.length, graphLaunches: device.graphLaunches,
+    memsets: device.memsets };
   advance();
   const events = device.events.slice(before.events);
   return {
     kernelLaunches: device.launches.length - before.launches,
     gemmCalls: device.gemms.length - before.gemms,
     graphLaunches: device.graphLaunches - before.graphLaunches,
+    memsets: device.memsets - before.memsets,
     uploads: events.filter((e) => e.event === "upload").length,
   };
 }

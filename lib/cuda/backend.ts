@@ -267,6 +267,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     return tensor;
   }
 
+  empty(shape: readonly number[]): Tensor {
+    return this.#allocate(shape, "f32");
+  }
+
   copy(x: Tensor): Tensor {
     const out = this.zeros(x.shape);
     this.add(out, f32("copied tensor", x), out);

@@ -232,6 +232,12 @@ export interface Backend {
   upload(data: Float32Array, shape: readonly number[], dtype?: DType): Tensor;
   /** A new f32 tensor of zeros (activations, scratch). */
   zeros(shape: readonly number[]): Tensor;
+  /**
+   * A new f32 tensor whose values are unspecified until written: for an output that the op writing it fills whole
+   * (a product, a norm, an embedding), it saves zeroing the memory first, a launch on a GPU. Never for an output an op
+   * adds into.
+   */
+  empty(shape: readonly number[]): Tensor;
   /** A new f32 tensor holding x's values. */
   copy(x: Tensor): Tensor;
   /** Copies a tensor back to the host as f32 (waits for queued ops). */

@@ -248,10 +248,12 @@ export class Transformer {
   #forwardPass(ids: Int32Array, rows: RowPlacement, cache: KvCache, logitRows: Int32Array | null, loras?: LayerLoras[]): Tensor {
     const b = this.backend, c = this.config;
     const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
-    // Every buffer of the pass, freed at its end, also when an allocation or an op fails (out of GPU memory).
+    // Every buffer of the pass, freed at its end, also when an allocation or an op fails (out of GPU memory). Each is
+    // written whole by the op that produces it (the embedding, a product, a norm, the attention of every row), so none
+    // needs zeroing first.
     const buffers: Tensor[] = [];
     const z = (width: number) => {
-      buffers.push(b.zeros([ids.length, width]));
+      buffers.push(b.empty([ids.length, width]));
       return buffers.at(-1)!;
     };
     try {
@@ -273,11 +275,11 @@ export class Transformer {
       }
       let final = x;
       if (logitRows) {
-        buffers.push(final = b.zeros([logitRows.length, d]));
+        buffers.push(final = b.empty([logitRows.length, d]));
         b.gatherRows(x, logitRows, final);
       }
       b.rmsNorm(final, this.weights.finalNorm, c.rmsNormEps, final);
-      const logits = b.zeros([final.shape[0], c.vocabSize]);
+      const logits = b.empty([final.shape[0], c.vocabSize]);
       try {
         b.linear(final, this.weights.lmHead, null, logits);
       } catch (error) {

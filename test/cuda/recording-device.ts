@@ -30,6 +30,8 @@ export class RecordingDevice implements DeviceQueue {
   /** Bytes the "device" has handed out and not taken back. */
   outstandingBytes = 0;
   graphLaunches = 0;
+  /** Memsets queued (zeroed allocations among them). */
+  memsets = 0;
   failCapture: "begin" | "end" | null = null;
   /** Makes graph launches fail (as a driver error would). */
   failGraphLaunch = false;
@@ -79,7 +81,7 @@ export class RecordingDevice implements DeviceQueue {
   }
 
   zero(destination: bigint, bytes: number): void {
-    this.#stream(() => this.expectLive(destination, bytes, "zero"), () => {});
+    this.#stream(() => this.expectLive(destination, bytes, "zero"), () => void this.memsets++);
   }
 
   launch(kernel: KernelFunction, config: LaunchConfig, args: readonly KernelArg[]): void {

@@ -111,8 +111,8 @@ class StoragePool {
     this.#capacityBytes = capacityBytes;
   }
 
-  /** Zeroed storage of `length` floats. */
-  take(length: number): Float32Array {
+  /** Storage of `length` floats, zeroed unless `zeroed` is false (then it may hold what its last tensor left). */
+  take(length: number, zeroed = true): Float32Array {
     const reused = this.#free.get(length)?.pop();
     if (!reused) {
       const made = new Float32Array(length);
@@ -120,7 +120,7 @@ class StoragePool {
       return made;
     }
     this.#bytes -= reused.byteLength;
-    return reused.fill(0);
+    return zeroed ? reused.fill(0) : reused;
   }
 
   /** `storage` now belongs to someone else too (a tensor uploaded over it): it never comes back here. */
@@ -207,6 +207,10 @@ export class CpuBackend implements Backend {
 
   zeros(shape: readonly number[]): Tensor {
     return new CpuTensor([...shape], "f32", this.#storage.take(shapeSize(shape)));
+  }
+
+  empty(shape: readonly number[]): Tensor {
+    return new CpuTensor([...shape], "f32", this.#storage.take(shapeSize(shape), false));
   }
 
   copy(x: Tensor): Tensor {
