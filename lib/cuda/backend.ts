@@ -479,10 +479,14 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       throw new ArtError("cuda_unsupported", `cuda attention: ${numHeads} query heads over ${numKvHeads} kv heads (at most ${attentionQueryVectors} per kv head)`);
     }
     const slots = this.#indices(rows.slots), positions = this.#indices(rows.positions);
-    this.#launch("kv_write", [n], [rowThreads(kvWidth)], [["ptr", ks.address], ["ptr", vs.address], ["ptr", cache.keys(layer)],
-      ["ptr", cache.values(layer)], ["ptr", slots], ["ptr", positions], ["i32", numKvHeads], ["i32", headDim], ["i32", maxPositions]]);
-
     const plan = this.#attentionPlan(rows, group, headDim);
+    // A decode pass (every row its own slot, a tile each) leaves storing its keys to the attention kernel; any other
+    // pass stores them first, since its rows read keys other rows of the pass write.
+    const decode = plan.prefill.length === 0 && plan.tileRows.every((r) => r === 1) && new Set(rows.slots).size === n;
+    if (!decode) {
+      this.#launch("kv_write", [n], [rowThreads(kvWidth)], [["ptr", ks.address], ["ptr", vs.address], ["ptr", cache.keys(layer)],
+        ["ptr", cache.values(layer)], ["ptr", slots], ["ptr", positions], ["i32", numKvHeads], ["i32", headDim], ["i32", maxPositions]]);
+    }
     const outBf16 = this.#bf16Output(o); // o_proj's operand, written by whichever kernel writes the output
     if (plan.prefill.length > 0) {
       const hd = flashHeadSize(headDim)!;
@@ -501,7 +505,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       ["ptr", qs.address], ["ptr", cache.keys(layer)], ["ptr", cache.values(layer)], ["ptr", slots], ["ptr", positions],
       ["ptr", this.#indices(plan.tileStart)], ["ptr", this.#indices(plan.tileRows)], ["i32", numHeads], ["i32", numKvHeads],
       ["i32", headDim], ["i32", maxPositions], ["i32", splitLength], ["ptr", o.address], ["ptr", splits > 1 ? 0n : outBf16],
-      ["ptr", partialO], ["ptr", partialMl], ["i32", n]], attentionSharedBytes(dpl));
+      ["ptr", partialO], ["ptr", partialMl], ["i32", n], ["ptr", decode ? ks.address : 0n], ["ptr", decode ? vs.address : 0n]],
+    attentionSharedBytes(dpl));
     if (splits > 1) {
       this.#launch("attention_combine", [n * numHeads], [rowThreads(headDim)], [["ptr", partialO], ["ptr", partialMl],
         ["ptr", o.address], ["ptr", outBf16], ["i32", splits], ["i32", n], ["i32", numHeads], ["i32", headDim]]);

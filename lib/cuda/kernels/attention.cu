@@ -2,7 +2,10 @@
 //
 // Cache layout (bf16), per layer: K then V, each [slots, kv_heads, max_positions, head_dim]. kv_write stores this
 // pass's k and v rows first, so every query then reads its keys from the cache alone: query row i (sequence slot
-// slots[i], position positions[i]) attends to cache positions 0..positions[i] of its slot.
+// slots[i], position positions[i]) attends to cache positions 0..positions[i] of its slot. A decode pass (one row per
+// slot) skips kv_write: attention_dplN takes the rows' k and v (k_new, v_new), reads the row's own key from them
+// rounded as the cache holds it, and the block whose key split holds that position stores it (one launch fewer per
+// layer; no other block of the pass reads it).
 //
 // attention_dplN: flash-attention style. A block owns one *tile* (up to a few consecutive rows of one slot, chosen
 // by the host), one kv head, and one split of the key range. Its query vectors (tile rows × the q heads sharing that
@@ -60,12 +63,12 @@ extern "C" __global__ void kv_copy_slot(bf16* cache, int planes, int slots, int 
 // split_len: keys per split (a multiple of ATTN_CHUNK). partial_* used only when gridDim.z > 1:
 // partial_o [splits, rows, heads, hd], partial_ml [splits, rows, heads, 2].
 template <int DPL>
-__device__ void attention(const float* __restrict__ q, const bf16* __restrict__ cache_k, const bf16* __restrict__ cache_v,
+__device__ void attention(const float* __restrict__ q, bf16* __restrict__ cache_k, bf16* __restrict__ cache_v,
                           const int* __restrict__ slots, const int* __restrict__ positions,
                           const int* __restrict__ tile_start, const int* __restrict__ tile_rows, int heads, int kv_heads,
                           int head_dim, int max_positions, int split_len, float* __restrict__ out,
                           bf16* __restrict__ out_bf16, float* __restrict__ partial_o, float* __restrict__ partial_ml,
-                          int total_rows) {
+                          int total_rows, const float* __restrict__ k_new, const float* __restrict__ v_new) {
   extern __shared__ float shared[];
   constexpr int HD = DPL * 32;
   float* s_q = shared;                                   // [ATTN_QMAX][HD]
@@ -108,15 +111,35 @@ __device__ void attention(const float* __restrict__ q, const bf16* __restrict__ 
     for (int d = 0; d < DPL; d++) o[i][d] = 0.0f;
   }
 
-  const bf16* k_base = cache_k + (slot * kv_heads + kv_head) * (long long)max_positions * head_dim;
-  const bf16* v_base = cache_v + (slot * kv_heads + kv_head) * (long long)max_positions * head_dim;
+  bf16* k_base = cache_k + (slot * kv_heads + kv_head) * (long long)max_positions * head_dim;
+  bf16* v_base = cache_v + (slot * kv_heads + kv_head) * (long long)max_positions * head_dim;
+  // Decode without kv_write (k_new set, one row per tile): the row's own key and value, and whether this block (the
+  // split holding its position) stores them.
+  const int fresh_position = k_new ? last_position : -1;
+  const float* k_fresh = k_new ? k_new + ((long long)first_row * kv_heads + kv_head) * head_dim : nullptr;
+  const float* v_fresh = k_new ? v_new + ((long long)first_row * kv_heads + kv_head) * head_dim : nullptr;
+  if (k_new && key_begin <= fresh_position && fresh_position < key_begin + split_len) {
+    for (int j = threadIdx.x; j < head_dim; j += blockDim.x) {
+      k_base[(long long)fresh_position * head_dim + j] = __float2bfloat16_rn(k_fresh[j]);
+      v_base[(long long)fresh_position * head_dim + j] = __float2bfloat16_rn(v_fresh[j]);
+    }
+  }
   for (int chunk = key_begin; chunk < key_end; chunk += ATTN_CHUNK) {
     __syncthreads();  // the previous chunk (and the q load) is complete everywhere
     for (int t = threadIdx.x; t < ATTN_CHUNK * HD; t += blockDim.x) {
-      const int key = t / HD, j = t % HD;
-      const bool valid = chunk + key < key_end && j < head_dim;
-      s_k[key * (HD + 1) + j] = valid ? __bfloat162float(k_base[(long long)(chunk + key) * head_dim + j]) : 0.0f;
-      s_v[key * HD + j] = valid ? __bfloat162float(v_base[(long long)(chunk + key) * head_dim + j]) : 0.0f;
+      const int key = t / HD, j = t % HD, position = chunk + key;
+      const bool valid = position < key_end && j < head_dim;
+      float k_value = 0.0f, v_value = 0.0f;
+      if (valid && position == fresh_position) {
+        // The row's own key, from k_new rounded as the cache holds it (another thread may be storing it there).
+        k_value = __bfloat162float(__float2bfloat16_rn(k_fresh[j]));
+        v_value = __bfloat162float(__float2bfloat16_rn(v_fresh[j]));
+      } else if (valid) {
+        k_value = __bfloat162float(k_base[(long long)position * head_dim + j]);
+        v_value = __bfloat162float(v_base[(long long)position * head_dim + j]);
+      }
+      s_k[key * (HD + 1) + j] = k_value;
+      s_v[key * HD + j] = v_value;
     }
     __syncthreads();
     const int key = chunk + lane;
@@ -176,11 +199,12 @@ __device__ void attention(const float* __restrict__ q, const bf16* __restrict__ 
 
 #define ATTENTION_ENTRY(DPL)                                                                                         \
   extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_dpl##DPL(                                  \
-      const float* q, const bf16* ck, const bf16* cv, const int* slots, const int* positions, const int* tile_start, \
+      const float* q, bf16* ck, bf16* cv, const int* slots, const int* positions, const int* tile_start,             \
       const int* tile_rows, int heads, int kv_heads, int head_dim, int max_positions, int split_len, float* out,     \
-      bf16* out_bf16, float* partial_o, float* partial_ml, int total_rows) {                                        \
+      bf16* out_bf16, float* partial_o, float* partial_ml, int total_rows, const float* k_new,                      \
+      const float* v_new) {                                                                                          \
     attention<DPL>(q, ck, cv, slots, positions, tile_start, tile_rows, heads, kv_heads, head_dim, max_positions,    \
-                   split_len, out, out_bf16, partial_o, partial_ml, total_rows);                                    \
+                   split_len, out, out_bf16, partial_o, partial_ml, total_rows, k_new, v_new);                      \
   }
 ATTENTION_ENTRY(1)
 ATTENTION_ENTRY(2)
