@@ -65,10 +65,11 @@ __device__ __forceinline__ void product_transposed(float (&c)[N / 8][4], const b
   }
 }
 
-// acc += P·tile for P (16 × K, accumulator fragments) and tile rows 0 .. K − 1: 16 × HD.
-template <int HD, int K>
+// acc += P·tile for P (16 × K, accumulator fragments) and tile rows 0 .. K − 1 (rows of HD + 8): 16 × HD. With
+// TRANSPOSED the tile is stored transposed, tile[c][k] with rows of K + 8 (the forward's V): the B fragments' pairs
+// along k are then adjacent, two 32-bit loads each instead of load_b's four 16-bit ones.
+template <int HD, int K, bool TRANSPOSED = false>
 __device__ __forceinline__ void accumulate_product(float (&acc)[HD / 8][4], const float (&p)[K / 8][4], const bf16* tile, int g, int t) {
-  constexpr int STRIDE = HD + 8;
 #pragma unroll
   for (int kc = 0; kc < K / 16; kc++) {
     unsigned a[4];
@@ -76,24 +77,8 @@ __device__ __forceinline__ void accumulate_product(float (&acc)[HD / 8][4], cons
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) {
       unsigned b[2];
-      load_b(b, tile, STRIDE, kc * 16, n * 8, g, t);
-      mma_bf16_16816(acc[n], a, b, acc[n]);
-    }
-  }
-}
-
-// acc += P·V for P (16 × K, accumulator fragments) and V stored transposed, vt[c][key] with rows of K + 8: the B
-// fragments' pairs along k (keys) are then adjacent, two 32-bit loads each instead of load_b's four 16-bit ones.
-template <int HD, int K>
-__device__ __forceinline__ void accumulate_product_vt(float (&acc)[HD / 8][4], const float (&p)[K / 8][4], const bf16* vt, int g, int t) {
-#pragma unroll
-  for (int kc = 0; kc < K / 16; kc++) {
-    unsigned a[4];
-    accumulators_as_a(a, p[2 * kc], p[2 * kc + 1]);
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) {
-      unsigned b[2];
-      load_b_transposed(b, vt, K + 8, n * 8, kc * 16, g, t);
+      if (TRANSPOSED) load_b_transposed(b, tile, K + 8, n * 8, kc * 16, g, t);
+      else load_b(b, tile, HD + 8, kc * 16, n * 8, g, t);
       mma_bf16_16816(acc[n], a, b, acc[n]);
     }
   }
@@ -223,7 +208,7 @@ __device__ void flash_forward(const float* __restrict__ q, const Keys& keys, int
       sum0 += s[n][0] + s[n][1];
       sum1 += s[n][2] + s[n][3];
     }
-    accumulate_product_vt<HD, KEY_TILE>(o, s, vs, g, t);
+    accumulate_product<HD, KEY_TILE, true>(o, s, vs, g, t);
   }
   sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
   sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
