@@ -265,7 +265,7 @@ export class DifferentiableTransformer {
     checkTokenIds(batch.tokens, c.vocabSize);
     const held = new Holdings(b);
     try {
-      let x = held.zeros([n, d]);
+      let x = held.empty([n, d]);
       b.embedding(this.embedding.tensor, batch.tokens, x);
       const layers: SavedLayer[] = [];
       for (let l = 0; l < c.numLayers; l++) {
@@ -282,13 +282,13 @@ export class DifferentiableTransformer {
         }
         x = output;
       }
-      const finalRstd = held.zeros([n]);
-      const finalHidden = held.zeros([n, d]);
+      const finalRstd = held.empty([n]);
+      const finalHidden = held.empty([n, d]);
       b.rmsNorm(x, this.finalNorm.tensor, c.rmsNormEps, finalHidden, finalRstd);
       const scored: number[] = [];
       for (let r = 0; r < n; r++) if (batch.targets[r] >= 0) scored.push(r);
       const scoredRows = Int32Array.from(scored);
-      const scoredHidden = held.zeros([scored.length, d]);
+      const scoredHidden = held.empty([scored.length, d]);
       b.gatherRows(finalHidden, scoredRows, scoredHidden);
       held.free(finalHidden);
       const scoredTargets = Int32Array.from(scoredRows, (row) => batch.targets[row]);
@@ -337,7 +337,9 @@ export class DifferentiableTransformer {
     const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
     const held = new Holdings(b);
     try {
-      const z = (width: number) => held.zeros([n, width]);
+      // Every activation is written whole by the op that produces it (a product, a norm, SwiGLU, the residual adds),
+      // so none is zeroed first; the attention output is, since packed attention writes only the rows of segments.
+      const z = (width: number) => held.empty([n, width]);
       const loras = useAdapter ? this.engineLorasOf(l) : undefined;
       const loraDown: LayerActivations["loraDown"] = {};
       for (const [projection, lora] of Object.entries(loras ?? {})) loraDown[projection as Projection] = z(lora.a.shape[0]);
@@ -345,9 +347,9 @@ export class DifferentiableTransformer {
       const qkNorm = w.qNorm !== null && w.kNorm !== null;
       const qRaw = z(h * hd), kRaw = z(kv * hd);
       const acts: LayerActivations = {
-        attnInput: z(d), rstd1: held.zeros([n]), qRaw, kRaw, qRstd: qkNorm ? held.zeros([n * h]) : null, kRstd: qkNorm ? held.zeros([n * kv]) : null,
-        q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: z(kv * hd), attn: z(h * hd), attnSaved: null, attnOut: z(d),
-        mid: z(d), mlpInput: z(d), rstd2: held.zeros([n]), gate: z(inter), up: z(inter), hidden: z(inter), mlpOut: z(d), loraDown,
+        attnInput: z(d), rstd1: held.empty([n]), qRaw, kRaw, qRstd: qkNorm ? held.empty([n * h]) : null, kRstd: qkNorm ? held.empty([n * kv]) : null,
+        q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: z(kv * hd), attn: held.zeros([n, h * hd]), attnSaved: null,
+        attnOut: z(d), mid: z(d), mlpInput: z(d), rstd2: held.empty([n]), gate: z(inter), up: z(inter), hidden: z(inter), mlpOut: z(d), loraDown,
       };
       const output = z(d);
       const attend: Attend = (_layer, q, k, v, out) => held.hold(b.packedAttention(q, k, v, batch.segments, hd, out));
@@ -499,6 +501,10 @@ class Holdings {
   }
   zeros(shape: readonly number[]): Tensor {
     return this.hold(this.#backend.zeros(shape));
+  }
+  /** Backend.empty: for an output its op writes whole. */
+  empty(shape: readonly number[]): Tensor {
+    return this.hold(this.#backend.empty(shape));
   }
   copy(tensor: Tensor): Tensor {
     return this.hold(this.#backend.copy(tensor));

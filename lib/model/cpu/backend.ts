@@ -159,6 +159,11 @@ export interface CpuBackendOptions {
   blas?: CpuBlasChoice;
   /** Threads of the system BLAS. Default `ART_CPU_THREADS`, else the machine's cores. */
   threads?: number;
+  /**
+   * What `empty` fills its storage with; default nothing (the storage as the pool has it). Tests fill it with NaN to
+   * show that every such buffer is written whole before anything reads it.
+   */
+  emptyFill?: number;
 }
 
 export class CpuBackend implements Backend {
@@ -183,9 +188,11 @@ export class CpuBackend implements Backend {
   #group = new GroupScratch();
   #lastRope: { positions: Int32Array; frequencies: Float32Array; sign: 1 | -1; table: Float32Array } | null = null;
   readonly #storage = new StoragePool(256 << 20);
+  readonly #emptyFill: number | undefined;
 
   constructor(options: CpuBackendOptions = {}) {
     ({ gemm: this.gemm, reason: this.gemmReason } = chooseGemm(options.blas, options.threads));
+    this.#emptyFill = options.emptyFill;
     this.logitChunks = { rowChunk: this.gemm.library === null ? 16 : 128, vocabChunk: 4096 };
     this.#kernel = this.gemm.library === null ? WasmMatmul.create() : null;
     this.#elementwise = this.gemm.library === null ? null : WasmElementwise.create();
@@ -210,7 +217,9 @@ export class CpuBackend implements Backend {
   }
 
   empty(shape: readonly number[]): Tensor {
-    return new CpuTensor([...shape], "f32", this.#storage.take(shapeSize(shape), false));
+    const storage = this.#storage.take(shapeSize(shape), false);
+    if (this.#emptyFill !== undefined) storage.fill(this.#emptyFill);
+    return new CpuTensor([...shape], "f32", storage);
   }
 
   copy(x: Tensor): Tensor {
