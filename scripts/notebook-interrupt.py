@@ -61,6 +61,17 @@ def run_cell(kc, code, timeout=120):
             errors.append(f'{msg["content"]["ename"]}: {msg["content"]["evalue"]}')
 
     reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    # Deno's kernel can publish a cell's last output just after the cell went idle (seen once in CI, on a loaded
+    # machine): collect what still comes for this cell for a moment.
+    msg_id = reply["parent_header"].get("msg_id")
+    deadline = time.time() + 2
+    while time.time() < deadline:
+        try:
+            msg = kc.get_iopub_msg(timeout=0.2)
+        except Exception:
+            continue
+        if msg["parent_header"].get("msg_id") == msg_id:
+            hook(msg)
     return reply["content"]["status"], "".join(texts), errors
 
 
