@@ -22,6 +22,11 @@ export interface AttentionPlan {
   tileRows: Int32Array;
   /** attention_prefill_hdN's tiles: per tile {first row, rows, slot, first position}. */
   prefill: Int32Array;
+  /**
+   * Every row is the only row of its slot in the call (a decode pass): no row reads a key another row of the call
+   * writes, so attention_dplN may store the rows' keys itself instead of a kv_write launch before it.
+   */
+  decode: boolean;
 }
 
 /**
@@ -48,7 +53,10 @@ export function planAttention(slots: Int32Array, positions: Int32Array, group: n
     }
     first = end;
   }
-  return { tileStart: Int32Array.from(starts), tileRows: Int32Array.from(counts), prefill: Int32Array.from(prefill) };
+  return {
+    tileStart: Int32Array.from(starts), tileRows: Int32Array.from(counts), prefill: Int32Array.from(prefill),
+    decode: new Set(slots).size === slots.length,
+  };
 }
 
 /** Throws ArtError unless every row names a slot and position of the cache; returns the last position named. */

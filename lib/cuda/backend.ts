@@ -480,9 +480,9 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
     const slots = this.#indices(rows.slots), positions = this.#indices(rows.positions);
     const plan = this.#attentionPlan(rows, group, headDim);
-    // A decode pass (every row its own slot, a tile each) leaves storing its keys to the attention kernel; any other
-    // pass stores them first, since its rows read keys other rows of the pass write.
-    const decode = plan.prefill.length === 0 && plan.tileRows.every((r) => r === 1) && new Set(rows.slots).size === n;
+    // A decode pass leaves storing its keys to the attention kernel; any other pass stores them first, since its rows
+    // read keys other rows of the pass write.
+    const decode = plan.decode;
     if (!decode) {
       this.#launch("kv_write", [n], [rowThreads(kvWidth)], [["ptr", ks.address], ["ptr", vs.address], ["ptr", cache.keys(layer)],
         ["ptr", cache.values(layer)], ["ptr", slots], ["ptr", positions], ["i32", numKvHeads], ["i32", headDim], ["i32", maxPositions]]);

@@ -20,6 +20,15 @@ describe("attention launch planning", () => {
     const tiles = planAttention(Int32Array.from([3, 3, 3]), Int32Array.from([5, 7, 8]), 2, 64);
     expect([...tiles.tileStart]).toEqual([0, 1]);
     expect([...tiles.tileRows]).toEqual([1, 2]);
+    expect(tiles.decode).toBe(false); // rows of one slot: the later ones read keys the earlier ones write
+  });
+
+  it("calls a pass whose rows are each their slot's only row a decode pass (the attention kernel stores the keys)", () => {
+    const decode = planAttention(Int32Array.from([4, 0, 7, 2]), Int32Array.from([9, 30, 0, 5]), 7, 64);
+    expect(decode.decode).toBe(true);
+    expect([...decode.tileRows]).toEqual([1, 1, 1, 1]);
+    expect(decode.prefill.length).toBe(0);
+    expect(planAttention(Int32Array.from([4, 0, 4]), Int32Array.from([9, 30, 10]), 7, 64).decode).toBe(false);
   });
 
   it("sends runs of at least prefillMinRun rows to the tensor-core prefill in 64-row tiles, the rest to the decode kernel", () => {
