@@ -19,6 +19,8 @@ export { seededRandom, type Rng } from "./core/random.ts";
 
 // The trainable model: rollouts and training in one process, and its configuration.
 export { TrainableModel } from "./trainable/model.ts";
+// The JSONL reader of trainSftFromFile(), for notebooks that hold lines out to evaluate.
+export { readSftConversations } from "./trainable/model.ts";
 // The base URL of the in-process server: with `model.server.fetch` it connects any agent framework (docs/gather.md).
 export { IN_PROCESS_BASE_URL } from "./serve/model-server.ts";
 export type { ModelState, SftOptions, SftResult, TrainableModelOptions, TrainResult } from "./trainable/model.ts";
@@ -33,22 +35,27 @@ export { DEFAULT_LORA, type LoraConfig } from "./model/lora.ts";
 // RULER: relative scores from an LLM judge.
 export { ruler, rulerScoreGroup } from "./ruler/ruler.ts";
 export type { RulerGroupOptions, RulerOptions, RulerResult, RulerScore } from "./ruler/ruler.ts";
-export { JUDGE_PROVIDERS, type Judge, type JudgeEndpoint, type JudgeSpec } from "./ruler/judge.ts";
+export { endpointClient, JUDGE_PROVIDERS, type Judge, type JudgeEndpoint, type JudgeSpec } from "./ruler/judge.ts";
 export { DEFAULT_RUBRIC, type SubScoreSpec } from "./ruler/prompt.ts";
 export { calibrateRuler, calibrationReport, type CalibrationReport } from "./ruler/calibrate.ts";
 
-// Task environments: 2048, tic-tac-toe, the ART·E inbox.
-export type { GamePolicy, PolicyReply } from "./envs/policy.ts";
-export { Game2048, greedyPolicy2048, rollout2048, SYSTEM_PROMPT_2048, type Direction, type Rollout2048Options } from "./envs/game2048.ts";
+// Task environments: the names the cookbook's notebooks use. Each environment's whole API (boards, parsers, rewards,
+// scripted players, option types) is `envs` (lib/envs/mod.ts), e.g. `envs.Game2048`, and ART·E's `arte`
+// (lib/envs/arte/mod.ts), e.g. `arte.loadEnronQuestions`.
+export * as envs from "./envs/mod.ts";
+export * as arte from "./envs/arte/mod.ts";
+export { greedyPolicy2048, rollout2048 } from "./envs/game2048.ts";
 export {
-  heuristicPolicyTicTacToe, parseTicTacToeMove, perfectOpponent, randomOpponent, rolloutTicTacToe, squareName, TicTacToeBoard,
-  TICTACTOE_REWARDS, type Mark, type Opponent, type Square, type TicTacToeOptions,
+  heuristicPolicyTicTacToe, parseTicTacToeMove, randomOpponent, rolloutTicTacToe, squareName, TicTacToeBoard, TICTACTOE_REWARDS,
 } from "./envs/tictactoe.ts";
-export { generateInbox, type Email, type InboxQuestion, type SyntheticInbox } from "./envs/arte/inbox.ts";
+export { generateTemporalClue, guessPolicyTemporalClue, rolloutTemporalClue, solverPolicyTemporalClue, type TemporalCluePuzzle } from "./envs/temporal-clue.ts";
+export { randomCodenamesPolicy, rolloutCodenames, scriptedCodenamesPolicy } from "./envs/codenames.ts";
+export { generateInbox, type Email, type InboxQuestion } from "./envs/arte/inbox.ts";
 export { EmailDatabase } from "./envs/arte/database.ts";
 export { ARTE_TOOLS, InboxTools } from "./envs/arte/tools.ts";
-export { loadEnronQuestions } from "./envs/arte/questions.ts";
-export { answerMatches, rolloutArte, type ArteRolloutOptions } from "./envs/arte/rollout.ts";
+export { arteSystemPrompt, rolloutArte, scoreArteAnswer } from "./envs/arte/rollout.ts";
+export { inboxMcpServer } from "./envs/arte/mcp.ts";
+export { COMPLETE_TASK_TOOL, connectMcp, generateMcpScenarios, rolloutMcp, type McpScenario, type McpServerSpec } from "./envs/mcp.ts";
 
 // Notebook display: live progress, plots, transcripts, parameters.
 export { display } from "./notebook/display.ts";
@@ -58,4 +65,5 @@ import "./notebook/interrupt.ts";
 export { progress, type ProgressOptions } from "./notebook/progress.ts";
 export { compareRewards, rewardCurve, rewardDistribution, stepRecord, type RewardCurveOptions, type StepRecord } from "./notebook/plot.ts";
 export { groupTranscript, transcript } from "./notebook/transcript.ts";
+export { lossCurve } from "./notebook/plot.ts";
 export { envNumber, envString } from "./notebook/params.ts";

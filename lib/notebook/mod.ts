@@ -3,8 +3,8 @@ export { installKernelInterrupt } from "./interrupt.ts";
 export { display, HtmlView, LiveDisplay, Renderable, type MimeBundle } from "./display.ts";
 export { NotebookProgress, progress, Progress, progressHtml, progressReporter, type ProgressOptions } from "./progress.ts";
 export {
-  compareRewards, Plot, PLOTLY_MIME, rewardCurve, rewardDistribution, stepRecord,
-  type ComparisonOptions, type PlotlyFigure, type RewardCurveOptions, type RewardDistributionOptions, type Series, type StepRecord,
+  compareRewards, lossCurve, Plot, PLOTLY_MIME, rewardCurve, rewardDistribution, stepRecord,
+  type ComparisonOptions, type LossCurveOptions, type PlotlyFigure, type RewardCurveOptions, type RewardDistributionOptions, type Series, type StepRecord,
 } from "./plot.ts";
 export { reportPath } from "./report.ts";
 export { escapeHtml } from "./text.ts";

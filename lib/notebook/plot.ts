@@ -187,6 +187,40 @@ export function rewardCurve(history: readonly StepRecord[], options: RewardCurve
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Training loss per optimizer step
+
+export interface LossCurveOptions {
+  title?: string;
+  /** Steps in the moving mean drawn over the raw losses (single steps are noisy); default 10, 1 draws none. */
+  window?: number;
+}
+
+/**
+ * The loss of each optimizer step (e.g. `trainSft()`'s `losses`) and its moving mean. Lower is better, so the
+ * summary names the lowest step and compares the mean of the first and last `window` steps.
+ */
+export function lossCurve(losses: readonly number[], options: LossCurveOptions = {}): Plot {
+  const title = options.title ?? "Training loss per step";
+  const window = options.window ?? 10;
+  if (losses.length === 0) throw new ArtError("plot.loss", "lossCurve(): no losses to draw; pass the losses trainSft() returned.");
+  if (!Number.isInteger(window) || window < 1) throw new ArtError("plot.loss", `lossCurve(): window must be an integer >= 1, got ${window}.`);
+  const steps = losses.map((_, i) => i + 1);
+  const data: Record<string, unknown>[] = [{ type: "scatter", mode: losses.length === 1 ? "markers" : "lines", x: steps, y: [...losses], name: "loss",
+    line: { color: PALETTE[0], width: window > 1 ? 1 : 2 }, marker: { color: PALETTE[0], size: 5 } }];
+  // The first and the last `span` steps, never overlapping.
+  const span = Math.max(1, Math.min(window, Math.floor(losses.length / 2)));
+  if (window > 1 && losses.length > window) {
+    const moving = losses.map((_, i) => mean(losses.slice(Math.max(0, i + 1 - window), i + 1)));
+    data.push({ type: "scatter", mode: "lines", x: steps, y: moving, name: `mean of ${window} steps`, line: { color: PALETTE[1], width: 2 } });
+  }
+  const lowest = losses.reduce((best, loss, i) => (loss < losses[best]! ? i : best), 0);
+  const summary = [`${title}: ${losses.length} step(s)`,
+    `  loss: step 1 ${formatNumber(losses[0]!)} → step ${losses.length} ${formatNumber(losses.at(-1)!)} (lowest ${formatNumber(losses[lowest]!)} at step ${lowest + 1})`,
+    `  mean of the first ${span} step(s) ${formatNumber(mean(losses.slice(0, span)))}, of the last ${span} ${formatNumber(mean(losses.slice(-span)))}`].join("\n");
+  return new Plot(title, { data, layout: baseLayout(title, "optimizer step", "loss") }, summary);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Reward distribution per group
 
 export interface RewardDistributionOptions {

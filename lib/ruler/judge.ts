@@ -93,7 +93,7 @@ function endpointFromName(name: string): JudgeEndpoint & { apiKeyEnv: string | n
   if (!known) {
     throw new ArtError(
       "ruler_judge_config",
-      `RULER: judge "${name}" has no known provider prefix (${Object.keys(JUDGE_PROVIDERS).join(", ")}). ` +
+      `"${name}" has no known provider prefix (${Object.keys(JUDGE_PROVIDERS).join(", ")}). ` +
         `Name it like "openai/o4-mini", or pass { model, baseURL, apiKey } for any other OpenAI-compatible endpoint.`,
     );
   }
@@ -104,6 +104,18 @@ function endpointFromName(name: string): JudgeEndpoint & { apiKeyEnv: string | n
     apiKey: known.apiKeyEnv ? process.env[known.apiKeyEnv] : "none",
     apiKeyEnv: known.apiKeyEnv,
   };
+}
+
+/**
+ * "provider/model" (a provider of JUDGE_PROVIDERS) → an OpenAI client for that endpoint and the model's id there: what
+ * a notebook needs to play a prompted baseline, a teacher or a generator behind an endpoint, named as judges are.
+ */
+export function endpointClient(name: string): { client: OpenAI; model: string } {
+  const endpoint = endpointFromName(name);
+  if (endpoint.apiKey === undefined) {
+    throw new ArtError("endpoint_key_missing", `${name}: set ${endpoint.apiKeyEnv} to the provider's API key (or ${name.slice(0, name.indexOf("/")).toUpperCase()}_BASE_URL to a server that needs none)`);
+  }
+  return { client: new OpenAI({ baseURL: endpoint.baseURL, apiKey: endpoint.apiKey }), model: endpoint.model };
 }
 
 class OpenAICompatibleJudge implements Judge {

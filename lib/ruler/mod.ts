@@ -1,5 +1,6 @@
 export { ruler, rulerScoreGroup, type RulerOptions, type RulerGroupOptions, type RulerResult, type RulerScore } from "./ruler.ts";
 export {
+  endpointClient,
   JUDGE_PROVIDERS,
   resolveJudge,
   type Judge,

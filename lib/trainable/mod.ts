@@ -1,5 +1,5 @@
 /** Public names of the trainable-model area: one engine for rollouts and training, and its on-disk layout. */
-export { TrainableModel } from "./model.ts";
+export { readSftConversations, TrainableModel } from "./model.ts";
 export type { JsonValue, ModelState, SftConversation, SftOptions, SftResult, TrainableModelOptions, TrainResult, ValidateOptions, Validation } from "./model.ts";
 export { evaluateScenarios } from "./evaluate.ts";
 export type { EvaluateOptions, EvaluationContext, EvaluationMode, ScenarioRollout } from "./evaluate.ts";

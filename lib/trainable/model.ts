@@ -427,7 +427,7 @@ export class TrainableModel {
 
   /** trainSft on a JSONL file: one `{"messages": [...], "tools": [...]}` conversation per line. */
   async trainSftFromFile(file: string, options: SftOptions = {}): Promise<SftResult> {
-    return this.trainSft(readConversations(file), options);
+    return this.trainSft(readSftConversations(file), options);
   }
 
   private async trainSftNow(conversations: SftConversation[], options: SftOptions): Promise<SftResult> {
@@ -832,9 +832,12 @@ function removeStaleTemporaries(checkpoints: string, log: (message: string) => v
   }
 }
 
-/** The conversations of a JSONL file, one `{"messages": [...], "tools"?: [...]}` per line; errors name the line. */
-function readConversations(file: string): SftConversation[] {
-  if (!fs.existsSync(file)) throw new ArtError("not_found", `trainSftFromFile: ${file} does not exist`);
+/**
+ * The conversations of a JSONL file, one `{"messages": [...], "tools"?: [...]}` per line; errors name the line.
+ * trainSftFromFile() reads with it; a notebook reads with it to hold some lines out for evaluation.
+ */
+export function readSftConversations(file: string): SftConversation[] {
+  if (!fs.existsSync(file)) throw new ArtError("not_found", `${file} does not exist; give a JSONL file of {"messages": [...], "tools": [...]} lines`);
   return fs.readFileSync(file, "utf8").split("\n").flatMap((line, i) => {
     if (line.trim() === "") return [];
     let value: unknown;

@@ -209,7 +209,7 @@ describe("ART·E rollouts", () => {
     expect(toolResults).toEqual(Array(3).fill('Error: search_emails needs "keywords": a non-empty list of non-empty strings.'));
     const chatty = await rolloutArte(() => "I think it is Tuesday.", question, db);
     expect(chatty.metrics).toMatchObject({ turns: 1, answered: false });
-    expect(chatty.logs).toEqual(["the agent replied without a tool call: no final answer"]);
+    expect(chatty.logs).toEqual(["the agent replied without a tool call: the episode ends"]);
   });
 
   it("does not count an answer that pastes a whole email", async () => {

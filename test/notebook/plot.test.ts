@@ -5,7 +5,7 @@ import process from "node:process";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { Trajectory, TrajectoryGroup } from "../../lib/core/trajectory.ts";
 import {
-  compareRewards, PLOTLY_MIME, rewardCurve, rewardDistribution, stepRecord, type StepRecord,
+  compareRewards, lossCurve, PLOTLY_MIME, rewardCurve, rewardDistribution, stepRecord, type StepRecord,
 } from "../../lib/notebook/mod.ts";
 import { titleLines } from "../../lib/notebook/plot.ts";
 import { quantile, standardError, std } from "../../lib/notebook/stats.ts";
@@ -84,6 +84,27 @@ describe("reward curve", () => {
     const band = rewardCurve(history, { band: "minmax" }).figure.data as Trace[];
     expect(band[0]!.y).toEqual([0, 0.5]);
     expect(band[1]!.y).toEqual([1, 1]);
+  });
+});
+
+describe("loss curve", () => {
+  it("draws each step's loss and its moving mean, and names the lowest step", () => {
+    const plot = lossCurve([4, 2, 3, 1, 0.5], { window: 2, title: "SFT" });
+    const traces = plot.figure.data as Trace[];
+    expect(traces.find((t) => t.name === "loss")).toMatchObject({ x: [1, 2, 3, 4, 5], y: [4, 2, 3, 1, 0.5] });
+    expect(traces.find((t) => t.name === "mean of 2 steps")!.y).toEqual([4, 3, 2.5, 2, 0.75]);
+    expect(plot.summary).toContain("loss: step 1 4 → step 5 0.5 (lowest 0.5 at step 5)");
+    expect(plot.summary).toContain("mean of the first 2 step(s) 3, of the last 2 0.75");
+    // a window as long as the run, or of 1, adds no second line
+    expect((lossCurve([1, 2], { window: 2 }).figure.data as Trace[]).length).toBe(1);
+    expect((lossCurve([3, 1, 2], { window: 1 }).figure.data as Trace[]).length).toBe(1);
+    // the means compared never share a step
+    expect(lossCurve([4, 2, 3, 1]).summary).toContain("mean of the first 2 step(s) 3, of the last 2 2");
+  });
+
+  it("refuses no losses and a bad window", () => {
+    expect(() => lossCurve([])).toThrow("no losses");
+    expect(() => lossCurve([1], { window: 0 })).toThrow("window must be an integer >= 1");
   });
 });
 

@@ -1,7 +1,7 @@
 import OpenAI from "openai";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { Message } from "../../lib/core/mod.ts";
-import { type Judge, type JudgeRequest, ruler } from "../../lib/ruler/mod.ts";
+import { endpointClient, type Judge, type JudgeRequest, ruler } from "../../lib/ruler/mod.ts";
 import { answer, chatCompletion, JudgeServer } from "./judge-server.ts";
 
 const lists: Message[][] = [
@@ -40,6 +40,19 @@ describe("judges named provider/model", () => {
     await expect(ruler(lists, { judge: "openai/o4-mini", cache: false })).rejects.toThrow(
       /judge openai\/o4-mini needs an API key: set OPENAI_API_KEY or pass \{ apiKey \}/,
     );
+  });
+
+  it("gives notebooks a client for any provider/model the same way (a baseline, a teacher, a generator)", async () => {
+    process.env.OPENROUTER_BASE_URL = server.baseURL;
+    process.env.OPENROUTER_API_KEY = "or-secret";
+    const { client, model } = endpointClient("openrouter/qwen/qwen3-32b");
+    expect(model).toBe("qwen/qwen3-32b");
+    await client.chat.completions.create({ model, messages: [{ role: "user", content: "hi" }] });
+    expect(server.requests[0].authorization).toBe("Bearer or-secret");
+    delete process.env.OPENAI_API_KEY;
+    expect(() => endpointClient("openai/gpt-4.1")).toThrow(/openai\/gpt-4.1: set OPENAI_API_KEY to the provider's API key/);
+    expect(() => endpointClient("gpt-4.1")).toThrow(/"gpt-4.1" has no known provider prefix/);
+    expect(endpointClient("vllm/served").client.apiKey).toBe("none");
   });
 
   it("rejects an unknown provider prefix, a malformed judge and bad options, naming what to do", async () => {

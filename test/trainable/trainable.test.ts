@@ -4,7 +4,7 @@ import * as path from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Trajectory, TrajectoryGroup, type Choice, type Message } from "../../lib/core/trajectory.ts";
-import { TrainableModel } from "../../lib/trainable/mod.ts";
+import { readSftConversations, TrainableModel } from "../../lib/trainable/mod.ts";
 import { interruptScope, requestInterrupt } from "../../lib/core/interrupt.ts";
 import { resolveTrainConfig } from "../../lib/grpo/config.ts";
 import { tokenizeGroups } from "../../lib/grpo/tokenize.ts";
@@ -126,6 +126,16 @@ describe("TrainableModel", () => {
     await expect(model.trainSft(conversations, { batchSize: 0 })).rejects.toThrow("trainSft: batchSize must be an integer >= 1, got 0");
     expect(model.step).toBe(3);
     await model.close();
+  });
+
+  it("reads SFT conversations from JSONL (readSftConversations): tools kept, blank lines skipped, bad lines named", () => {
+    const file = path.join(root, "read.jsonl");
+    const tools = [{ type: "function", function: { name: "f", parameters: {} } }];
+    fs.writeFileSync(file, `${JSON.stringify({ messages: prompt, tools })}\n\n${JSON.stringify({ messages: [] })}\n`);
+    expect(readSftConversations(file)).toEqual([{ messages: prompt, tools }, { messages: [], tools: undefined }]);
+    fs.writeFileSync(file, `${JSON.stringify({ messages: prompt })}\n{"conversation": []}\n`);
+    expect(() => readSftConversations(file)).toThrow(`${file}: line 2 has no "messages" list`);
+    expect(() => readSftConversations(path.join(root, "missing.jsonl"))).toThrow("missing.jsonl does not exist");
   });
 
   it("answers over loopback HTTP with the unmodified openai client", async () => {

@@ -1,7 +1,6 @@
 /**
  * One ART·E episode: the agent gets a question about an inbox and answers it with the three tools,
- * at most `maxTurns` assistant turns (ART·E uses 10). Tool calls are read from the Choice the policy
- * returns (the serving layer parses the model's Hermes-style calls into `message.tool_calls`).
+ * at most `maxTurns` assistant turns (ART·E uses 10), in the shared tool-calling loop (../tool-episode.ts).
  *
  * The reward here is deterministic: 1 when the final answer contains the reference answer (ignoring case
  * and punctuation), else 0. The synthetic answers are short exact strings (a room, a code, an amount), so
@@ -9,10 +8,11 @@
  * Containment alone would reward pasting whole emails, so answers longer than `maxAnswerWords` do not count.
  */
 import { Trajectory } from "../../core/trajectory.ts";
-import { replyItem, type GamePolicy } from "../policy.ts";
+import type { GamePolicy } from "../policy.ts";
+import { playToolEpisode } from "../tool-episode.ts";
 import type { EmailDatabase } from "./database.ts";
 import type { InboxQuestion } from "./inbox.ts";
-import { ARTE_TOOLS, InboxTools } from "./tools.ts";
+import { ARTE_TOOLS, InboxTools, type FinalAnswer } from "./tools.ts";
 
 export function arteSystemPrompt(inbox: string, queryDate: string): string {
   return (
@@ -41,6 +41,21 @@ export interface ArteRolloutOptions {
   maxAnswerWords?: number;
 }
 
+/**
+ * How a final answer scores against the question: correct when it states the reference answer in at most
+ * `maxAnswerWords` words (default 50), and whether it cites a source message. Any agent's answer (a LangGraph agent's
+ * too) is scored the same way.
+ */
+export function scoreArteAnswer(final: FinalAnswer | undefined, question: InboxQuestion, maxAnswerWords = 50): { answered: boolean; correct: boolean; cited_source: boolean; answer_words: number } {
+  const answerWords = final === undefined ? 0 : final.answer.split(/\s+/).filter((w) => w !== "").length;
+  return {
+    answered: final !== undefined,
+    correct: final !== undefined && answerWords <= maxAnswerWords && answerMatches(final.answer, question.answer),
+    cited_source: final !== undefined && final.sources.some((s) => question.messageIds.includes(s)),
+    answer_words: answerWords,
+  };
+}
+
 /** Plays one question; metrics: turns, answered, correct, cited_source, answer_words, out_of_turns. */
 export async function rolloutArte(policy: GamePolicy<InboxTools>, question: InboxQuestion, db: EmailDatabase, options: ArteRolloutOptions = {}): Promise<Trajectory> {
   const maxTurns = options.maxTurns ?? 10;
@@ -53,36 +68,13 @@ export async function rolloutArte(policy: GamePolicy<InboxTools>, question: Inbo
     tools: ARTE_TOOLS,
     metadata: { env: "art-e", question_id: question.id, inbox: question.inboxAddress, reference_answer: question.answer },
   });
-  let turns = 0;
-  while (turns < maxTurns && tools.finalAnswer === undefined) {
-    const reply = await policy(trajectory.messages(), tools);
-    trajectory.messagesAndChoices.push(replyItem(reply));
-    turns++;
-    const calls = typeof reply === "string" ? [] : (reply.message.tool_calls ?? []);
-    if (calls.length === 0) {
-      trajectory.log("the agent replied without a tool call: no final answer");
-      break;
-    }
-    for (const call of calls) {
-      const content = call.type === "function"
-        ? tools.call(call.function.name, call.function.arguments)
-        : `Error: ${call.custom.name} is not a function tool; call search_emails, read_email or return_final_answer.`;
-      trajectory.messagesAndChoices.push({ role: "tool", tool_call_id: call.id, content });
-    }
-  }
-  const final = tools.finalAnswer;
-  const answerWords = final === undefined ? 0 : final.answer.split(/\s+/).filter((w) => w !== "").length;
-  const tooLong = answerWords > (options.maxAnswerWords ?? 50);
-  const correct = final !== undefined && !tooLong && answerMatches(final.answer, question.answer);
-  trajectory.reward = correct ? 1 : 0;
-  Object.assign(trajectory.metrics, {
-    turns,
-    answered: final !== undefined,
-    correct,
-    cited_source: final !== undefined && final.sources.some((s) => question.messageIds.includes(s)),
-    answer_words: answerWords,
-    out_of_turns: final === undefined && turns >= maxTurns,
+  const { turns } = await playToolEpisode(policy, trajectory, {
+    maxTurns, state: tools, call: (name, args) => tools.call(name, args), done: () => tools.finalAnswer !== undefined,
   });
+  const final = tools.finalAnswer;
+  const score = scoreArteAnswer(final, question, options.maxAnswerWords);
+  trajectory.reward = score.correct ? 1 : 0;
+  Object.assign(trajectory.metrics, { turns, ...score, out_of_turns: final === undefined && turns >= maxTurns });
   if (final) trajectory.log(`final answer: ${final.answer} (sources: ${final.sources.join(", ") || "none"})`);
   return trajectory.finish();
 }
