@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds .device/ (gitignored) with what a GPU-machine call needs beside the working tree:
 #   .device/node.xz               the Node.js binary (the version this repo pins), via shared/tools/device-bundle.sh
-#   .device/node_modules.tar.xz   koffi, vitest, the tokenizer packages, and their dependencies (scripts/cuda-device-modules.ts)
+#   .device/node_modules.tar.xz   koffi, vitest, the tokenizer packages, and their dependencies, and Qwen's tokenizer files
+#                                 (scripts/cuda-device-modules.ts)
 # and builds the kernels (lib/cuda/build/) and the package (dist/), both gitignored. Then one device call, carrying
 # ".device", "lib/cuda/build" and "dist":
 #   bash scripts/cuda-gpu-check.sh

@@ -1,6 +1,7 @@
 // Prints the node_modules folders the GPU checks need (and everything they load), resolved from
 // package-lock.json for linux-x64 glibc, one per line; scripts/cuda-device-bundle.sh packs them.
 import { readFileSync } from "node:fs";
+import { QWEN3_TOKENIZER_DIR } from "./serve-small-tokenizer.ts";
 
 interface LockEntry {
   dependencies?: Record<string, string>;
@@ -28,4 +29,6 @@ function visit(name: string, from: string): void {
 // and vitest for the GPU suites.
 const manifest = JSON.parse(readFileSync("package.json", "utf8")) as { dependencies: Record<string, string> };
 for (const root of [...Object.keys(manifest.dependencies), "vitest"]) visit(root, "");
+// Qwen's tokenizer files (a dev dependency's, 1.4 MB packed) for bench/grpo-step.ts's checkpoints of real shapes.
+needed.add(QWEN3_TOKENIZER_DIR);
 console.log([...needed].sort().join("\n"));

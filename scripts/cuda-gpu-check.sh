@@ -11,7 +11,7 @@
 #                  within a stretch between two barriers)
 #   hf-fixtures.tar.gz  test/fixtures/hf as scripts/reference/hf_fixtures.py wrote it (transformers + PEFT)
 #   demo.txt       art-ts demo --device cuda: the tic-tac-toe GRPO demo trained on the GPU, its win rates before and after
-#   notebooks.txt  the four cookbook notebooks on CUDA, each notebook's code cells run as one Node module (the machine
+#   notebooks.txt  the cookbook's notebooks on CUDA (but art-e-langgraph and mcp-rl), each notebook's code cells run as one Node module (the machine
 #                  has no Jupyter; scripts/notebook-run.ts --kernel node), their printed output in results.tar
 #   results.tar    demo/: the demo's summary.json, reward curve, transcripts, history.jsonl (under demo/art/);
 #                  notebooks/: each notebook's output on CUDA;
@@ -19,7 +19,9 @@
 #                  decode.json (bench/cuda-decode.ts: decode and prefill, the peer's numbers beside ours when hf.json
 #                  is valid), hf-train.json (bench/peers/hf_train_step.py), train.json (bench/cuda-train.ts: the
 #                  LoRA step at Qwen2.5 0.5B-7B shapes, 8 x 1024 and 2 x 4096 tokens, beside the peer, with MFU
-#                  against roofline.json's GEMM ceiling and where the GPU time goes)
+#                  against roofline.json's GEMM ceiling and where the GPU time goes), hf-grpo.json
+#                  (bench/peers/hf_grpo_step.py), grpo.json (bench/grpo-step.ts: whole GRPO steps, rollouts through
+#                  the in-process server and train(), at Qwen2.5 0.5B, 1.5B and 7B shapes, beside the peer)
 #   summary.json   every step with its status ("ok", "failed (exit N)", "timed out after N s", "skipped: why",
 #                  "running", "pending"), rewritten after each step, so a call cut short still leaves valid JSON
 #   log.txt        every step's command and stderr
@@ -28,6 +30,8 @@
 # All steps take longer than one device call (600 s): they run in order of what a call cut short should still have
 # shown (correctness, benches, the demo, the sanitizer, the rest); steps that no longer fit are "skipped: out of time";
 # run them in the next calls, e.g. ART_GPU_CHECK_STEPS="sanitizer nvrtc_fallback", then "roofline hf_peer bench".
+# The GRPO step bench and its peer (grpo_peer, grpo_bench) take a call of their own (550 s), so they come last:
+# ART_GPU_CHECK_STEPS="grpo_peer grpo_bench"; shapes they did not reach: ART_GPU_CHECK_GRPO_SHAPES=qwen2.5-7b, say.
 # ART_GPU_CHECK_STEPS picks steps (default: all, in the order below); ART_GPU_CHECK_SECONDS is the whole budget
 # (default 570, under the device command's 600 s); every step's limit is cut to what is left of it.
 set -uo pipefail
@@ -36,7 +40,7 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT/results/bench"
 : >> "$OUT/log.txt"
 # Ordered by what a call cut short should still have shown: correctness, then the benches, then the rest.
-all_steps="env build hf_reference tests roofline hf_peer bench hf_train_peer train_bench demo notebooks sanitizer nvrtc_fallback hf_fixtures"
+all_steps="env build hf_reference tests roofline hf_peer bench hf_train_peer train_bench demo notebooks sanitizer nvrtc_fallback hf_fixtures grpo_peer grpo_bench"
 selected=" ${ART_GPU_CHECK_STEPS:-$all_steps} "
 deadline=$((SECONDS + ${ART_GPU_CHECK_SECONDS:-570}))
 declare -A status
@@ -116,7 +120,10 @@ step train_bench 300 results/bench/train.json node bench/cuda-train.ts $peer
 step demo 120 demo.txt bash -c "mkdir -p '$OUT/results/demo' && node lib/cli.ts demo --device cuda --quiet --out '$OUT/results/demo' --art-dir '$OUT/results/demo/art' 2>&1"
 # The cookbook on CUDA: each notebook's code cells as one Node module (the machine has no Jupyter), CI's sizes,
 # ART_NB_DEVICE=cuda so a notebook that falls back to the CPU fails; needs dist/ (carried).
-step notebooks 150 notebooks.txt bash -c "ART_NB_DEVICE=cuda node scripts/notebook-run.ts --kernel node 2>&1; status=\$?; mkdir -p '$OUT/results/notebooks'; cp notebooks/.executed/*.node.txt '$OUT/results/notebooks/' 2> /dev/null; exit \$status"
+# Every notebook but the two that import packages the device bundle does not carry (the MCP SDK, LangChain: 7 MB more
+# of a 64 MiB carry limit; neither does anything on the GPU that art-e.ipynb does not).
+gpu_notebooks=$(ls notebooks/*.ipynb | grep -v -e art-e-langgraph -e mcp-rl | tr '\n' ' ')
+step notebooks 240 notebooks.txt bash -c "ART_NB_DEVICE=cuda node scripts/notebook-run.ts $gpu_notebooks --kernel node 2>&1; status=\$?; mkdir -p '$OUT/results/notebooks'; cp notebooks/.executed/*.node.txt '$OUT/results/notebooks/' 2> /dev/null; exit \$status"
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
 if [ -n "$sanitizer" ]; then
   # Every tool runs even when an earlier one reports errors, within its own limit (racecheck is the slowest: the
@@ -127,6 +134,15 @@ else
 fi
 step nvrtc_fallback 120 fallback.txt bash -c 'ART_TEST_GPU=1 ART_CUDA_KERNELS=nvrtc node node_modules/vitest/vitest.mjs run test/cuda/parity.test.ts test/cuda/training-parity.test.ts --reporter=verbose 2>&1'
 step hf_fixtures 90 log.txt bash -c "python3 scripts/reference/hf_fixtures.py /tmp/art-hf-fixtures >&2 && tar -czf '$OUT/hf-fixtures.tar.gz' -C /tmp art-hf-fixtures"
+# Whole GRPO steps (2048-like and ART-E-like workloads; ART_GPU_CHECK_GRPO_SHAPES, default the 0.5B, 1.5B and 7B shapes,
+# smallest first), the PEFT peer first; one measured step after the warm-up, so that more shapes fit in a call. Both
+# rewrite their JSON after each workload, so a step cut at its limit keeps what it measured, and the bench takes the
+# peer's numbers whatever the peer's status (the ratio only where both ran a workload).
+grpo_shapes=${ART_GPU_CHECK_GRPO_SHAPES:-qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b}
+step grpo_peer 250 log.txt python3 bench/peers/hf_grpo_step.py --shapes "$grpo_shapes" --steps 1 --out "$OUT/results/bench/hf-grpo.json"
+peer=""
+[[ -s $OUT/results/bench/hf-grpo.json ]] && peer="--peer $OUT/results/bench/hf-grpo.json"
+step grpo_bench 300 log.txt node bench/grpo-step.ts --shapes "$grpo_shapes" --steps 1 --out "$OUT/results/bench/grpo.json" $peer
 # The device tool returns at most 8 files of 16 MiB: the bench and demo results travel as one archive, without the
 # demo's checkpoints and saved trajectories (36 MB; its history.jsonl and summary say what it learned).
 tar -cf "$OUT/results.tar" -C "$OUT/results" --exclude=checkpoints --exclude=trajectories . && rm -rf "$OUT/results"

@@ -150,7 +150,7 @@ export class ChatCompletionRun {
           topP: request.topP,
           seed: seed + index,
           numTopLogprobs: request.logprobs ? request.topLogprobs : 0,
-          stopTokenIds: route.stopTokenIds,
+          stopTokenIds: request.ignoreEos ? [] : route.stopTokenIds,
           constraint: firstConstraint ? (index === 0 ? firstConstraint : firstConstraint.fork()) : null,
           loras,
           signal: together.signal,

@@ -25,6 +25,8 @@ export interface ChatRequest {
   /** null: up to the context length. */
   maxTokens: number | null;
   stop: string[];
+  /** vLLM's `ignore_eos`: end tokens do not end the completion, only max_tokens and stop strings do. */
+  ignoreEos: boolean;
   seed: number | null;
   logprobs: boolean;
   topLogprobs: number;
@@ -45,6 +47,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
   const known = new Set([
     "model", "messages", "tools", "tool_choice", "n", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop",
     "seed", "logprobs", "top_logprobs", "stream", "response_format", "frequency_penalty", "presence_penalty", "logit_bias",
+    "ignore_eos",
   ]);
   for (const key of Object.keys(b)) {
     if (!known.has(key) && !IGNORED.has(key)) throw ApiError.invalid(key, `Unrecognized request argument supplied: ${key}`);
@@ -85,6 +88,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
     topP: optionalNumber(b, "top_p", 0, 1) ?? 1,
     maxTokens,
     stop: parseStop(b.stop),
+    ignoreEos: optionalBoolean(b, "ignore_eos") ?? false,
     seed: optionalInteger(b, "seed", Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
     logprobs,
     topLogprobs,

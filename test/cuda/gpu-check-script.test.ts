@@ -11,7 +11,7 @@ const root = join(dirname(new URL(import.meta.url).pathname), "..", "..");
 const work = mkdtempSync(join(tmpdir(), "art-gpu-check-"));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-const allSteps = ["env", "build", "hf_reference", "tests", "roofline", "hf_peer", "bench", "hf_train_peer", "train_bench", "demo", "notebooks", "sanitizer", "nvrtc_fallback", "hf_fixtures"];
+const allSteps = ["env", "build", "hf_reference", "tests", "roofline", "hf_peer", "bench", "hf_train_peer", "train_bench", "demo", "notebooks", "sanitizer", "nvrtc_fallback", "hf_fixtures", "grpo_peer", "grpo_bench"];
 
 function runCheck(name: string, python: string, env: Record<string, string>): { summary: Record<string, { status: string }>; log: string } {
   const bin = join(work, name, "bin"), out = join(work, name, "out");
@@ -30,11 +30,14 @@ describe.skipIf(process.platform !== "linux")("the GPU check script on a machine
   // With a GPU the real bench step would run for minutes instead of failing.
   it.skipIf(process.env.ART_TEST_GPU === "1")("records failing steps with their exit status and every unselected step, and the bench names the missing driver", () => {
     const { summary, log } = runCheck("failing", "echo 'No module named transformers' >&2; exit 3",
-      { ART_GPU_CHECK_STEPS: "hf_reference hf_peer bench" });
+      { ART_GPU_CHECK_STEPS: "hf_reference hf_peer bench grpo_peer grpo_bench" });
     expect(Object.keys(summary)).toEqual(allSteps);
     expect(summary.hf_reference.status).toMatch(/^failed \(exit 3\), \d+ s$/);
     expect(summary.hf_peer.status).toMatch(/^failed \(exit 3\)/);
     expect(summary.bench.status).toMatch(/^failed \(exit 1\)/);
+    // The GRPO bench runs without the failed peer's file and stops before writing a checkpoint.
+    expect(summary.grpo_peer.status).toMatch(/^failed \(exit 3\)/);
+    expect(summary.grpo_bench.status).toMatch(/^failed \(exit 1\), [0-9] s$/);
     for (const step of ["env", "build", "tests", "roofline", "hf_train_peer", "train_bench", "demo", "notebooks", "sanitizer", "nvrtc_fallback", "hf_fixtures"]) expect(summary[step].status).toBe("skipped: not selected");
     expect(log).toContain("No module named transformers");
     expect(log).toContain("libcuda.so.1");
