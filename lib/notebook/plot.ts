@@ -12,7 +12,7 @@ import { ArtError } from "../core/errors.ts";
 import type { Trajectory, TrajectoryGroup } from "../core/trajectory.ts";
 import { Renderable, type MimeBundle } from "./display.ts";
 import { addToReport, htmlPage } from "./report.ts";
-import { mean, metricValues, quantile, standardError, std, trajectoriesOf } from "./stats.ts";
+import { mean, metricValues, movingMean, quantile, standardError, std, trajectoriesOf } from "./stats.ts";
 import { figureSvg, type PlotlyFigure } from "./svg.ts";
 import { escapeHtml, formatNumber } from "./text.ts";
 
@@ -111,79 +111,125 @@ export function stepRecord(step: number, items: Iterable<TrajectoryGroup | Traje
 }
 
 export interface RewardCurveOptions {
-  /** Metrics drawn, one line each. Default ["reward"]. */
+  /** Metrics drawn, one panel each with its own axis. Default ["reward"]. */
   metrics?: string[];
-  /** The shaded band around each mean: min–max, or the 10th–90th percentile. Default "p10-p90". */
-  band?: "minmax" | "p10-p90";
+  /**
+   * The shaded band around each step's mean: ± one standard deviation (within the step's smallest and largest value),
+   * the 10th–90th percentile, or min–max. Default "std".
+   */
+  band?: "std" | "p10-p90" | "minmax";
+  /**
+   * Steps in the moving mean drawn as the curve over the faint per-step means; 1 draws the means themselves. Default:
+   * a tenth of the training steps, at least 1.
+   */
+  smooth?: number;
   title?: string;
   /**
    * Reference levels beside the curve, e.g. `{ "base model": games, heuristic: heuristicGames }`: each baseline's
-   * mean of each metric, a dashed line across the steps. Trajectories (or groups) give every metric they carry;
-   * plain numbers give the first metric's.
+   * mean of each metric, a dashed line across the steps in that metric's panel. Trajectories (or groups) give every
+   * metric they carry; plain numbers give the first metric's.
    */
   baselines?: Record<string, Series>;
 }
 
 /** Dash patterns of the baselines' lines, one per metric. */
 const BASELINE_DASHES = ["dash", "dot", "dashdot"];
+/** The space between two panels, as a share of the plotting height. */
+const PANEL_GAP = 0.08;
 
-/** Mean per step with a band, one line per metric; validation steps as markers; baselines as dashed levels. */
-export function rewardCurve(history: readonly StepRecord[], options: RewardCurveOptions = {}): Plot {
-  const metrics = options.metrics ?? ["reward"];
-  const band = options.band ?? "p10-p90";
-  const title = options.title ?? "Reward per step";
+/** The band's lower and upper edge for a step's values; ± sd stays within the values (a 0/1 metric's band in [0, 1]). */
+function bandEdges(values: readonly number[], band: "std" | "p10-p90" | "minmax"): [number, number] {
+  if (band === "std") return [Math.max(Math.min(...values), mean(values) - std(values)), Math.min(Math.max(...values), mean(values) + std(values))];
   const [low, high] = band === "minmax" ? [0, 1] : [0.1, 0.9];
+  return [quantile(values, low), quantile(values, high)];
+}
+
+/** What hovering a step shows: its mean, standard deviation and count. */
+function stepNumbers(label: string, step: number, values: readonly number[]): string {
+  return `${label}, step ${step}: mean ${formatNumber(mean(values))} ± ${formatNumber(std(values))} sd (n=${values.length}), ` +
+    `range ${formatNumber(Math.min(...values))}–${formatNumber(Math.max(...values))}`;
+}
+
+/**
+ * Training curves, one panel per metric with its own axis: each step's mean as a faint point (hover: the step's
+ * numbers), a moving mean over them as the curve, a band of ± one standard deviation around the means, validation
+ * steps as diamonds, baselines as dashed levels. Several runs (`{ "lr 1e-5": historyA, "lr 1e-4": historyB }`) are
+ * overlaid in each panel, a colour per run.
+ */
+export function rewardCurve(history: readonly StepRecord[] | Readonly<Record<string, readonly StepRecord[]>>, options: RewardCurveOptions = {}): Plot {
+  const runs: [string, readonly StepRecord[]][] = Array.isArray(history) ? [["", history as readonly StepRecord[]]] : Object.entries(history);
+  const metrics = options.metrics ?? ["reward"];
+  const band = options.band ?? "std";
+  const title = options.title ?? "Reward per step";
+  const trainSteps = Math.max(0, ...runs.map(([, records]) => new Set(records.filter((r) => r.split === "train").map((r) => r.step)).size));
+  const smooth = options.smooth ?? Math.max(1, Math.round(trainSteps / 10));
+  if (!Number.isInteger(smooth) || smooth < 1) throw new ArtError("plot.curve", `rewardCurve(): smooth must be an integer >= 1 (steps in the moving mean), got ${smooth}.`);
   const data: Record<string, unknown>[] = [];
   const lines: string[] = [];
-  metrics.forEach((metric, index) => {
-    const color = PALETTE[index % PALETTE.length]!;
-    const points = (split: "train" | "val") =>
-      history
-        .filter((r) => r.split === split && (r.values[metric]?.length ?? 0) > 0)
+  const allSteps = runs.flatMap(([, records]) => records.map((r) => r.step));
+  // Across the steps drawn (one step gets a step's width, so a baseline's line shows).
+  const [first, last] = allSteps.length === 0 ? [0, 1] : [Math.min(...allSteps), Math.max(Math.min(...allSteps) + 1, ...allSteps)];
+  metrics.forEach((metric, panel) => {
+    const yaxis = panel === 0 ? "y" : `y${panel + 1}`;
+    runs.forEach(([run, records], r) => {
+      const color = PALETTE[(runs.length > 1 ? r : panel) % PALETTE.length]!;
+      const label = run === "" ? metric : run;
+      // Each run's legend entry once, in the first panel; a single run's entries name the metric.
+      const legend = { legendgroup: label, showlegend: runs.length === 1 || panel === 0 };
+      const points = (split: "train" | "val") => records
+        .filter((rec) => rec.split === split && (rec.values[metric]?.length ?? 0) > 0)
         .sort((a, b) => a.step - b.step)
-        .map((r) => ({ step: r.step, values: r.values[metric]! }));
-    const train = points("train");
-    const val = points("val");
-    if (train.length > 0) {
-      const steps = train.map((p) => p.step);
-      data.push({ type: "scatter", mode: "lines", x: steps, y: train.map((p) => quantile(p.values, low)), line: { width: 0 },
-        hoverinfo: "skip", showlegend: false, legendgroup: metric });
-      data.push({ type: "scatter", mode: "lines", x: steps, y: train.map((p) => quantile(p.values, high)), line: { width: 0 },
-        fill: "tonexty", fillcolor: withAlpha(color, 0.18), name: `${metric} ${band}`, hoverinfo: "skip", showlegend: false, legendgroup: metric });
-      const means = train.map((p) => mean(p.values));
-      data.push({ type: "scatter", mode: train.length === 1 ? "markers" : "lines+markers", x: steps, y: means, name: metric,
-        line: { color, width: 2 }, marker: { color, size: 5 }, legendgroup: metric });
-      const best = means.reduce((b, m, i) => (m > means[b]! ? i : b), 0);
-      lines.push(`${metric}: step ${steps[0]} ${formatNumber(means[0]!)} → step ${steps.at(-1)} ${formatNumber(means.at(-1)!)} ` +
-        `(best ${formatNumber(means[best]!)} at step ${steps[best]})`);
-    }
-    if (val.length > 0) {
-      const means = val.map((p) => mean(p.values));
-      data.push({ type: "scatter", mode: "markers", x: val.map((p) => p.step), y: means, name: `${metric} (val)`,
-        marker: { color, size: 10, symbol: "diamond", line: { color: "white", width: 1 } }, legendgroup: metric });
-      lines.push(`${metric} (val): last ${formatNumber(means.at(-1)!)} at step ${val.at(-1)!.step}`);
-    }
-  });
-  const steps = history.map((r) => r.step);
-  // Across the steps drawn (one step gets a step's width, so the line shows).
-  const [first, last] = steps.length === 0 ? [0, 1] : [Math.min(...steps), Math.max(Math.min(...steps) + 1, ...steps)];
-  Object.entries(options.baselines ?? {}).forEach(([name, series], index) => {
-    const color = PALETTE[(metrics.length + index) % PALETTE.length]!;
-    metrics.forEach((metric, m) => {
+        .map((rec) => ({ step: rec.step, values: rec.values[metric]! }));
+      const train = points("train"), val = points("val");
+      if (train.length > 0) {
+        const steps = train.map((p) => p.step);
+        const means = train.map((p) => mean(p.values));
+        const edges = train.map((p) => bandEdges(p.values, band));
+        data.push({ type: "scatter", mode: "lines", x: steps, y: edges.map((e) => e[0]), yaxis, line: { width: 0 }, hoverinfo: "skip", showlegend: false, legendgroup: label });
+        data.push({ type: "scatter", mode: "lines", x: steps, y: edges.map((e) => e[1]), yaxis, line: { width: 0 }, fill: "tonexty",
+          fillcolor: withAlpha(color, 0.15), name: `${label} ${band}`, hoverinfo: "skip", showlegend: false, legendgroup: label });
+        data.push({ type: "scatter", mode: "markers", x: steps, y: means, yaxis, name: `${label} per step`, marker: { color: withAlpha(color, 0.45), size: 5 },
+          text: train.map((p) => stepNumbers(run === "" ? metric : `${run}: ${metric}`, p.step, p.values)), hoverinfo: "text", showlegend: false, legendgroup: label });
+        data.push({ type: "scatter", mode: "lines", x: steps, y: movingMean(means, smooth), yaxis, name: label, line: { color, width: 2.5 },
+          hoverinfo: "skip", ...legend });
+        const best = means.reduce((b, m, i) => (m > means[b]! ? i : b), 0);
+        lines.push(`${run === "" ? "" : `${run}: `}${metric}: step ${steps[0]} ${formatNumber(means[0]!)} → step ${steps.at(-1)} ${formatNumber(means.at(-1)!)} ` +
+          `(best ${formatNumber(means[best]!)} at step ${steps[best]})`);
+      }
+      if (val.length > 0) {
+        const means = val.map((p) => mean(p.values));
+        data.push({ type: "scatter", mode: "markers", x: val.map((p) => p.step), y: means, yaxis, name: `${label} (val)`,
+          marker: { color, size: 10, symbol: "diamond", line: { color: "white", width: 1 } },
+          text: val.map((p) => stepNumbers(`${run === "" ? metric : `${run}: ${metric}`} (val)`, p.step, p.values)), hoverinfo: "text", ...legend });
+        lines.push(`${run === "" ? "" : `${run}: `}${metric} (val): last ${formatNumber(means.at(-1)!)} at step ${val.at(-1)!.step}`);
+      }
+    });
+    Object.entries(options.baselines ?? {}).forEach(([name, series], index) => {
       const numeric = series.every((x) => typeof x === "number");
-      if (numeric && m > 0) return;
+      if (numeric && panel > 0) return;
       const values = seriesValues(series, metric);
       if (values.length === 0) return;
       const level = mean(values);
       const label = metrics.length === 1 ? `${name} (baseline)` : `${name}: ${metric} (baseline)`;
-      data.push({ type: "scatter", mode: "lines", x: [first, last], y: [level, level], name: label,
-        line: { color, width: 1.5, dash: BASELINE_DASHES[m % BASELINE_DASHES.length] } });
+      const color = PALETTE[((runs.length > 1 ? runs.length : metrics.length) + index) % PALETTE.length]!;
+      data.push({ type: "scatter", mode: "lines", x: [first, last], y: [level, level], yaxis, name: label,
+        line: { color, width: 1.5, dash: BASELINE_DASHES[panel % BASELINE_DASHES.length] } });
       lines.push(`${label}: ${formatNumber(level)} ± ${formatNumber(standardError(values))} (n=${values.length})`);
     });
   });
-  const stepCount = new Set(steps).size;
-  const summary = [`${title}: ${stepCount} step(s), band ${band}`, ...lines.map((l) => `  ${l}`)].join("\n");
-  return new Plot(title, { data, layout: baseLayout(title, "step", metrics.length === 1 ? metrics[0]! : "value") }, summary);
+  const stepCount = new Set(allSteps).size;
+  const summary = [`${title}: ${stepCount} step(s), band ${band === "std" ? "± sd" : band}${smooth > 1 ? `, curve = mean of ${smooth} steps` : ""}`,
+    ...lines.map((l) => `  ${l}`)].join("\n");
+  // One panel per metric, top to bottom, sharing the step axis drawn under the last.
+  const layout = baseLayout(title, "step", metrics[0]!);
+  const height = (1 - PANEL_GAP * (metrics.length - 1)) / metrics.length;
+  metrics.forEach((metric, panel) => {
+    const top = 1 - panel * (height + PANEL_GAP);
+    layout[panel === 0 ? "yaxis" : `yaxis${panel + 1}`] = { title: { text: metric }, zeroline: false, anchor: "x", domain: [Math.max(0, top - height), top] };
+  });
+  layout.xaxis = { ...(layout.xaxis as Record<string, unknown>), anchor: metrics.length === 1 ? "y" : `y${metrics.length}` };
+  if (metrics.length > 1) layout.height = 140 + 200 * metrics.length;
+  return new Plot(title, { data, layout }, summary);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -210,8 +256,7 @@ export function lossCurve(losses: readonly number[], options: LossCurveOptions =
   // The first and the last `span` steps, never overlapping.
   const span = Math.max(1, Math.min(window, Math.floor(losses.length / 2)));
   if (window > 1 && losses.length > window) {
-    const moving = losses.map((_, i) => mean(losses.slice(Math.max(0, i + 1 - window), i + 1)));
-    data.push({ type: "scatter", mode: "lines", x: steps, y: moving, name: `mean of ${window} steps`, line: { color: PALETTE[1], width: 2 } });
+    data.push({ type: "scatter", mode: "lines", x: steps, y: movingMean(losses, window), name: `mean of ${window} steps`, line: { color: PALETTE[1], width: 2 } });
   }
   const lowest = losses.reduce((best, loss, i) => (loss < losses[best]! ? i : best), 0);
   const summary = [`${title}: ${losses.length} step(s)`,

@@ -25,6 +25,11 @@ export function standardError(values: readonly number[]): number {
   return std(values) * Math.sqrt(n / (n - 1)) / Math.sqrt(n);
 }
 
+/** The mean of each value and the `window - 1` before it (fewer at the start): a trailing moving mean. */
+export function movingMean(values: readonly number[], window: number): number[] {
+  return values.map((_, i) => mean(values.slice(Math.max(0, i + 1 - window), i + 1)));
+}
+
 /** The q-th quantile (0..1) with linear interpolation between order statistics. */
 export function quantile(values: readonly number[], q: number): number {
   if (values.length === 0) return NaN;

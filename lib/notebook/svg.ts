@@ -1,7 +1,7 @@
 /**
  * Static SVG of the plotly figures art-ts makes: scatter traces (lines, dashed or not, markers, `fill: "tonexty"`
- * bands) on a numeric x axis, and box traces (quartiles, 1.5 IQR whiskers, the mean, ±sd, every point) on a
- * categorical one.
+ * bands) on a numeric x axis, in panels stacked by their y axes' domains (`yaxis: "y2"` and `layout.yaxis2.domain`),
+ * and box traces (quartiles, 1.5 IQR whiskers, the mean, ±sd, every point) on a categorical one.
  *
  * Why not plotly.js in the page: it is 4.8 MB, so it can ride in one output at most, and a notebook whose plots
  * depend on one output's script loses them all when that cell is re-run, cleared, or the file is reopened, while
@@ -71,6 +71,10 @@ function legendRows(entries: { name: string; color: string }[], width: number): 
   return placed;
 }
 
+/** Which panel (y axis) a trace is drawn in: "y", "y2", …, and its layout key. */
+const axisOf = (trace: Record<string, unknown>) => text(trace.yaxis) || "y";
+const axisKey = (axis: string) => `yaxis${axis.slice(1)}`;
+
 /** A marker: a circle, or a diamond when the trace asks for one (validation points). */
 function marker(trace: Record<string, unknown>, [x, y]: Point, tooltip: string): string {
   const style = record(trace.marker);
@@ -100,45 +104,50 @@ export function figureSvg(figure: PlotlyFigure): string {
   const height = (typeof layout.height === "number" ? layout.height : 420) + legendHeight;
   const plot: Box = { left: margin.l, top: margin.t, width: WIDTH - margin.l - margin.r, height: height - margin.t - margin.b - legendHeight };
 
-  // Scales: categories (one per box) or numbers on x; every value drawn on y.
+  // Scales: categories (one per box) or numbers on x, shared by every panel; each panel's own values on its y.
   const categories = boxes.map((t) => text(t.name));
   const xs = scatters.flatMap((t) => numbers(t.x));
   const [x0, x1] = range(xs);
-  const [y0, y1] = range(data.flatMap((t) => numbers(t.y)));
   const sx = (x: number) => plot.left + ((x - x0) / (x1 - x0)) * plot.width;
-  const sy = (y: number) => plot.top + plot.height - ((y - y0) / (y1 - y0)) * plot.height;
   const slot = plot.width / Math.max(1, categories.length);
   const cx = (index: number) => plot.left + slot * (index + 0.5);
+  const panels = new Map([...new Set(data.map(axisOf))].map((axis) => {
+    const axisLayout = record(layout[axisKey(axis)]);
+    const [d0, d1] = numbers(axisLayout.domain).length === 2 ? numbers(axisLayout.domain) as [number, number] : [0, 1];
+    const box: Box = { left: plot.left, top: plot.top + (1 - d1) * plot.height, width: plot.width, height: (d1 - d0) * plot.height };
+    const [y0, y1] = range(data.filter((t) => axisOf(t) === axis).flatMap((t) => numbers(t.y)));
+    const sy = (y: number) => box.top + box.height - ((y - y0) / (y1 - y0)) * box.height;
+    return [axis, { box, y0, y1, sy, title: text(record(axisLayout.title).text) }] as const;
+  }));
+  const bottom = Math.max(...[...panels.values()].map((p) => p.box.top + p.box.height));
 
   const parts: string[] = [];
   const titleLines = text(record(layout.title).text).split("<br>");
   titleLines.forEach((line, i) => parts.push(`<text x="${margin.l}" y="${22 + i * 20}" font-size="15" font-weight="600" fill="#111827">${line}</text>`));
 
-  // Grid, ticks and axis titles.
-  for (const tick of niceTicks(y0, y1)) {
-    const y = num(sy(tick));
-    parts.push(`<line x1="${plot.left}" x2="${plot.left + plot.width}" y1="${y}" y2="${y}" stroke="#e5e7eb"/>`);
-    parts.push(`<text x="${plot.left - 6}" y="${y}" dy="0.32em" text-anchor="end" font-size="11" fill="#4b5563">${escapeHtml(formatNumber(tick))}</text>`);
-  }
-  const bottom = plot.top + plot.height;
-  if (categories.length > 0) {
-    categories.forEach((name, i) => parts.push(`<text x="${num(cx(i))}" y="${bottom + 16}" text-anchor="middle" font-size="11" fill="#4b5563">${escapeHtml(name)}</text>`));
-  } else if (xs.length > 0) {
-    const integral = xs.every(Number.isInteger);
-    for (const tick of niceTicks(x0, x1).filter((t) => !integral || Number.isInteger(t))) {
-      const x = num(sx(tick));
-      parts.push(`<line x1="${x}" x2="${x}" y1="${plot.top}" y2="${bottom}" stroke="#f3f4f6"/>`);
-      parts.push(`<text x="${x}" y="${bottom + 16}" text-anchor="middle" font-size="11" fill="#4b5563">${escapeHtml(formatNumber(tick))}</text>`);
+  // Each panel's grid, ticks, frame and axis title; the x ticks' labels and title under the lowest panel only.
+  const integral = xs.every(Number.isInteger);
+  const xTicks = categories.length > 0 || xs.length === 0 ? [] : niceTicks(x0, x1).filter((t) => !integral || Number.isInteger(t));
+  for (const { box, y0, y1, sy, title } of panels.values()) {
+    for (const tick of niceTicks(y0, y1, box.height < 200 ? 4 : 6)) {
+      const y = num(sy(tick));
+      parts.push(`<line x1="${box.left}" x2="${box.left + box.width}" y1="${y}" y2="${y}" stroke="#e5e7eb"/>`);
+      parts.push(`<text x="${box.left - 6}" y="${y}" dy="0.32em" text-anchor="end" font-size="11" fill="#4b5563">${escapeHtml(formatNumber(tick))}</text>`);
     }
+    for (const tick of xTicks) parts.push(`<line x1="${num(sx(tick))}" x2="${num(sx(tick))}" y1="${num(box.top)}" y2="${num(box.top + box.height)}" stroke="#f3f4f6"/>`);
+    parts.push(`<rect x="${box.left}" y="${num(box.top)}" width="${box.width}" height="${num(box.height)}" fill="none" stroke="#d1d5db"/>`);
+    if (title) parts.push(`<text transform="translate(16,${num(box.top + box.height / 2)}) rotate(-90)" text-anchor="middle" font-size="12" fill="#374151">${escapeHtml(title)}</text>`);
   }
-  parts.push(`<rect x="${plot.left}" y="${plot.top}" width="${plot.width}" height="${num(plot.height)}" fill="none" stroke="#d1d5db"/>`);
-  const xTitle = text(record(record(layout.xaxis).title).text), yTitle = text(record(record(layout.yaxis).title).text);
-  if (xTitle) parts.push(`<text x="${num(plot.left + plot.width / 2)}" y="${bottom + 36}" text-anchor="middle" font-size="12" fill="#374151">${escapeHtml(xTitle)}</text>`);
-  if (yTitle) parts.push(`<text transform="translate(16,${num(plot.top + plot.height / 2)}) rotate(-90)" text-anchor="middle" font-size="12" fill="#374151">${escapeHtml(yTitle)}</text>`);
+  categories.forEach((name, i) => parts.push(`<text x="${num(cx(i))}" y="${num(bottom + 16)}" text-anchor="middle" font-size="11" fill="#4b5563">${escapeHtml(name)}</text>`));
+  for (const tick of xTicks) parts.push(`<text x="${num(sx(tick))}" y="${num(bottom + 16)}" text-anchor="middle" font-size="11" fill="#4b5563">${escapeHtml(formatNumber(tick))}</text>`);
+  const xTitle = text(record(record(layout.xaxis).title).text);
+  if (xTitle) parts.push(`<text x="${num(plot.left + plot.width / 2)}" y="${num(bottom + 36)}" text-anchor="middle" font-size="12" fill="#374151">${escapeHtml(xTitle)}</text>`);
 
   // Scatter traces in order: a "tonexty" trace fills down to the trace before it (the band under a mean line).
+  // A marker's hover text is the trace's `text` for it when given (the step's numbers), else its value.
   let previous: Point[] = [];
   for (const trace of scatters) {
+    const { sy } = panels.get(axisOf(trace))!;
     const tx = numbers(trace.x), ty = numbers(trace.y);
     const points: Point[] = tx.slice(0, ty.length).map((x, i) => [sx(x), sy(ty[i]!)]);
     const path = (pts: Point[]) => pts.map(([x, y]) => `${num(x)},${num(y)}`).join(" ");
@@ -152,13 +161,15 @@ export function figureSvg(figure: PlotlyFigure): string {
       parts.push(`<polyline points="${path(points)}" fill="none" stroke="${colorOf(trace)}" stroke-width="${typeof line.width === "number" ? line.width : 2}" stroke-linejoin="round"${dash ? ` stroke-dasharray="${dash}"` : ""}/>`);
     }
     if (mode.includes("markers")) {
-      points.forEach((point, i) => parts.push(marker(trace, point, `${text(trace.name)}: ${formatNumber(ty[i]!)} at ${formatNumber(tx[i]!)}`)));
+      const hover = Array.isArray(trace.text) ? trace.text : [];
+      points.forEach((point, i) => parts.push(marker(trace, point, text(hover[i]) || `${text(trace.name)}: ${formatNumber(ty[i]!)} at ${formatNumber(tx[i]!)}`)));
     }
     previous = points;
   }
 
   // Boxes: quartiles, whiskers to the furthest points within 1.5 IQR, the mean dashed (± sd when asked), every point.
   boxes.forEach((trace, index) => {
+    const { sy } = panels.get(axisOf(trace))!;
     const values = numbers(trace.y);
     if (values.length === 0) return;
     const color = colorOf(trace), center = cx(index), half = Math.min(40, slot * 0.3);

@@ -51,19 +51,50 @@ describe("reward curve", () => {
     expect(history[0]!.values).toEqual({ reward: [0, 1, 0.5, 0.5], win: [0, 1, 0, 0], moves: [0, 1, 0, 1] });
   });
 
-  it("draws mean lines with a percentile band and validation markers", () => {
+  it("draws each metric in its own panel: faint step means with their numbers on hover, the curve, a ± sd band, validation diamonds", () => {
     const plot = rewardCurve(history, { metrics: ["reward", "win"] });
-    const traces = plot.figure.data as Trace[];
-    const mean = traces.find((t) => t.name === "reward")!;
-    expect(mean.x).toEqual([0, 1]);
-    expect(mean.y).toEqual([0.5, 0.875]);
-    const band = traces.filter((t) => t.mode === "lines" && t.name !== "reward" && t.name !== "win");
-    expect(band[0]!.y).toEqual([quantile([0, 1, 0.5, 0.5], 0.1), quantile([1, 1, 0.5, 1], 0.1)]);
-    expect(band[1]!.fill).toBe("tonexty");
-    expect(traces.find((t) => t.name === "reward (val)")!.y).toEqual([0.25]);
-    expect(traces.filter((t) => t.name === "win").length).toBe(1);
+    const traces = plot.figure.data as (Trace & { yaxis?: string; text?: string[]; line?: { width?: number } })[];
+    const perStep = traces.find((t) => t.name === "reward per step")!;
+    expect(perStep).toMatchObject({ mode: "markers", x: [0, 1], y: [0.5, 0.875], yaxis: "y" });
+    expect(perStep.text![1]).toBe("reward, step 1: mean 0.875 ± 0.217 sd (n=4), range 0.5–1");
+    // Two training steps: a tenth of them rounds to a window of one, so the curve is the means themselves.
+    expect(traces.find((t) => t.name === "reward")).toMatchObject({ mode: "lines", y: [0.5, 0.875] });
+    const [low, high] = traces.filter((t) => t.yaxis === "y" && t.line?.width === 0);
+    expect(low!.y).toEqual([0.5 - std([0, 1, 0.5, 0.5]), 0.875 - std([1, 1, 0.5, 1])]);
+    // ± sd, but never past the step's largest value
+    expect(high!.y).toEqual([0.5 + std([0, 1, 0.5, 0.5]), 1]);
+    expect(high!.fill).toBe("tonexty");
+    expect(traces.find((t) => t.name === "reward (val)")).toMatchObject({ y: [0.25], yaxis: "y" });
+    // win in the second panel, below the first, on its own axis; the step axis under the last panel
+    expect(traces.find((t) => t.name === "win")).toMatchObject({ yaxis: "y2", y: [0.25, 0.75] });
+    const layout = plot.figure.layout as Record<string, { domain?: number[]; title?: { text: string }; anchor?: string }>;
+    expect(layout.yaxis!.title!.text).toBe("reward");
+    expect(layout.yaxis2!.title!.text).toBe("win");
+    expect(layout.yaxis2!.domain![1]).toBeLessThan(layout.yaxis!.domain![0]!);
+    expect(layout.xaxis!.anchor).toBe("y2");
     expect(plot.summary).toContain("reward: step 0 0.5 → step 1 0.875 (best 0.875 at step 1)");
     expect(plot.summary).toContain("reward (val): last 0.25 at step 1");
+  });
+
+  it("draws the curve as a moving mean of the step means, a tenth of the steps wide unless told", () => {
+    const long = Array.from({ length: 30 }, (_, step) => stepRecord(step, [group(step % 2, 1)]));
+    const means = long.map((r) => r.values.reward!.reduce((a, b) => a + b, 0) / 2);
+    const curve = (plot: ReturnType<typeof rewardCurve>) => (plot.figure.data as Trace[]).find((t) => t.name === "reward")!.y;
+    expect(curve(rewardCurve(long))).toEqual(means.map((_, i) => means.slice(Math.max(0, i - 2), i + 1).reduce((a, b) => a + b, 0) / Math.min(3, i + 1)));
+    expect(curve(rewardCurve(long, { smooth: 1 }))).toEqual(means);
+    expect(rewardCurve(long).summary).toContain("curve = mean of 3 steps");
+    expect(() => rewardCurve(long, { smooth: 0 })).toThrow(/smooth must be an integer >= 1/);
+  });
+
+  it("overlays runs, a colour per run, each in the legend once", () => {
+    const other = [stepRecord(0, [group(0, 0)]), stepRecord(1, [group(1, 0)])];
+    const plot = rewardCurve({ "lr 1e-5": history, "lr 1e-4": other }, { metrics: ["reward", "win"] });
+    const traces = plot.figure.data as (Trace & { yaxis?: string; line?: { color?: string }; showlegend?: boolean })[];
+    const curves = traces.filter((t) => t.name === "lr 1e-5" || t.name === "lr 1e-4");
+    expect(curves.map((t) => [t.name, t.yaxis, t.showlegend])).toEqual([["lr 1e-5", "y", true], ["lr 1e-4", "y", true], ["lr 1e-5", "y2", false], ["lr 1e-4", "y2", false]]);
+    expect(curves[0]!.line!.color).toBe(curves[2]!.line!.color);
+    expect(curves[0]!.line!.color).not.toBe(curves[1]!.line!.color);
+    expect(plot.summary).toContain("lr 1e-4: reward: step 0 0 → step 1 0.5");
   });
 
   it("draws baselines as dashed levels across the steps, for each metric they carry", () => {
@@ -80,10 +111,10 @@ describe("reward curve", () => {
     expect(single.at(-1)).toMatchObject({ name: "base (baseline)", x: [3, 4], y: [0.2, 0.2] });
   });
 
-  it("uses min and max for the band when asked", () => {
-    const band = rewardCurve(history, { band: "minmax" }).figure.data as Trace[];
-    expect(band[0]!.y).toEqual([0, 0.5]);
-    expect(band[1]!.y).toEqual([1, 1]);
+  it("uses percentiles or min and max for the band when asked", () => {
+    const edges = (band: "minmax" | "p10-p90") => (rewardCurve(history, { band }).figure.data as Trace[]).slice(0, 2).map((t) => t.y);
+    expect(edges("minmax")).toEqual([[0, 0.5], [1, 1]]);
+    expect(edges("p10-p90")).toEqual([[quantile([0, 1, 0.5, 0.5], 0.1), quantile([1, 1, 0.5, 1], 0.1)], [quantile([0, 1, 0.5, 0.5], 0.9), 1]]);
   });
 });
 
@@ -149,7 +180,7 @@ describe("plot bundles", () => {
     expect((plot.figure.layout.title as { text: string }).text).toBe("&lt;/svg&gt;&lt;img src=x onerror=alert(1)&gt;");
   });
 
-  it("draws a reward curve: the band under its mean line, markers with their values on hover, validation diamonds, a legend", () => {
+  it("draws a reward curve: the band under its curve, step means with their numbers on hover, validation diamonds, a legend", () => {
     const history = [stepRecord(0, [group(0, 1, 0.5, 0.5)]), stepRecord(1, [group(1, 1, 0.5, 1)]), stepRecord(1, [group(0.25)], "val")];
     const svg = rewardCurve(history, { metrics: ["reward"] }).toSvg();
     const polyline = /<polyline points="([^"]+)"/.exec(svg)![1]!.split(" ").map((p) => p.split(",").map(Number));
@@ -158,10 +189,24 @@ describe("plot bundles", () => {
     expect(polyline[1]![1]).toBeLessThan(polyline[0]![1]!);   // mean 0.875 above 0.5
     expect(svg.match(/<polygon /g)!.length).toBe(1);
     expect(svg.indexOf("<polygon ")).toBeLessThan(svg.indexOf("<polyline ")); // the band is drawn first, under the line
-    expect(svg).toContain("<title>reward: 0.875 at 1</title>");
-    expect(svg).toMatch(/<path d="M[^"]+Z" fill="#2563eb" stroke="white" stroke-width="1"><title>reward \(val\): 0.25 at 1<\/title>/);
+    expect(svg).toContain("<title>reward, step 1: mean 0.875 ± 0.217 sd (n=4), range 0.5–1</title>");
+    expect(svg).toMatch(/<path d="M[^"]+Z" fill="#2563eb" stroke="white" stroke-width="1"><title>reward \(val\), step 1: mean 0.25/);
     expect(svg).toContain(">reward (val)</text>"); // legend
     expect(svg).toContain(">step</text>");         // x axis title
+  });
+
+  it("draws each panel with its own frame, axis title and scale, the step labels under the last", () => {
+    const history = [stepRecord(0, [group(0, 1)]), stepRecord(1, [group(1, 1)])];
+    const svg = rewardCurve(history, { metrics: ["reward", "moves"] }).toSvg();
+    const frames = [...svg.matchAll(/<rect x="60" y="([\d.]+)" width="680" height="([\d.]+)" fill="none"/g)].map((m) => [Number(m[1]), Number(m[2])]);
+    expect(frames.length).toBe(2);
+    expect(frames[1]![0]).toBeGreaterThan(frames[0]![0]! + frames[0]![1]!); // the second panel below the first, apart
+    expect(svg).toContain(">reward</text>");
+    expect(svg).toContain(">moves</text>");
+    // the step axis's labels sit under the lower panel only
+    const labels = [...svg.matchAll(/<text x="[\d.]+" y="([\d.]+)" text-anchor="middle" font-size="11"/g)].map((m) => Number(m[1]));
+    expect(labels.length).toBeGreaterThan(0);
+    for (const y of labels) expect(y).toBeGreaterThan(frames[1]![0]! + frames[1]![1]!);
   });
 
   it("draws boxes with every point and a hover summary", () => {
