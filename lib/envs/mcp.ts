@@ -10,7 +10,7 @@ import type OpenAI from "openai";
 import { ArtError } from "../core/errors.ts";
 import { Trajectory, type Tool } from "../core/trajectory.ts";
 import type { GamePolicy } from "./policy.ts";
-import { playToolEpisode } from "./tool-episode.ts";
+import { parseToolArguments, playToolEpisode } from "./tool-episode.ts";
 
 /** A tool as an MCP server lists it. */
 export interface McpToolInfo {
@@ -82,15 +82,10 @@ export function mcpResultText(result: McpCallResult): string {
  * bad JSON, a tool error or a failed request come back as "Error: ..." text the agent can read, as a tool result must.
  */
 export async function callMcpTool(client: McpClient, name: string, args: string): Promise<string> {
-  let parsed: unknown;
+  const parsed = parseToolArguments(name, args);
+  if (typeof parsed === "string") return parsed;
   try {
-    parsed = args.trim() === "" ? {} : JSON.parse(args);
-  } catch (error) {
-    return `Error: the arguments of ${name} are not valid JSON (${(error as Error).message}). Send a JSON object.`;
-  }
-  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) return `Error: the arguments of ${name} must be a JSON object.`;
-  try {
-    return mcpResultText(await client.callTool({ name, arguments: parsed as Record<string, unknown> }));
+    return mcpResultText(await client.callTool({ name, arguments: parsed }));
   } catch (error) {
     return `Error: ${name} failed: ${(error as Error).message}`;
   }
@@ -282,14 +277,11 @@ export async function rolloutMcp(policy: GamePolicy<McpConnection>, scenario: Mc
     done: () => summary !== undefined,
     call: (name, args) => {
       if (name !== COMPLETE_TASK) return connection.call(name, args);
-      try {
-        const value = (JSON.parse(args) as { summary?: unknown }).summary;
-        if (typeof value !== "string") return 'Error: complete_task needs "summary": a string.';
-        summary = value;
-        return "Task marked complete.";
-      } catch (error) {
-        return `Error: the arguments of complete_task are not valid JSON (${(error as Error).message}).`;
-      }
+      const parsed = parseToolArguments(name, args);
+      if (typeof parsed === "string") return parsed;
+      if (typeof parsed.summary !== "string") return 'Error: complete_task needs "summary": a string.';
+      summary = parsed.summary;
+      return "Task marked complete.";
     },
   });
   Object.assign(trajectory.metrics, {

@@ -13,7 +13,7 @@ export {
   callMcpTool, COMPLETE_TASK_TOOL, connectMcp, generateMcpScenarios, McpConnection, mcpResultText, mcpSystemPrompt, mcpTools, rolloutMcp,
   type GenerateScenariosOptions, type McpCallResult, type McpClient, type McpRolloutOptions, type McpScenario, type McpServerSpec, type McpToolInfo,
 } from "./mcp.ts";
-export { playToolEpisode, type ToolEpisode, type ToolEpisodeOptions } from "./tool-episode.ts";
+export { parseToolArguments, playToolEpisode, type ToolEpisode, type ToolEpisodeOptions } from "./tool-episode.ts";
 export {
   DIRECTIONS, Game2048, greedyPolicy2048, INVALID_MOVE_REWARD_2048, parseMove2048, rollout2048, slideBoard, slideLine,
   SYSTEM_PROMPT_2048, WIN_REWARD_2048, type Direction, type Game2048Options, type ParsedMove, type Rollout2048Options,

@@ -8,6 +8,21 @@
 import type { Trajectory } from "../core/trajectory.ts";
 import { replyItem, type GamePolicy } from "./policy.ts";
 
+/**
+ * A tool call's arguments, the JSON text the model produced, as an object; or the "Error: ..." text to send back
+ * when it is not a JSON object (an empty string is no arguments).
+ */
+export function parseToolArguments(name: string, args: string): Record<string, unknown> | string {
+  let parsed: unknown;
+  try {
+    parsed = args.trim() === "" ? {} : JSON.parse(args);
+  } catch (error) {
+    return `Error: the arguments of ${name} are not valid JSON (${(error as Error).message}). Send a JSON object.`;
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) return `Error: the arguments of ${name} must be a JSON object.`;
+  return parsed as Record<string, unknown>;
+}
+
 export interface ToolEpisodeOptions<State> {
   /** Assistant turns before the episode stops. */
   maxTurns: number;

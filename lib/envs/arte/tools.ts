@@ -5,6 +5,7 @@
  */
 import type { Tool } from "../../core/trajectory.ts";
 import { ArtError } from "../../core/errors.ts";
+import { parseToolArguments } from "../tool-episode.ts";
 import { MAX_SEARCH_RESULTS, type EmailDatabase } from "./database.ts";
 
 export const ARTE_TOOLS: Tool[] = [
@@ -83,14 +84,8 @@ export class InboxTools {
 
   /** Runs a tool call from the model: `args` is the JSON string the model produced. Returns the tool result text. */
   call(name: string, args: string): string {
-    let parsed: unknown;
-    try {
-      parsed = args.trim() === "" ? {} : JSON.parse(args);
-    } catch (error) {
-      return `Error: the arguments of ${name} are not valid JSON (${(error as Error).message}). Send a JSON object.`;
-    }
-    if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) return `Error: the arguments of ${name} must be a JSON object.`;
-    const a = parsed as Record<string, unknown>;
+    const a = parseToolArguments(name, args);
+    if (typeof a === "string") return a;
     try {
       switch (name) {
         case "search_emails":
