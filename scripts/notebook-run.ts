@@ -1,7 +1,7 @@
 /**
  * Executes notebooks headless under both kernels and checks what they produced (npm run notebooks).
  *
- *   node scripts/notebook-run.ts [notebooks/x.ipynb ...] [--kernel deno|tslab|node]
+ *   node scripts/notebook-run.ts [notebooks/x.ipynb ...] [--kernel deno|tslab|node] [--defaults]
  *
  * `--kernel node` runs a notebook's code cells, in order, as one Node module in its folder, without Jupyter (plots
  * and transcripts print as text): what a machine without Jupyter can run of the cookbook, such as the GPU check's.
@@ -13,8 +13,9 @@
  * object + SVG as HTML, no script + text), the HTML export keeps the plots' SVGs, and the file stays under 1 MB.
  * A notebook from elsewhere (test/notebook/entries.ipynb) runs from a copy in notebooks/.executed, so both kernels
  * resolve `art-ts` from there as they do for the cookbook.
- * Notebook parameters come from the environment (ART_NB_*), which the kernels inherit; small defaults apply
- * when unset. Needs the kernels registered (npm run kernels) and dist/ built.
+ * Notebook parameters come from the environment (ART_NB_*), which the kernels inherit; CI's small sizes apply
+ * when unset (ART_NB_STEPS=3, ART_NB_GROUPS=2, ART_NB_GROUP_SIZE=4), or with `--defaults` each notebook's own defaults:
+ * the run a workshop participant gets. Needs the kernels registered (npm run kernels) and dist/ built.
  */
 import { spawnSync } from "node:child_process";
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
@@ -110,6 +111,8 @@ function main(): void {
   const args = process.argv.slice(2);
   const kernelIndex = args.indexOf("--kernel");
   const kernels = kernelIndex >= 0 ? [args.splice(kernelIndex, 2)[1] as (typeof RUNNERS)[number]] : [...KERNELS];
+  const ownDefaults = args.includes("--defaults");
+  if (ownDefaults) args.splice(args.indexOf("--defaults"), 1);
   if (kernels.some((k) => !RUNNERS.includes(k))) throw new Error(`--kernel must be one of ${RUNNERS.join(", ")}`);
   const notebooks = args.length > 0 ? args.map((a) => resolve(a)) :
     readdirSync(join(root, "notebooks")).filter((f) => f.endsWith(".ipynb")).sort().map((f) => join(root, "notebooks", f));
@@ -132,7 +135,7 @@ function main(): void {
   const outDir = join(root, "notebooks", ".executed");
   mkdirSync(outDir, { recursive: true });
   const env = {
-    ...CI_DEFAULTS,
+    ...(ownDefaults ? {} : CI_DEFAULTS),
     ...process.env,
     JUPYTER_PATH: join(root, ".jupyter"),
     JUPYTER_RUNTIME_DIR: join(root, ".jupyter", "runtime"),

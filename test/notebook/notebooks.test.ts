@@ -70,6 +70,15 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
     const output = readFileSync(join("notebooks", ".executed", "tic-tac-toe.node.txt"), "utf8");
     expect(output).toMatch(/win rate: [\d.]+% before → [\d.]+% after 3 steps/);
     expect(output).toMatch(/━━ one game of the untrained model/); // a transcript, as text
+    // The learning bars of the notebooks that learn offline at their own defaults (both read no ART_NB_STEPS, so this
+    // run is their default run; greedy evaluation and seeded data make their numbers repeat): docs/cookbook.md's table.
+    const sft = /exact match: ([\d.]+)% before → ([\d.]+)% after SFT/.exec(readFileSync(join("notebooks", ".executed", "sft-dataset.node.txt"), "utf8"));
+    expect(sft, "sft-dataset's before/after line").not.toBeNull();
+    expect(Number(sft![1])).toBeLessThanOrEqual(40);    // measured 17%
+    expect(Number(sft![2])).toBeGreaterThanOrEqual(90); // measured 100%
+    const distilled = /student ([\d.]+)% before → ([\d.]+)% after SFT/.exec(readFileSync(join("notebooks", ".executed", "distillation.node.txt"), "utf8"));
+    expect(distilled, "distillation's before/after line").not.toBeNull();
+    expect(Number(distilled![2]) - Number(distilled![1])).toBeGreaterThanOrEqual(15); // measured 57% → 81%
   }, 300_000);
 
   // The executed notebooks' HTML in a real browser (Debian's chromium, driven by puppeteer-core; ART_TEST_BROWSER=1,
