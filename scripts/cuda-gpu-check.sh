@@ -11,6 +11,7 @@
 #                  within a stretch between two barriers)
 #   hf-fixtures.tar.gz  test/fixtures/hf as scripts/reference/hf_fixtures.py wrote it (transformers + PEFT)
 #   demo.txt       art-ts demo --device cuda: the tic-tac-toe GRPO demo trained on the GPU, its win rates before and after
+#   demo-cpu.txt   the same demo, same seed, on the machine's CPU, to compare with (results.tar: demo-cpu/)
 #   notebooks.txt  the cookbook's notebooks on CUDA (but art-e-langgraph and mcp-rl), each notebook's code cells run as one Node module (the machine
 #                  has no Jupyter; scripts/notebook-run.ts --kernel node), their printed output in results.tar
 #   results.tar    demo/: the demo's summary.json, reward curve, transcripts, history.jsonl (under demo/art/);
@@ -40,7 +41,7 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT/results/bench"
 : >> "$OUT/log.txt"
 # Ordered by what a call cut short should still have shown: correctness, then the benches, then the rest.
-all_steps="env build hf_reference tests roofline hf_peer bench hf_train_peer train_bench demo notebooks sanitizer nvrtc_fallback hf_fixtures grpo_peer grpo_bench"
+all_steps="env build hf_reference tests roofline hf_peer bench hf_train_peer train_bench demo demo_cpu notebooks sanitizer nvrtc_fallback hf_fixtures grpo_peer grpo_bench"
 selected=" ${ART_GPU_CHECK_STEPS:-$all_steps} "
 deadline=$((SECONDS + ${ART_GPU_CHECK_SECONDS:-570}))
 declare -A status
@@ -118,6 +119,9 @@ step train_bench 300 results/bench/train.json node bench/cuda-train.ts $peer
 # The first GRPO loop on the GPU: the demo trains the embedded tic-tac-toe model on CUDA (its win rates before and after
 # beside the CPU's, same seed, in docs/cuda.md).
 step demo 120 demo.txt bash -c "mkdir -p '$OUT/results/demo' && node lib/cli.ts demo --device cuda --quiet --out '$OUT/results/demo' --art-dir '$OUT/results/demo/art' 2>&1"
+# The same demo, same seed, on this machine's CPU: learning on the GPU compared with the CPU's in one run (issue 17:
+# the same win rate within noise); each run's history.jsonl is the curve.
+step demo_cpu 200 demo-cpu.txt bash -c "mkdir -p '$OUT/results/demo-cpu' && node lib/cli.ts demo --device cpu --quiet --out '$OUT/results/demo-cpu' --art-dir '$OUT/results/demo-cpu/art' 2>&1"
 # The cookbook on CUDA: each notebook's code cells as one Node module (the machine has no Jupyter), CI's sizes,
 # ART_NB_DEVICE=cuda so a notebook that falls back to the CPU fails; needs dist/ (carried).
 # Every notebook but the two that import packages the device bundle does not carry (the MCP SDK, LangChain: 7 MB more
