@@ -87,7 +87,7 @@ export async function callMcpTool(client: McpClient, name: string, args: string)
   try {
     return mcpResultText(await client.callTool({ name, arguments: parsed }));
   } catch (error) {
-    return `Error: ${name} failed: ${(error as Error).message}`;
+    return `Error: ${name} failed: ${error instanceof Error ? error.message : String(error)}`;
   }
 }
 
@@ -148,7 +148,13 @@ export class McpConnection {
       throw new ArtError("mcp_connect", `could not connect to the MCP server ${where}: ${(error as Error).message}${stderr === "" ? "" : `\nits stderr ends with:\n${stderr.trim()}`}`);
     }
     const info = client.getServerVersion();
-    return new McpConnection(client as unknown as McpClient, info === undefined ? where : `${info.name} ${info.version}`, await mcpTools(client as unknown as McpClient));
+    try {
+      return new McpConnection(client as unknown as McpClient, info === undefined ? where : `${info.name} ${info.version}`, await mcpTools(client as unknown as McpClient));
+    } catch (error) {
+      // A stdio server would otherwise outlive the failure, and keep the process from exiting.
+      await client.close().catch(() => undefined);
+      throw error;
+    }
   }
 
   /** Runs a call the model made, by its function name; never throws (see callMcpTool). */
@@ -261,6 +267,9 @@ export interface McpRolloutOptions {
  */
 export async function rolloutMcp(policy: GamePolicy<McpConnection>, scenario: McpScenario, connection: McpConnection, options: McpRolloutOptions = {}): Promise<Trajectory> {
   const maxTurns = options.maxTurns ?? 10;
+  if (connection.tools.some((t) => t.type === "function" && t.function.name === COMPLETE_TASK)) {
+    throw new ArtError("mcp_tool_names", `the MCP server ${connection.name} has a tool named ${COMPLETE_TASK}, the name rolloutMcp gives the agent's own way to hand in the result; rename the server's tool`);
+  }
   const tools = [...connection.tools, COMPLETE_TASK_TOOL];
   const trajectory = new Trajectory({
     messagesAndChoices: [
@@ -289,7 +298,7 @@ export async function rolloutMcp(policy: GamePolicy<McpConnection>, scenario: Mc
     tool_calls: episode.toolCalls,
     tool_errors: episode.toolErrors,
     completed: summary !== undefined,
-    out_of_turns: summary === undefined && episode.turns >= maxTurns,
+    out_of_turns: summary === undefined && !episode.repliedWithoutCall && episode.turns >= maxTurns,
   });
   if (summary !== undefined) trajectory.log(`summary: ${summary}`);
   return trajectory.finish();

@@ -200,6 +200,8 @@ export function solveTemporalClue(puzzle: Pick<TemporalCluePuzzle, "cast" | "clu
   const { cast, clues, questions } = puzzle;
   checkQuestions(cast, questions);
   const times = cast.hours.length;
+  // A domain is a 16-bit set: the hours and "absent".
+  if (times > MAX_TIMES) throw new ArtError("temporal_clue.cast", `solveTemporalClue: a cast of ${times} hours; at most ${MAX_TIMES}`);
   const absent = 1 << times;
   const slotsMask = absent - 1;
   const categories = activeCategories(cast);
@@ -356,6 +358,9 @@ const FAMILY_WEIGHTS: Record<string, number> = { different: 3, before: 3, gap: 1
 /** Draws a clue not drawn yet: a family by weight among those with clues left, then a clue of it uniformly. */
 function drawClue(families: Map<string, ClueStatement[]>, rng: Rng): ClueStatement {
   const open = [...families].filter(([, clues]) => clues.length > 0);
+  // Every true clue together determines the answers, so the generator stops before this; a change to the families that
+  // broke that would otherwise end in a TypeError.
+  if (open.length === 0) throw new ArtError("temporal_clue.clues", "generateTemporalClue: every true clue is drawn and the answers are still not unique");
   let r = rng() * open.reduce((sum, [name]) => sum + FAMILY_WEIGHTS[name]!, 0);
   const [, clues] = open.find(([name]) => (r -= FAMILY_WEIGHTS[name]!) < 0) ?? open.at(-1)!;
   return clues.splice(randomInt(rng, clues.length), 1)[0]!;
@@ -521,7 +526,7 @@ export type ParsedClueAnswers = { ok: true; answers: (string | undefined)[] } | 
 export function parseTemporalClueAnswers(text: string, questionCount: number): ParsedClueAnswers {
   const answers = new Array<string | undefined>(questionCount).fill(undefined);
   let found = false;
-  for (const match of withoutThinking(text).matchAll(/^[\s>*_-]*Q(\d+)[*_]*\s*[:.)][*_]*\s*(.*)$/gim)) {
+  for (const match of withoutThinking(text).matchAll(/^[ \t>*_-]*Q(\d+)[*_]*[ \t]*[:.)][*_]*[ \t]*(.*)$/gim)) {
     const index = Number(match[1]) - 1;
     const answer = match[2]!.replace(/[*_`]/g, "").replace(/\.$/, "").trim();
     if (index < 0 || index >= questionCount || answer === "") continue;

@@ -123,6 +123,9 @@ describe("the inbox MCP server, a real process over stdio", () => {
     expect(email.subject).toBe(hits[0]!.subject);
     expect(await connection.call("read_email", '{"message_id": "<nope>"}')).toBe('Error: no email with message id "<nope>" in this inbox.');
     expect(await connection.call("send_email", "{}")).toBe('Error: unknown tool "send_email". The tools are search_emails, read_email.');
+    // The server runs only what it lists: ART·E's final-answer tool is the MCP rollout's complete_task instead.
+    expect(await callMcpTool(connection.client, "return_final_answer", '{"answer": "x", "sources": []}'))
+      .toBe('Error: unknown tool "return_final_answer". The tools are search_emails, read_email.');
   });
 
   it("plays a scripted episode: each call's result goes back to the agent until complete_task", async () => {
@@ -152,6 +155,10 @@ describe("the inbox MCP server, a real process over stdio", () => {
   it("stops at the turn limit, and counts the calls that came back as errors", async () => {
     const trajectory = await rolloutMcp(() => callTurn("read_email", { message_id: "<nope>" }), { task: "t", difficulty: 1 }, connection, { maxTurns: 2 });
     expect(trajectory.metrics).toMatchObject({ turns: 2, tool_calls: 2, tool_errors: 2, completed: false, out_of_turns: true });
+    // A last turn without a call ends the episode for that reason, not for the limit.
+    let turn = 0;
+    const quits = await rolloutMcp(() => (++turn === 1 ? callTurn("read_email", { message_id: "<nope>" }) : "I give up."), { task: "t", difficulty: 1 }, connection, { maxTurns: 2 });
+    expect(quits.metrics).toMatchObject({ turns: 2, completed: false, out_of_turns: false });
   });
 
   describe("with the model being trained", () => {
@@ -168,8 +175,11 @@ describe("the inbox MCP server, a real process over stdio", () => {
 
     it("generates scenarios with the local model under the schema, rolls them out through the server and trains on them", async () => {
       const client = model.openai();
+      // Two asked for; the schema lets a task of spaces through, which is dropped, so sometimes one comes back.
       const scenarios = await generateMcpScenarios({ client, model: model.baseModel }, connection.tools, { count: 2, maxTokens: 200 });
-      expect(scenarios).toHaveLength(2);
+      expect(scenarios.length).toBeGreaterThanOrEqual(1);
+      expect(scenarios.length).toBeLessThanOrEqual(2);
+      for (const scenario of scenarios) expect(scenario.task.trim()).not.toBe("");
       // The tiny model has never seen a tool: each turn is forced to a named call (arguments constrained to its schema).
       const policy = async (messages: Message[]): Promise<Choice> => {
         const name = messages.some((m) => m.role === "tool") ? "complete_task" : "search_emails";
@@ -224,6 +234,12 @@ describe("connecting", () => {
     await expect(connectMcp({ command: process.execPath, args: ["-e", "console.error('no database here'); process.exit(3)"] }))
       .rejects.toThrow(/could not connect to the MCP server .*\n(.|\n)*no database here/);
   }, 30_000);
+
+  it("refuses a server tool named complete_task, the rollout's own", async () => {
+    const { client } = scriptedClient([[{ name: "complete_task", inputSchema: { type: "object" } }]], () => ({}));
+    const connection = await McpConnection.over(client, "clashing");
+    await expect(rolloutMcp(() => "x", { task: "t", difficulty: 1 }, connection)).rejects.toThrow(/clashing has a tool named complete_task/);
+  });
 
   it("wraps a client made by hand", async () => {
     const { client } = scriptedClient([[{ name: "ping", inputSchema: { type: "object" } }]], () => ({ content: [{ type: "text", text: "pong" }] }));

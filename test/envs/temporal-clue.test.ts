@@ -263,6 +263,9 @@ describe("the prompt", () => {
 describe("answers", () => {
   it("reads Q lines after any thinking, the last line of a question winning", () => {
     expect(parseTemporalClueAnswers("Q1: Mrs. White\nQ2: rope", 3)).toEqual({ ok: true, answers: ["Mrs. White", "rope", undefined] });
+    // An empty answer line stays empty: the next line is not taken for its answer.
+    expect(parseTemporalClueAnswers("Q1:\nQ2: rope", 2)).toEqual({ ok: true, answers: [undefined, "rope"] });
+    expect(parseTemporalClueAnswers("Q1: Mrs. White\nQ2:\nQ3: hall", 3)).toEqual({ ok: true, answers: ["Mrs. White", undefined, "hall"] });
     expect(parseTemporalClueAnswers("<think>Q1: Mr. Green</think>\nMaybe Q1: no.\nQ1: Mr. Green\nQ1: Mrs. White", 1)).toEqual({ ok: true, answers: ["Mrs. White"] });
     expect(parseTemporalClueAnswers("**Q1:** Mrs. White.\n- Q2) the rope\n  q3. 9 pm\n> **Q4**: hall", 4)).toEqual({ ok: true, answers: ["Mrs. White", "the rope", "9 pm", "hall"] });
     // Numbers outside the questions and empty answers are skipped; with nothing left, the reply does not parse.

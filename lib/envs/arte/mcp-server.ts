@@ -40,8 +40,12 @@ function server(): Server {
   mcp.setRequestHandler(ListToolsRequestSchema, () => ({
     tools: INBOX_MCP_TOOLS.map((t) => ({ name: t.function.name, description: t.function.description, inputSchema: t.function.parameters as { type: "object" } })),
   }));
+  const listed = INBOX_MCP_TOOLS.map((t) => t.function.name);
   mcp.setRequestHandler(CallToolRequestSchema, (request) => {
-    const text = tools.call(request.params.name, JSON.stringify(request.params.arguments ?? {}));
+    // InboxTools also answers return_final_answer, which this server does not list: only the listed tools run.
+    const text = listed.includes(request.params.name)
+      ? tools.call(request.params.name, JSON.stringify(request.params.arguments ?? {}))
+      : `Error: unknown tool ${JSON.stringify(request.params.name)}. The tools are ${listed.join(", ")}.`;
     return { content: [{ type: "text", text }], isError: text.startsWith("Error:") };
   });
   return mcp;
@@ -51,11 +55,17 @@ if (values.http === undefined) {
   await server().connect(new StdioServerTransport());
 } else {
   const http = createServer(async (req, res) => {
-    if (req.url !== "/mcp") return void res.writeHead(404).end();
+    if (new URL(req.url ?? "/", "http://localhost").pathname !== "/mcp") return void res.writeHead(404).end();
     const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
     res.on("close", () => void transport.close());
-    await server().connect(transport);
-    await transport.handleRequest(req, res);
+    try {
+      await server().connect(transport);
+      await transport.handleRequest(req, res);
+    } catch (error) {
+      // One bad request must not end the server for every other client.
+      console.error(`inbox MCP server: ${error instanceof Error ? error.message : String(error)}`);
+      if (!res.headersSent) res.writeHead(500).end();
+    }
   });
   http.listen(Number(values.http), "127.0.0.1", () => {
     const bound = http.address();
