@@ -5,6 +5,7 @@
 //
 // Usage: node bench/grpo-step.ts [--peer hf-grpo.json] [--out grpo.json] [--device cuda|cpu]
 //        [--shapes qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b] [--workloads 2048,arte] [--steps 2]
+//        (memory check: --shapes qwen2.5-7b,qwen2.5-14b --workloads memory --steps 0)
 //        [--groups N] [--rollouts N] [--turns N]   (smaller workloads than bench/grpo-workloads.json's, for tests)
 // Shapes are bench/cuda-shapes.json's, or "tiny-qwen2" (make-tiny-checkpoint.ts's qwen2 preset behind a cut-down Qwen
 // tokenizer, for tests); the others get Qwen's full tokenizer (Qwen3's files: Qwen2.5's vocabulary and four more tokens,
@@ -15,7 +16,8 @@
 // trained model's text re-tokenizes to the ids it sampled, random tokens rarely do, and training would then see each
 // turn as a sequence of its own; every trajectory is checked to train as one sequence.
 //
-// Per workload: 1 warm-up step, then `steps` measured ones, each:
+// Per workload: 1 warm-up step, then `steps` measured ones (with --steps 0, the warm-up alone: the "memory" workload's
+// check that 32 rollouts of 4k tokens and their LoRA step fit, reported with its peak memory and no times), each:
 //   rolloutSeconds            all the step's rollouts, gathered concurrently (sampling at temperature 1)
 //   trainingSeconds           train()'s own "time/step_trainer_s": tokenizing the groups, forward, backward, AdamW
 //   adapterSwapMs             the rest of train(), until rollouts can sample from the new adapter: the engine samples
@@ -114,7 +116,7 @@ function messageSizes(tokenizer: Tokenizer, w: Workload): { system: number; betw
   const betweenFraming = count([...first, { role: "assistant", content: "0" }, observation(w, "0", 1)]) - count(first) - 2;
   const system = w.promptTokens - promptFraming - w.userTokens;
   const between = w.betweenTokens.map((tokens) => tokens - betweenFraming);
-  if (system < 1 || between.some((n) => n < 1)) {
+  if (system < 1 || (w.turns > 1 && between.some((n) => n < 1))) {
     throw new Error(`the chat template alone takes ${promptFraming} tokens of the first prompt and ${betweenFraming} between turns, more than the workload's ${w.promptTokens} / ${w.betweenTokens}`);
   }
   return { system, between };
@@ -270,7 +272,10 @@ for (const shape of values.shapes!.split(",")) {
       }
       const means = Object.fromEntries((["rolloutSeconds", "trainingSeconds", "adapterSwapMs", "stepSeconds", "generatedTokensPerSecond"] as const)
         .map((key) => [key, round(mean(steps, key), key === "adapterSwapMs" || key === "generatedTokensPerSecond" ? 1 : 3)])) as Numbers;
-      results[shape][name] = { steps, mean: means, peakGpuMemoryBytes: memory ? memory.peakBytes() : null, ...besidePeer(shape, name, means) };
+      // --steps 0 (the memory workload): the warm-up step alone, to see that it fits and what it took.
+      results[shape][name] = steps.length === 0
+        ? { steps, mean: null, peakGpuMemoryBytes: memory ? memory.peakBytes() : null }
+        : { steps, mean: means, peakGpuMemoryBytes: memory ? memory.peakBytes() : null, ...besidePeer(shape, name, means) };
       save();
     }
   } catch (error) {

@@ -22,7 +22,9 @@
 #                  LoRA step at Qwen2.5 0.5B-7B shapes, 8 x 1024 and 2 x 4096 tokens, beside the peer, with MFU
 #                  against roofline.json's GEMM ceiling and where the GPU time goes), hf-grpo.json
 #                  (bench/peers/hf_grpo_step.py), grpo.json (bench/grpo-step.ts: whole GRPO steps, rollouts through
-#                  the in-process server and train(), at Qwen2.5 0.5B, 1.5B and 7B shapes, beside the peer)
+#                  the in-process server and train(), at Qwen2.5 0.5B, 1.5B and 7B shapes, beside the peer),
+#                  memory.json (the same bench's "memory" workload at the 7B and 14B shapes: 32 rollouts of 4k
+#                  tokens and their LoRA step on one GPU, peak memory)
 #   summary.json   every step with its status ("ok", "failed (exit N)", "timed out after N s", "skipped: why",
 #                  "running", "pending"), rewritten after each step, so a call cut short still leaves valid JSON
 #   log.txt        every step's command and stderr
@@ -41,7 +43,7 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT/results/bench"
 : >> "$OUT/log.txt"
 # Ordered by what a call cut short should still have shown: correctness, then the benches, then the rest.
-all_steps="env build hf_reference tests roofline hf_peer bench hf_train_peer train_bench demo demo_cpu notebooks sanitizer nvrtc_fallback hf_fixtures grpo_peer grpo_bench"
+all_steps="env build hf_reference tests roofline hf_peer bench hf_train_peer train_bench demo demo_cpu notebooks sanitizer nvrtc_fallback hf_fixtures grpo_peer grpo_bench memory"
 selected=" ${ART_GPU_CHECK_STEPS:-$all_steps} "
 deadline=$((SECONDS + ${ART_GPU_CHECK_SECONDS:-570}))
 declare -A status
@@ -147,6 +149,11 @@ step grpo_peer 250 log.txt python3 bench/peers/hf_grpo_step.py --shapes "$grpo_s
 peer=""
 [[ -s $OUT/results/bench/hf-grpo.json ]] && peer="--peer $OUT/results/bench/hf-grpo.json"
 step grpo_bench 300 log.txt node bench/grpo-step.ts --shapes "$grpo_shapes" --steps 1 --out "$OUT/results/bench/grpo.json" $peer
+# Memory on one GPU (issue 17): a 7B and a 14B shape in bf16 serve 32 concurrent 4k-token rollouts and train a LoRA
+# step on them (the "memory" workload, its one step); peak memory per shape, or the out-of-memory error naming its knob.
+# The two checkpoints take 15 and 30 GB of disk and a few minutes each: a call of its own, or one per shape.
+memory_shapes=${ART_GPU_CHECK_MEMORY_SHAPES:-qwen2.5-7b,qwen2.5-14b}
+step memory 560 log.txt node bench/grpo-step.ts --shapes "$memory_shapes" --workloads memory --steps 0 --out "$OUT/results/bench/memory.json"
 # The device tool returns at most 8 files of 16 MiB: the bench and demo results travel as one archive, without the
 # demo's checkpoints and saved trajectories (36 MB; its history.jsonl and summary say what it learned).
 tar -cf "$OUT/results.tar" -C "$OUT/results" --exclude=checkpoints --exclude=trajectories . && rm -rf "$OUT/results"

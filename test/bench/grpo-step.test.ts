@@ -64,3 +64,15 @@ it("measures a GRPO step of each workload with exact token counts, beside the pe
   expect(results.arte.peer).toEqual({ error: "out of memory" });
   expect(results.arte).not.toHaveProperty("stepTimeRatio");
 }, 60_000);
+
+it("checks the memory workload's fit with --steps 0: its one step runs and trains, with no times to report", () => {
+  const out = join(dir, "memory.json");
+  const run = spawnSync(process.execPath, ["bench/grpo-step.ts", "--device", "cpu", "--shapes", "tiny-qwen2", "--workloads", "memory", "--steps", "0",
+    "--rollouts", "4", "--out", out], { encoding: "utf8" });
+  expect(run.status, run.stderr).toBe(0);
+  const report = JSON.parse(readFileSync(out, "utf8"));
+  // 4,096-token trajectories (4,032 of prompt and 64 sampled), the KV cache sized for them.
+  expect(report.workloads.memory).toMatchObject({ rolloutsPerGroup: 4, turns: 1, trajectoryTokens: [4096], generatedTokensPerStep: 4 * 64 });
+  expect(report.results["tiny-qwen2"].kvCache).toMatchObject({ slots: 4, positions: 4096 });
+  expect(report.results["tiny-qwen2"].memory).toEqual({ steps: [], mean: null, peakGpuMemoryBytes: null });
+}, 120_000);
