@@ -1,13 +1,17 @@
 // Random-weight models of real shapes (bench/cuda-shapes.json) on the CUDA backend or as a checkpoint on disk, and the
 // measured copy bandwidth: what the CUDA benches (cuda-decode.ts, cuda-train.ts, grpo-step.ts) share.
-import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, copyFileSync, mkdirSync, mkdtempSync, openSync, readFileSync, writeFileSync, writeSync } from "node:fs";
+import os from "node:os";
 import { join } from "node:path";
 import { seededRandom } from "../lib/core/random.ts";
 import type { CudaBackend } from "../lib/cuda/backend.ts";
 import type { Tensor } from "../lib/model/backend.ts";
 import { type ModelConfig, parseConfig } from "../lib/model/config.ts";
 import { f32ToBf16 } from "../lib/model/safetensors.ts";
+import { loadTokenizer } from "../lib/model/tokenizer.ts";
 import { type ModelWeights } from "../lib/model/transformer.ts";
+import { tinyConfig } from "../scripts/make-tiny-checkpoint.ts";
+import { QWEN3_TOKENIZER_DIR, writeSmallQwenTokenizer } from "../scripts/serve-small-tokenizer.ts";
 
 const shapes = JSON.parse(readFileSync(new URL("./cuda-shapes.json", import.meta.url), "utf8")) as Record<string, Record<string, unknown>>;
 
@@ -154,4 +158,27 @@ export function writeRandomCheckpoint(dir: string, configJson: Record<string, un
   } finally {
     closeSync(fd);
   }
+}
+
+/** The shape name of make-tiny-checkpoint.ts's qwen2 preset behind a cut-down Qwen tokenizer: the benches on the CPU. */
+export const TINY_SHAPE = "tiny-qwen2";
+
+/**
+ * A random-weight checkpoint of a shape of bench/cuda-shapes.json (or TINY_SHAPE) with Qwen's tokenizer, in a new
+ * temporary directory: what the benches that go through the public path (TrainableModel, the server) load. It samples
+ * digits only (writeRandomCheckpoint says why); the end of a turn or of the text ends a completion, as for
+ * Qwen2.5-Instruct (ignore_eos overrides both).
+ */
+export async function writeBenchCheckpoint(shape: string): Promise<string> {
+  const dir = mkdtempSync(join(os.tmpdir(), `art-bench-${shape}-`));
+  if (shape === TINY_SHAPE) writeSmallQwenTokenizer(dir);
+  else for (const file of ["tokenizer.json", "tokenizer_config.json"]) copyFileSync(join(QWEN3_TOKENIZER_DIR, file), join(dir, file));
+  const tokenizer = await loadTokenizer(dir);
+  const endOfText = tokenizer.encode("<|endoftext|>", { addSpecialTokens: false });
+  const imEnd = tokenizer.encode("<|im_end|>", { addSpecialTokens: false });
+  const config = shape === TINY_SHAPE ? { ...tinyConfig({ arch: "qwen2" }), vocab_size: tokenizer.vocabSize, max_position_embeddings: 32768 } : shapeJson(shape);
+  if ((config.vocab_size as number) < tokenizer.vocabSize) throw new Error(`${shape}: vocab_size ${config.vocab_size} is smaller than the tokenizer's ${tokenizer.vocabSize}`);
+  writeRandomCheckpoint(dir, { ...config, bos_token_id: endOfText[0], eos_token_id: endOfText[0] }, tokenizer.encode("0123456789", { addSpecialTokens: false }));
+  writeFileSync(join(dir, "generation_config.json"), JSON.stringify({ bos_token_id: endOfText[0], eos_token_id: [...imEnd, ...endOfText] }));
+  return dir;
 }

@@ -30,7 +30,7 @@
 // CPU), the KV cache included (per shape, `kvCache`: as many slots and positions as the largest workload run needs). With --peer, the peer's means beside ours and
 // stepTimeRatio = peer stepSeconds / art-ts stepSeconds (> 1: art-ts is faster), when both ran the same workload.
 import { spawnSync } from "node:child_process";
-import { copyFileSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -42,11 +42,9 @@ import { choiceToMessage, type Choice, type Message, type MessageOrChoice, type 
 import { cudaAvailability } from "../lib/cuda/availability.ts";
 import type { CudaBackend } from "../lib/cuda/backend.ts";
 import type { Backend } from "../lib/model/backend.ts";
-import { loadTokenizer, type Tokenizer } from "../lib/model/tokenizer.ts";
+import type { Tokenizer } from "../lib/model/tokenizer.ts";
 import { TrainableModel } from "../lib/trainable/model.ts";
-import { tinyConfig } from "../scripts/make-tiny-checkpoint.ts";
-import { QWEN3_TOKENIZER_DIR, writeSmallQwenTokenizer } from "../scripts/serve-small-tokenizer.ts";
-import { shapeJson, writeRandomCheckpoint } from "./cuda-random-model.ts";
+import { writeBenchCheckpoint } from "./cuda-random-model.ts";
 
 const { values } = parseArgs({ options: {
   peer: { type: "string" }, out: { type: "string" }, device: { type: "string", default: "cuda" },
@@ -58,7 +56,6 @@ if (device !== "cuda" && device !== "cpu") throw new Error(`--device is cuda or 
 // Before writing gigabytes of checkpoint for nothing.
 if (device === "cuda" && !cudaAvailability().ok) throw new Error(`no usable GPU: ${cudaAvailability().reason}`);
 const measuredSteps = Number(values.steps);
-const TINY_SHAPE = "tiny-qwen2";
 
 /** A workload of bench/grpo-workloads.json (see its "about"), with this run's sizes. */
 interface Workload {
@@ -160,21 +157,6 @@ function gpuMemory(backend: Backend): { resetPeak(): void; peakBytes(): number; 
 }
 
 /** A random-weight checkpoint of `shape` with its tokenizer in a new directory; returns the directory. */
-async function writeCheckpoint(shape: string): Promise<string> {
-  const dir = mkdtempSync(join(os.tmpdir(), `art-grpo-${shape}-`));
-  if (shape === TINY_SHAPE) writeSmallQwenTokenizer(dir);
-  else for (const file of ["tokenizer.json", "tokenizer_config.json"]) copyFileSync(join(QWEN3_TOKENIZER_DIR, file), join(dir, file));
-  const tokenizer = await loadTokenizer(dir);
-  const endOfText = tokenizer.encode("<|endoftext|>", { addSpecialTokens: false });
-  const imEnd = tokenizer.encode("<|im_end|>", { addSpecialTokens: false });
-  const config = shape === TINY_SHAPE ? { ...tinyConfig({ arch: "qwen2" }), vocab_size: tokenizer.vocabSize, max_position_embeddings: 32768 } : shapeJson(shape);
-  if ((config.vocab_size as number) < tokenizer.vocabSize) throw new Error(`${shape}: vocab_size ${config.vocab_size} is smaller than the tokenizer's ${tokenizer.vocabSize}`);
-  writeRandomCheckpoint(dir, { ...config, bos_token_id: endOfText[0], eos_token_id: endOfText[0] }, tokenizer.encode("0123456789", { addSpecialTokens: false }));
-  // As Qwen2.5-Instruct's: the end of a turn or of the text ends a completion (ignore_eos overrides both).
-  writeFileSync(join(dir, "generation_config.json"), JSON.stringify({ bos_token_id: endOfText[0], eos_token_id: [...imEnd, ...endOfText] }));
-  return dir;
-}
-
 type Numbers = { rolloutSeconds: number; trainingSeconds: number; adapterSwapMs: number; stepSeconds: number; generatedTokensPerSecond: number };
 type PeerResult = { mean?: Numbers; peakMemoryBytes?: number; peakReservedBytes?: number; generation?: string; error?: string };
 interface PeerFile { device?: string; workloads?: Record<string, Workload>; results: Record<string, Record<string, PeerResult>> }
@@ -235,7 +217,7 @@ for (const shape of values.shapes!.split(",")) {
   results[shape] = {};
   let checkpoint: string | null = null, model: TrainableModel | null = null;
   try {
-    checkpoint = await writeCheckpoint(shape);
+    checkpoint = await writeBenchCheckpoint(shape);
     model = await TrainableModel.load({
       name: "grpo-bench", project: "bench", baseModel: checkpoint, device, artDir, log: (m) => console.error(m),
       batcher: { numSlots: concurrency, maxPositions: longest },

@@ -21,7 +21,8 @@
 #                  is valid), hf-train.json (bench/peers/hf_train_step.py), train.json (bench/cuda-train.ts: the
 #                  LoRA step at Qwen2.5 0.5B-7B shapes, 8 x 1024 and 2 x 4096 tokens, beside the peer, with MFU
 #                  against roofline.json's GEMM ceiling and where the GPU time goes), hf-grpo.json
-#                  (bench/peers/hf_grpo_step.py), grpo.json (bench/grpo-step.ts: whole GRPO steps, rollouts through
+#                  (bench/peers/hf_grpo_step.py), serve-mix.json (bench/serve-mix.ts: the batcher under random
+#                  arrivals at the 0.5B shape), grpo.json (bench/grpo-step.ts: whole GRPO steps, rollouts through
 #                  the in-process server and train(), at Qwen2.5 0.5B, 1.5B and 7B shapes, beside the peer),
 #                  memory.json (the same bench's "memory" workload at the 7B and 14B shapes: 32 rollouts of 4k
 #                  tokens and their LoRA step on one GPU, peak memory)
@@ -43,7 +44,7 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT/results/bench"
 : >> "$OUT/log.txt"
 # Ordered by what a call cut short should still have shown: correctness, then the benches, then the rest.
-all_steps="env build hf_reference tests roofline hf_peer bench hf_train_peer train_bench demo demo_cpu notebooks sanitizer nvrtc_fallback hf_fixtures grpo_peer grpo_bench memory"
+all_steps="env build hf_reference tests roofline hf_peer bench serve_mix hf_train_peer train_bench demo demo_cpu notebooks sanitizer nvrtc_fallback hf_fixtures grpo_peer grpo_bench memory"
 selected=" ${ART_GPU_CHECK_STEPS:-$all_steps} "
 deadline=$((SECONDS + ${ART_GPU_CHECK_SECONDS:-570}))
 declare -A status
@@ -113,6 +114,9 @@ step hf_peer 240 results/bench/hf.json python3 bench/peers/hf_generate.py
 peer=""
 [[ ${status[hf_peer]:-} == ok* ]] && peer="--peer $OUT/results/bench/hf.json"
 step bench 150 results/bench/decode.json node bench/cuda-decode.ts $peer
+# The batcher under requests arriving and leaving at random (Poisson, random prompt and completion lengths, streamed):
+# how busy it keeps the GPU, time to first token, tokens/s (bench/serve-mix.ts).
+step serve_mix 120 results/bench/serve-mix.json node bench/serve-mix.ts --shape qwen2.5-0.5b
 step hf_train_peer 240 results/bench/hf-train.json python3 bench/peers/hf_train_step.py
 peer=""
 [[ ${status[hf_train_peer]:-} == ok* ]] && peer="--peer $OUT/results/bench/hf-train.json"

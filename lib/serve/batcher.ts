@@ -90,6 +90,11 @@ export interface BatcherStats {
   reusedTokens: number;
   /** Of those, prompt tokens copied from another sequence's slot (copyKvSlot). */
   copiedTokens: number;
+  /**
+   * Seconds spent in passes (admitting, the forward, sampling: on a GPU, until the sampled ids are back). Over the
+   * wall time it is how busy the engine was kept; the rest is waiting for requests and the event loop between passes.
+   */
+  passSeconds: number;
 }
 
 interface Sequence {
@@ -153,7 +158,7 @@ export class Batcher {
   readonly maxPositions: number;
   readonly maxQueued: number;
   readonly maxPrefillTokens: number;
-  readonly stats: BatcherStats = { passes: 0, rows: 0, promptRows: 0, sampled: 0, reusedTokens: 0, copiedTokens: 0 };
+  readonly stats: BatcherStats = { passes: 0, rows: 0, promptRows: 0, sampled: 0, reusedTokens: 0, copiedTokens: 0, passSeconds: 0 };
 
   private readonly transformer: Transformer;
   private readonly backend: Backend;
@@ -289,12 +294,14 @@ export class Batcher {
       }
       let done!: () => void;
       this.passDone = new Promise<void>((resolve) => (done = resolve));
+      const started = performance.now();
       try {
         this.pass();
       } catch (error) {
         // A failing forward fails the sequences in it, never the server.
         for (const sequence of [...this.running]) this.finish(sequence, error, false);
       } finally {
+        this.stats.passSeconds += (performance.now() - started) / 1000;
         done();
       }
     }
