@@ -17,6 +17,7 @@ import os from "node:os";
 import { parseArgs } from "node:util";
 import type { ChatCompletionCreateParamsStreaming } from "openai/resources/chat/completions";
 import { seededRandom } from "../lib/core/random.ts";
+import { quantile } from "../lib/notebook/stats.ts";
 import { TrainableModel } from "../lib/trainable/model.ts";
 import { writeBenchCheckpoint } from "./cuda-random-model.ts";
 
@@ -45,11 +46,7 @@ const plan = Array.from({ length: count }, (_, i) => {
   return { index: i, arrival: at, promptTokens: uniform(promptMin, promptMax), generateTokens: uniform(generateMin, generateMax) };
 });
 
-const quantile = (sorted: number[], q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!;
-const summary = (xs: number[]) => {
-  const sorted = [...xs].sort((a, b) => a - b);
-  return { p50: +quantile(sorted, 0.5).toFixed(4), p90: +quantile(sorted, 0.9).toFixed(4), p99: +quantile(sorted, 0.99).toFixed(4) };
-};
+const summary = (xs: number[]) => ({ p50: +quantile(xs, 0.5).toFixed(4), p90: +quantile(xs, 0.9).toFixed(4), p99: +quantile(xs, 0.99).toFixed(4) });
 
 const checkpoint = await writeBenchCheckpoint(values.shape!);
 const artDir = `${checkpoint}-runs`;

@@ -31,6 +31,7 @@ const db = new EmailDatabase();
 db.insert(inbox.emails);
 // All of the user's mail is visible: the server has no question date, so its "today" is after the last email.
 const tools = new InboxTools(db, address, "9999-12-31");
+const listed = INBOX_MCP_TOOLS.map((t) => t.function.name);
 
 function server(): Server {
   const mcp = new Server({ name: "art-ts-inbox", version: "1" }, {
@@ -40,7 +41,6 @@ function server(): Server {
   mcp.setRequestHandler(ListToolsRequestSchema, () => ({
     tools: INBOX_MCP_TOOLS.map((t) => ({ name: t.function.name, description: t.function.description, inputSchema: t.function.parameters as { type: "object" } })),
   }));
-  const listed = INBOX_MCP_TOOLS.map((t) => t.function.name);
   mcp.setRequestHandler(CallToolRequestSchema, (request) => {
     // InboxTools also answers return_final_answer, which this server does not list: only the listed tools run.
     const text = listed.includes(request.params.name)
