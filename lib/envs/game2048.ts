@@ -11,7 +11,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import { Trajectory, type Message } from "../core/trajectory.ts";
-import { replyItem, replyText, withoutThinking, type GamePolicy } from "./policy.ts";
+import { isContextLengthError, replyItem, replyText, withoutThinking, type GamePolicy } from "./policy.ts";
 import { freshSeed, randomInt, seededRandom, type Rng } from "../core/random.ts";
 
 export type Direction = "left" | "right" | "up" | "down";
@@ -172,11 +172,17 @@ export class Game2048 {
 }
 
 export interface Rollout2048Options extends Game2048Options {
-  /** Stops a game that is still going after this many moves (reward as if it ended there); default 1000. */
+  /**
+   * Stops a game that is still going after this many moves (reward as if it ended there); default 1000. A game whose
+   * conversation outgrows the model's context (the policy throws a context-length error) stops there the same way.
+   */
   maxMoves?: number;
 }
 
-/** Plays one game with `policy` and returns its trajectory: reward, and metrics max_tile, board_sum, moves, win, invalid_move. */
+/**
+ * Plays one game with `policy` and returns its trajectory: reward, and metrics max_tile, board_sum, moves, no_op_moves,
+ * win, invalid_move, context_exceeded.
+ */
 export async function rollout2048(policy: GamePolicy<Game2048>, options: Rollout2048Options = {}): Promise<Trajectory> {
   const game = new Game2048(options);
   const maxMoves = options.maxMoves ?? 1000;
@@ -185,10 +191,21 @@ export async function rollout2048(policy: GamePolicy<Game2048>, options: Rollout
     metadata: { env: "2048", seed: game.seed, winning_tile: game.winningTile },
   });
   let invalid = false;
+  let contextExceeded = false;
   let noOpMoves = 0;
   while (!game.finished() && game.moves < maxMoves) {
     trajectory.messagesAndChoices.push({ role: "user", content: game.render() });
-    const reply = await policy(trajectory.messages(), game);
+    let reply;
+    try {
+      reply = await policy(trajectory.messages(), game);
+    } catch (error) {
+      if (!isContextLengthError(error)) throw error;
+      // The whole game no longer fits the model's context: it stops here, like a game at maxMoves.
+      trajectory.messagesAndChoices.pop();
+      trajectory.log(`stopped after ${game.moves} moves: the conversation outgrew the model's context (${(error as Error).message})`);
+      contextExceeded = true;
+      break;
+    }
     trajectory.messagesAndChoices.push(replyItem(reply));
     const parsed = parseMove2048(replyText(reply));
     if (!parsed.ok) {
@@ -201,6 +218,7 @@ export async function rollout2048(policy: GamePolicy<Game2048>, options: Rollout
   trajectory.reward = invalid ? INVALID_MOVE_REWARD_2048 : game.reward();
   Object.assign(trajectory.metrics, {
     max_tile: game.maxTile(), board_sum: game.boardSum(), moves: game.moves, no_op_moves: noOpMoves, win: game.won(), invalid_move: invalid,
+    context_exceeded: contextExceeded,
   });
   return trajectory.finish();
 }

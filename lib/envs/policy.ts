@@ -23,3 +23,14 @@ export function replyText(reply: PolicyReply): string {
 export function withoutThinking(text: string): string {
   return text.replace(/<think>[\s\S]*?<\/think>/g, "").trim();
 }
+
+/**
+ * Whether a policy's error says the conversation no longer fits the model's context: the OpenAI error code (art-ts's
+ * server, OpenAI) or, from servers that send no code (vLLM), a 400 whose message says so. A game that outgrows the
+ * context can end there, scored as it stands, instead of losing the whole rollout.
+ */
+export function isContextLengthError(error: unknown): boolean {
+  if (typeof error !== "object" || error === null) return false;
+  const { code, status, message } = error as { code?: unknown; status?: unknown; message?: unknown };
+  return code === "context_length_exceeded" || (status === 400 && typeof message === "string" && /maximum context length/i.test(message));
+}

@@ -1,5 +1,11 @@
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
 import { describe, expect, it } from "vitest";
 import { Game2048, greedyPolicy2048, parseMove2048, rollout2048, slideBoard, slideLine } from "../../lib/envs/mod.ts";
+import { isContextLengthError } from "../../lib/envs/policy.ts";
+import { TrainableModel } from "../../lib/trainable/mod.ts";
+import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";
 
 describe("2048 merges", () => {
   it.each([
@@ -120,5 +126,42 @@ describe("2048 answers", () => {
     expect(t.reward).toBe(-1);
     expect(t.metrics.invalid_move).toBe(true);
     expect(t.logs[0]).toMatch(/invalid move: expected <move>/);
+  });
+
+  it("stops a game whose conversation outgrows the model's context, scored as it stands (the server's real 400)", async () => {
+    const root = fs.mkdtempSync(path.join(os.tmpdir(), "art-ts-2048-context-"));
+    writeTinyCheckpoint(path.join(root, "base"), { arch: "qwen2", seed: 3, tokenizer: true });
+    // A 512-position context holds the system prompt and a few turns of a 4×4 game (~50 tokens each).
+    const model = await TrainableModel.load({ name: "ctx", project: "envs", baseModel: path.join(root, "base"), artDir: path.join(root, ".art"), batcher: { maxPositions: 512 }, log: () => {} });
+    try {
+      const client = model.openai();
+      // The request is the model's (it raises the context error); the move is the scripted player's, so the game goes on.
+      const policy = async (messages: Parameters<typeof greedyPolicy2048>[0], game: Game2048) => {
+        await client.chat.completions.create({ model: model.name, messages, max_tokens: 1 });
+        return greedyPolicy2048(messages, game);
+      };
+      const t = await rollout2048(policy, { seed: 3, winningTile: 2048 });
+      expect(t.metrics).toMatchObject({ context_exceeded: true, invalid_move: false });
+      expect(Number(t.metrics.moves)).toBeGreaterThan(2);
+      expect(Number(t.metrics.moves)).toBeLessThan(20);
+      const replay = new Game2048({ seed: 3, winningTile: 2048 });
+      for (const item of t.messages().filter((m) => m.role === "assistant")) {
+        const parsed = parseMove2048(String(item.content));
+        if (parsed.ok) replay.move(parsed.move);
+      }
+      expect(t.reward).toBe(replay.reward());
+      expect(t.messages().at(-1)!.role).toBe("assistant"); // the board that did not fit is not left unanswered
+      expect(t.logs.at(-1)).toMatch(/stopped after \d+ moves: the conversation outgrew the model's context \(.*This model's maximum context length is 512 tokens/);
+    } finally {
+      await model.close();
+      fs.rmSync(root, { recursive: true, force: true });
+    }
+  }, 60_000);
+
+  it("lets every other policy error through", async () => {
+    await expect(rollout2048(() => { throw new Error("network down"); }, { seed: 1 })).rejects.toThrow("network down");
+    expect(isContextLengthError({ status: 400, message: "This model's maximum context length is 2048 tokens." })).toBe(true); // vLLM: no code
+    expect(isContextLengthError({ status: 400, code: "invalid_value", message: "bad temperature" })).toBe(false);
+    expect(isContextLengthError("context_length_exceeded")).toBe(false);
   });
 });
