@@ -152,7 +152,7 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
     const port = 18_800 + Math.floor(Math.random() * 1000), token = "art-ts-live-test";
     const server = spawn("/usr/bin/jupyter-notebook", ["--no-browser", `--port=${port}`, "--port-retries=0", "--ip=127.0.0.1",
       `--NotebookApp.token=${token}`, `--notebook-dir=${folder}`, ...(process.getuid?.() === 0 ? ["--allow-root"] : [])], {
-      env: { ...process.env, JUPYTER_PATH: resolve(".jupyter"), ART_NB_MODEL: resolve("models", "tictactoe-tiny"), ART_NB_STEPS: "8", ART_NB_GROUPS: "2", ART_NB_GROUP_SIZE: "4", ART_NB_EVAL_GAMES: "20", NO_COLOR: "1" },
+      env: { ...process.env, JUPYTER_PATH: resolve(".jupyter"), ART_NB_STEPS: "8", ART_NB_GROUPS: "2", ART_NB_GROUP_SIZE: "4", ART_NB_EVAL_GAMES: "20", NO_COLOR: "1" },
       stdio: "ignore",
     });
     const base = `http://127.0.0.1:${port}`;
@@ -163,7 +163,11 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
       for (const kernel of ["deno", "tslab"]) {
         const name = `live-tic-tac-toe.${kernel}.ipynb`;
         const display = kernel === "deno" ? "Deno (art-ts)" : "TypeScript (tslab)";
-        writeFileSync(join(folder, name), JSON.stringify({ ...source, metadata: { ...source.metadata, kernelspec: { name: kernel, display_name: display, language: "typescript" } } }));
+        // The copy runs one folder deeper than notebooks/: its embedded model's relative path gains a "../", so the
+        // notebook still knows the model as its embedded one (bare boards, the tiny model's learning rate).
+        const cells = source.cells.map((cell: { source: string[] }) => ({ ...cell, source: cell.source.map((line) => line.replace('"../models/tictactoe-tiny"', '"../../models/tictactoe-tiny"')) }));
+        expect(JSON.stringify(cells), "the notebook names its embedded model").toContain('const EMBEDDED_MODEL = \\"../../models/tictactoe-tiny\\"');
+        writeFileSync(join(folder, name), JSON.stringify({ ...source, cells, metadata: { ...source.metadata, kernelspec: { name: kernel, display_name: display, language: "typescript" } } }));
         const page = await browser.newPage();
         page.setDefaultTimeout(240_000);
         const open = async () => {
