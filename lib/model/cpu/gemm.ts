@@ -5,7 +5,8 @@
  * installed), which runs at several times the speed of anything WebAssembly can express (AVX2/AVX-512 FMA, cache
  * blocking, packed panels) and on all cores. Its rounding depends on the library and the CPU's kernels, so results
  * match the portable products to float rounding, not bit for bit; for a given library, machine and thread count they
- * are deterministic (BLAS splits the output among threads, never a sum).
+ * are deterministic. The thread count can change the rounding: OpenBLAS splits a product with a small output and a
+ * long sum (a weight gradient, summed over thousands of tokens) along the sum, so training's numbers depend on it.
  *
  * Choosing: `ART_CPU_BLAS` is `auto` (the default: the system BLAS when one opens, else portable), `portable`,
  * `system` (an error when none opens) or the path of a library exporting `cblas_sgemm`. `ART_CPU_THREADS` sets the
