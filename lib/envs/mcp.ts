@@ -299,6 +299,7 @@ export async function rolloutMcp(policy: GamePolicy<McpConnection>, scenario: Mc
     tool_errors: episode.toolErrors,
     completed: summary !== undefined,
     out_of_turns: summary === undefined && !episode.repliedWithoutCall && episode.turns >= maxTurns,
+    context_exceeded: episode.contextExceeded,
   });
   if (summary !== undefined) trajectory.log(`summary: ${summary}`);
   return trajectory.finish();

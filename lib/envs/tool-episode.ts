@@ -1,12 +1,13 @@
 /**
  * The turn loop every tool-calling environment shares (ART·E's inbox, any MCP server): ask the policy, append its
  * reply, run each tool call it made and append the results as `tool` messages, until the environment says it is done,
- * the policy replies without a tool call, or the turn limit. Tool calls are read from the Choice the policy returns
+ * the policy replies without a tool call, the turn limit, or the conversation outgrowing the model's context (the
+ * policy's request fails with a context-length error: the episode ends there, scored as it stands). Tool calls are read from the Choice the policy returns
  * (the serving layer parses the model's Hermes-style calls into `message.tool_calls`). A tool never throws into the
  * loop: its errors come back as "Error: ..." text the agent can read and correct, which is what training needs.
  */
 import type { Trajectory } from "../core/trajectory.ts";
-import { replyItem, type GamePolicy } from "./policy.ts";
+import { isContextLengthError, replyItem, type GamePolicy } from "./policy.ts";
 
 /**
  * A tool call's arguments, the JSON text the model produced, as an object; or the "Error: ..." text to send back
@@ -42,14 +43,24 @@ export interface ToolEpisode {
   toolErrors: number;
   /** The episode ended because a reply had no tool call. */
   repliedWithoutCall: boolean;
+  /** The episode ended because the conversation no longer fit the model's context. */
+  contextExceeded: boolean;
 }
 
 /** Plays turns into `trajectory` (which holds the opening messages and the tool schemas) and says how it went. */
 export async function playToolEpisode<State>(policy: GamePolicy<State>, trajectory: Trajectory, options: ToolEpisodeOptions<State>): Promise<ToolEpisode> {
-  const episode: ToolEpisode = { turns: 0, toolCalls: 0, toolErrors: 0, repliedWithoutCall: false };
+  const episode: ToolEpisode = { turns: 0, toolCalls: 0, toolErrors: 0, repliedWithoutCall: false, contextExceeded: false };
   const names = (trajectory.tools ?? []).map((t) => (t.type === "function" ? t.function.name : t.custom.name));
   while (episode.turns < options.maxTurns && !options.done()) {
-    const reply = await policy(trajectory.messages(), options.state);
+    let reply;
+    try {
+      reply = await policy(trajectory.messages(), options.state);
+    } catch (error) {
+      if (!isContextLengthError(error)) throw error;
+      episode.contextExceeded = true;
+      trajectory.log(`stopped after ${episode.turns} turns: the conversation outgrew the model's context (${(error as Error).message})`);
+      break;
+    }
     trajectory.messagesAndChoices.push(replyItem(reply));
     episode.turns++;
     const calls = typeof reply === "string" ? [] : (reply.message.tool_calls ?? []);

@@ -1,10 +1,12 @@
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import type { Choice } from "../../lib/core/trajectory.ts";
 import { answerMatches, ARTE_TOOLS, EmailDatabase, generateInbox, InboxTools, loadEnronQuestions, rolloutArte, type Email } from "../../lib/envs/arte/mod.ts";
 import type { GamePolicy } from "../../lib/envs/mod.ts";
+import { TrainableModel } from "../../lib/trainable/mod.ts";
+import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";
 
 describe("synthetic inbox", () => {
   it("is deterministic from its seed and differs across seeds", () => {
@@ -184,16 +186,17 @@ describe("ART·E rollouts", () => {
   db.insert(inbox.emails);
   const question = inbox.questions[0]!;
 
+  // A scripted agent that searches for the words of the answer, reads the best hit and answers from it.
+  const agent: GamePolicy<InboxTools> = (messages) => {
+    const last = messages.at(-1)!;
+    if (last.role === "user") return toolChoice("search_emails", { keywords: [question.answer] });
+    const result = String(last.content);
+    if (result.startsWith("[")) return toolChoice("read_email", { message_id: (JSON.parse(result) as { messageId: string }[])[0]!.messageId });
+    const email = JSON.parse(result) as { message_id: string };
+    return toolChoice("return_final_answer", { answer: `It is ${question.answer}.`, sources: [email.message_id] });
+  };
+
   it("runs search → read → answer and rewards a correct, cited answer", async () => {
-    // A scripted agent that searches for the words of the answer, reads the best hit and answers from it.
-    const agent: GamePolicy<InboxTools> = (messages) => {
-      const last = messages.at(-1)!;
-      if (last.role === "user") return toolChoice("search_emails", { keywords: [question.answer] });
-      const result = String(last.content);
-      if (result.startsWith("[")) return toolChoice("read_email", { message_id: (JSON.parse(result) as { messageId: string }[])[0]!.messageId });
-      const email = JSON.parse(result) as { message_id: string };
-      return toolChoice("return_final_answer", { answer: `It is ${question.answer}.`, sources: [email.message_id] });
-    };
     const t = await rolloutArte(agent, question, db);
     expect(t.metrics).toMatchObject({ turns: 3, answered: true, correct: true, cited_source: true, out_of_turns: false });
     expect(t.reward).toBe(1);
@@ -211,6 +214,32 @@ describe("ART·E rollouts", () => {
     expect(chatty.metrics).toMatchObject({ turns: 1, answered: false });
     expect(chatty.logs).toEqual(["the agent replied without a tool call: the episode ends"]);
   });
+
+  it("stops where the conversation outgrows the model's context, scored as it stands (the server's real 400)", async () => {
+    const root = mkdtempSync(join(tmpdir(), "arte-context-"));
+    writeTinyCheckpoint(join(root, "base"), { arch: "qwen2", seed: 3, tokenizer: true });
+    // 1,024 positions hold the system prompt and the question, not the search results and the email read after them.
+    const model = await TrainableModel.load({ name: "ctx", project: "envs", baseModel: join(root, "base"), artDir: join(root, ".art"), batcher: { maxPositions: 1024 }, log: () => {} });
+    try {
+      const client = model.openai();
+      // The request is the model's (it raises the context error); the turn is the scripted agent's.
+      const policy: GamePolicy<InboxTools> = async (messages, tools) => {
+        await client.chat.completions.create({ model: model.name, messages, max_tokens: 1 });
+        return agent(messages, tools);
+      };
+      const t = await rolloutArte(policy, question, db);
+      expect(t.metrics).toMatchObject({ context_exceeded: true, out_of_turns: false, answered: false, correct: false });
+      expect(Number(t.metrics.turns)).toBeGreaterThan(0);
+      expect(t.reward).toBe(0);
+      expect(t.messages().at(-1)!.role).toBe("tool"); // the last turn's result is kept; no reply was appended
+      expect(t.logs.at(-1)).toMatch(/stopped after [1-9]\d* turns: the conversation outgrew the model's context \(.*maximum context length is 1024 tokens/);
+      // Any other failure of the policy still ends the rollout with it.
+      await expect(rolloutArte(() => { throw new Error("network down"); }, question, db)).rejects.toThrow("network down");
+    } finally {
+      await model.close();
+      rmSync(root, { recursive: true, force: true });
+    }
+  }, 60_000);
 
   it("does not count an answer that pastes a whole email", async () => {
     const dump = `${"filler ".repeat(60)}${question.answer}`;

@@ -68,13 +68,15 @@ export async function rolloutArte(policy: GamePolicy<InboxTools>, question: Inbo
     tools: ARTE_TOOLS,
     metadata: { env: "art-e", question_id: question.id, inbox: question.inboxAddress, reference_answer: question.answer },
   });
-  const { turns, repliedWithoutCall } = await playToolEpisode(policy, trajectory, {
+  const { turns, repliedWithoutCall, contextExceeded } = await playToolEpisode(policy, trajectory, {
     maxTurns, state: tools, call: (name, args) => tools.call(name, args), done: () => tools.finalAnswer !== undefined,
   });
   const final = tools.finalAnswer;
   const score = scoreArteAnswer(final, question, options.maxAnswerWords);
   trajectory.reward = score.correct ? 1 : 0;
-  Object.assign(trajectory.metrics, { turns, ...score, out_of_turns: final === undefined && !repliedWithoutCall && turns >= maxTurns });
+  Object.assign(trajectory.metrics, {
+    turns, ...score, out_of_turns: final === undefined && !repliedWithoutCall && turns >= maxTurns, context_exceeded: contextExceeded,
+  });
   if (final) trajectory.log(`final answer: ${final.answer} (sources: ${final.sources.join(", ") || "none"})`);
   return trajectory.finish();
 }
