@@ -11,7 +11,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import { Trajectory, type Message } from "../core/trajectory.ts";
-import { isContextLengthError, replyItem, replyText, withoutThinking, type GamePolicy } from "./policy.ts";
+import { askPolicy, replyItem, replyText, withoutThinking, type GamePolicy } from "./policy.ts";
 import { freshSeed, randomInt, seededRandom, type Rng } from "../core/random.ts";
 
 export type Direction = "left" | "right" | "up" | "down";
@@ -195,17 +195,15 @@ export async function rollout2048(policy: GamePolicy<Game2048>, options: Rollout
   let noOpMoves = 0;
   while (!game.finished() && game.moves < maxMoves) {
     trajectory.messagesAndChoices.push({ role: "user", content: game.render() });
-    let reply;
-    try {
-      reply = await policy(trajectory.messages(), game);
-    } catch (error) {
-      if (!isContextLengthError(error)) throw error;
+    const asked = await askPolicy(policy, trajectory.messages(), game);
+    if ("outgrown" in asked) {
       // The whole game no longer fits the model's context: it stops here, like a game at maxMoves.
       trajectory.messagesAndChoices.pop();
-      trajectory.log(`stopped after ${game.moves} moves: the conversation outgrew the model's context (${(error as Error).message})`);
+      trajectory.log(`stopped after ${game.moves} moves: ${asked.outgrown}`);
       contextExceeded = true;
       break;
     }
+    const reply = asked.reply;
     trajectory.messagesAndChoices.push(replyItem(reply));
     const parsed = parseMove2048(replyText(reply));
     if (!parsed.ok) {

@@ -1,9 +1,10 @@
 /**
  * Every environment's public names, `envs` in the art-ts entry: 2048, tic-tac-toe, Temporal Clue, Codenames, MCP
- * servers, the tool-calling turn loop they share, and the policy type every environment rolls out with (ART·E's inbox:
+ * servers, the tool-calling turn loop they share, the policy type every environment rolls out with and the call that
+ * ends a game where its conversation outgrows the model's context (ART·E's inbox:
  * arte/mod.ts, `arte` in the entry).
  */
-export type { GamePolicy, PolicyReply } from "./policy.ts";
+export { askPolicy, isContextLengthError, type GamePolicy, type PolicyReply } from "./policy.ts";
 export {
   CODENAMES_REWARDS, CODENAMES_WORDS, CodenamesGame, keyCounts, legalClueFrom, legalGuessFrom, otherTeam, parseCodenamesClue, parseCodenamesGuess,
   randomCodenamesPolicy, rolloutCodenames, scoreCodenames, SCRIPTED_CLUE, scriptedCodenamesPolicy, SYSTEM_PROMPT_CODENAMES,

@@ -34,3 +34,16 @@ export function isContextLengthError(error: unknown): boolean {
   const { code, status, message } = error as { code?: unknown; status?: unknown; message?: unknown };
   return code === "context_length_exceeded" || (status === 400 && typeof message === "string" && /maximum context length/i.test(message));
 }
+
+/**
+ * The policy's reply, or, when its request failed because the conversation no longer fits the model's context, why
+ * (for the trajectory's log): a game or tool episode ends there, scored as it stands. Every other error propagates.
+ */
+export async function askPolicy<State>(policy: GamePolicy<State>, messages: Message[], state: State): Promise<{ reply: PolicyReply } | { outgrown: string }> {
+  try {
+    return { reply: await policy(messages, state) };
+  } catch (error) {
+    if (!isContextLengthError(error)) throw error;
+    return { outgrown: `the conversation outgrew the model's context (${(error as Error).message})` };
+  }
+}

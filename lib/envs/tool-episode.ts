@@ -7,7 +7,7 @@
  * loop: its errors come back as "Error: ..." text the agent can read and correct, which is what training needs.
  */
 import type { Trajectory } from "../core/trajectory.ts";
-import { isContextLengthError, replyItem, type GamePolicy } from "./policy.ts";
+import { askPolicy, replyItem, type GamePolicy } from "./policy.ts";
 
 /**
  * A tool call's arguments, the JSON text the model produced, as an object; or the "Error: ..." text to send back
@@ -52,15 +52,13 @@ export async function playToolEpisode<State>(policy: GamePolicy<State>, trajecto
   const episode: ToolEpisode = { turns: 0, toolCalls: 0, toolErrors: 0, repliedWithoutCall: false, contextExceeded: false };
   const names = (trajectory.tools ?? []).map((t) => (t.type === "function" ? t.function.name : t.custom.name));
   while (episode.turns < options.maxTurns && !options.done()) {
-    let reply;
-    try {
-      reply = await policy(trajectory.messages(), options.state);
-    } catch (error) {
-      if (!isContextLengthError(error)) throw error;
+    const asked = await askPolicy(policy, trajectory.messages(), options.state);
+    if ("outgrown" in asked) {
       episode.contextExceeded = true;
-      trajectory.log(`stopped after ${episode.turns} turns: the conversation outgrew the model's context (${(error as Error).message})`);
+      trajectory.log(`stopped after ${episode.turns} turns: ${asked.outgrown}`);
       break;
     }
+    const reply = asked.reply;
     trajectory.messagesAndChoices.push(replyItem(reply));
     episode.turns++;
     const calls = typeof reply === "string" ? [] : (reply.message.tool_calls ?? []);
