@@ -194,17 +194,16 @@ export async function rollout2048(policy: GamePolicy<Game2048>, options: Rollout
   let contextExceeded = false;
   let noOpMoves = 0;
   while (!game.finished() && game.moves < maxMoves) {
-    trajectory.messagesAndChoices.push({ role: "user", content: game.render() });
-    const asked = await askPolicy(policy, trajectory.messages(), game);
+    const board: Message = { role: "user", content: game.render() };
+    const asked = await askPolicy(policy, [...trajectory.messages(), board], game);
     if ("outgrown" in asked) {
-      // The whole game no longer fits the model's context: it stops here, like a game at maxMoves.
-      trajectory.messagesAndChoices.pop();
+      // The whole game no longer fits the model's context: it stops here, like a game at maxMoves, the board unasked.
       trajectory.log(`stopped after ${game.moves} moves: ${asked.outgrown}`);
       contextExceeded = true;
       break;
     }
-    const reply = asked.reply;
-    trajectory.messagesAndChoices.push(replyItem(reply));
+    const { reply } = asked;
+    trajectory.messagesAndChoices.push(board, replyItem(reply));
     const parsed = parseMove2048(replyText(reply));
     if (!parsed.ok) {
       invalid = true;

@@ -2,9 +2,10 @@
  * The turn loop every tool-calling environment shares (ART·E's inbox, any MCP server): ask the policy, append its
  * reply, run each tool call it made and append the results as `tool` messages, until the environment says it is done,
  * the policy replies without a tool call, the turn limit, or the conversation outgrowing the model's context (the
- * policy's request fails with a context-length error: the episode ends there, scored as it stands). Tool calls are read from the Choice the policy returns
- * (the serving layer parses the model's Hermes-style calls into `message.tool_calls`). A tool never throws into the
- * loop: its errors come back as "Error: ..." text the agent can read and correct, which is what training needs.
+ * policy's request fails with a context-length error: the episode ends there, scored as it stands). Tool calls are
+ * read from the Choice the policy returns (the serving layer parses the model's Hermes-style calls into
+ * `message.tool_calls`). A tool never throws into the loop: its errors come back as "Error: ..." text the agent can
+ * read and correct, which is what training needs.
  */
 import type { Trajectory } from "../core/trajectory.ts";
 import { askPolicy, replyItem, type GamePolicy } from "./policy.ts";
@@ -58,7 +59,7 @@ export async function playToolEpisode<State>(policy: GamePolicy<State>, trajecto
       trajectory.log(`stopped after ${episode.turns} turns: ${asked.outgrown}`);
       break;
     }
-    const reply = asked.reply;
+    const { reply } = asked;
     trajectory.messagesAndChoices.push(replyItem(reply));
     episode.turns++;
     const calls = typeof reply === "string" ? [] : (reply.message.tool_calls ?? []);
