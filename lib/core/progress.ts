@@ -3,6 +3,7 @@
  * the same interface (lib/notebook) and install themselves with setDefaultProgressReporter.
  */
 import process from "node:process";
+import { clipText } from "./text.ts";
 
 export interface GatherProgressState {
   description: string;
@@ -99,5 +100,5 @@ function formatNumber(value: number): string {
 }
 
 function fitToWidth(line: string, columns: number | undefined): string {
-  return columns && line.length >= columns ? `${line.slice(0, columns - 2)}…` : line;
+  return columns && line.length >= columns ? clipText(line, columns - 2) : line;
 }

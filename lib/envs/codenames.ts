@@ -24,6 +24,7 @@ import { Trajectory, type History, type Message } from "../core/trajectory.ts";
 import type { ParsedMove } from "./game2048.ts";
 import { replyItem, replyText, withoutThinking, type GamePolicy } from "./policy.ts";
 import { freshSeed, pick, seededRandom, shuffleInPlace, type Rng } from "../core/random.ts";
+import { clipText } from "../core/text.ts";
 
 export type Team = "red" | "blue";
 export type CardColor = Team | "neutral" | "assassin";
@@ -300,7 +301,7 @@ function describeTurn(turn: TurnRecord): string {
 export function parseCodenamesClue(text: string): ParsedMove<Clue> {
   const answer = withoutThinking(text);
   const match = /^<clue>\s*([A-Za-z]+)\s+(\d+)\s*<\/clue>$/.exec(answer);
-  if (!match) return { ok: false, error: `expected <clue>word number</clue> (one word, then a number), got ${JSON.stringify(answer.slice(0, 80))}` };
+  if (!match) return { ok: false, error: `expected <clue>word number</clue> (one word, then a number), got ${JSON.stringify(clipText(answer, 80))}` };
   return { ok: true, move: { word: match[1]!.toLowerCase(), count: Number(match[2]) } };
 }
 
@@ -309,7 +310,7 @@ export function parseCodenamesGuess(text: string): ParsedMove<Guess> {
   const answer = withoutThinking(text);
   if (/^<pass\s*\/>$/i.test(answer)) return { ok: true, move: { kind: "pass" } };
   const match = /^<guess>\s*([A-Za-z]+)\s*<\/guess>$/.exec(answer);
-  if (!match) return { ok: false, error: `expected <guess>word</guess> or <pass/>, got ${JSON.stringify(answer.slice(0, 80))}` };
+  if (!match) return { ok: false, error: `expected <guess>word</guess> or <pass/>, got ${JSON.stringify(clipText(answer, 80))}` };
   return { ok: true, move: { kind: "guess", word: match[1]!.toLowerCase() } };
 }
 

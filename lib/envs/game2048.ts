@@ -13,6 +13,7 @@ import { ArtError } from "../core/errors.ts";
 import { Trajectory, type Message } from "../core/trajectory.ts";
 import { askPolicy, replyItem, replyText, withoutThinking, type GamePolicy } from "./policy.ts";
 import { freshSeed, randomInt, seededRandom, type Rng } from "../core/random.ts";
+import { clipText } from "../core/text.ts";
 
 export type Direction = "left" | "right" | "up" | "down";
 export const DIRECTIONS: readonly Direction[] = ["left", "right", "up", "down"];
@@ -79,7 +80,7 @@ export type ParsedMove<T> = { ok: true; move: T } | { ok: false; error: string }
 export function parseMove2048(text: string): ParsedMove<Direction> {
   const answer = withoutThinking(text);
   const match = /^<move>\s*([A-Za-z]+)\s*<\/move>$/.exec(answer);
-  if (!match) return { ok: false, error: `expected <move>left|right|up|down</move>, got ${JSON.stringify(answer.slice(0, 80))}` };
+  if (!match) return { ok: false, error: `expected <move>left|right|up|down</move>, got ${JSON.stringify(clipText(answer, 80))}` };
   const direction = match[1]!.toLowerCase();
   if (!(DIRECTIONS as readonly string[]).includes(direction)) return { ok: false, error: `unknown direction ${JSON.stringify(match[1])}` };
   return { ok: true, move: direction as Direction };

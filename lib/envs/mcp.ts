@@ -9,6 +9,7 @@
 import type OpenAI from "openai";
 import { ArtError } from "../core/errors.ts";
 import { Trajectory, type Tool } from "../core/trajectory.ts";
+import { clipText } from "../core/text.ts";
 import type { GamePolicy } from "./policy.ts";
 import { parseToolArguments, playToolEpisode } from "./tool-episode.ts";
 
@@ -237,13 +238,13 @@ export async function generateMcpScenarios(generator: { client: OpenAI; model: s
   try {
     parsed = JSON.parse(text);
   } catch {
-    throw new ArtError("mcp_scenarios", `the generator ${generator.model} did not answer with JSON (it may not support structured outputs; its answer starts ${JSON.stringify(text.slice(0, 120))})`);
+    throw new ArtError("mcp_scenarios", `the generator ${generator.model} did not answer with JSON (it may not support structured outputs; its answer starts ${JSON.stringify(clipText(text, 120))})`);
   }
   const listed = (parsed as { scenarios?: unknown }).scenarios;
   const scenarios = (Array.isArray(listed) ? listed : [])
     .filter((s): s is McpScenario => typeof s?.task === "string" && s.task.trim() !== "" && Number.isInteger(s.difficulty))
     .map((s) => ({ task: s.task.trim(), difficulty: Math.min(5, Math.max(1, s.difficulty)) }));
-  if (scenarios.length === 0) throw new ArtError("mcp_scenarios", `the generator ${generator.model} wrote no usable task (each needs a non-empty "task" and an integer "difficulty"); its answer starts ${JSON.stringify(text.slice(0, 120))}`);
+  if (scenarios.length === 0) throw new ArtError("mcp_scenarios", `the generator ${generator.model} wrote no usable task (each needs a non-empty "task" and an integer "difficulty"); its answer starts ${JSON.stringify(clipText(text, 120))}`);
   return scenarios;
 }
 

@@ -9,6 +9,7 @@ import { Trajectory } from "../core/trajectory.ts";
 import type { ParsedMove } from "./game2048.ts";
 import { replyItem, replyText, withoutThinking, type GamePolicy } from "./policy.ts";
 import { freshSeed, pick, seededRandom, type Rng } from "../core/random.ts";
+import { clipText } from "../core/text.ts";
 
 export type Mark = "x" | "o";
 export type Cell = Mark | "_";
@@ -101,7 +102,7 @@ export class TicTacToeBoard {
 export function parseTicTacToeMove(text: string): ParsedMove<Square> {
   const answer = withoutThinking(text);
   const match = /^<move>\s*([A-Za-z])\s*([0-9])\s*<\/move>$/.exec(answer);
-  if (!match) return { ok: false, error: `expected <move>A1</move> (rows A-C, columns 1-3), got ${JSON.stringify(answer.slice(0, 80))}` };
+  if (!match) return { ok: false, error: `expected <move>A1</move> (rows A-C, columns 1-3), got ${JSON.stringify(clipText(answer, 80))}` };
   const row = match[1]!.toUpperCase().charCodeAt(0) - 65;
   const col = Number(match[2]) - 1;
   if (row > 2 || col < 0 || col > 2) return { ok: false, error: `square ${match[1]}${match[2]} is off the board` };

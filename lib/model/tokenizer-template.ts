@@ -9,6 +9,7 @@
 import { Template } from "@huggingface/jinja";
 import { ArtError } from "../core/errors.ts";
 import type { Message, Tool } from "../core/trajectory.ts";
+import { clipText } from "../core/text.ts";
 
 export interface ChatTemplateOptions {
   tools?: Tool[];
@@ -175,7 +176,7 @@ function errorText(error: unknown): string {
 }
 
 function snippet(text: string): string {
-  return JSON.stringify(text.length > 120 ? `${text.slice(0, 120)}…` : text);
+  return JSON.stringify(clipText(text, 120));
 }
 
 function describe(value: unknown): string {

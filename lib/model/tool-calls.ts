@@ -7,6 +7,7 @@
  * a broken call still finishes (and can be rewarded accordingly).
  */
 import type { ChatCompletionMessageFunctionToolCall } from "openai/resources/chat/completions";
+import { clipText } from "../core/text.ts";
 
 export type ParsedToolCall = ChatCompletionMessageFunctionToolCall;
 
@@ -110,5 +111,5 @@ function newToolCallId(): string {
 }
 
 function snippet(text: string): string {
-  return JSON.stringify(text.length > 200 ? `${text.slice(0, 200)}…` : text);
+  return JSON.stringify(clipText(text, 200));
 }

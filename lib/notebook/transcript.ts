@@ -3,6 +3,7 @@
  * terminals, and a side-by-side view of a group (what GRPO compares). Every piece of text is escaped.
  */
 import { isChoice, Trajectory, TrajectoryGroup, type MessageOrChoice } from "../core/trajectory.ts";
+import { clipText } from "../core/text.ts";
 import { Renderable, type MimeBundle } from "./display.ts";
 import { ansi, colorEnabled, escapeHtml, formatNumber, type AnsiStyle } from "./text.ts";
 
@@ -106,7 +107,7 @@ function foldedHtml(text: string, collapseOver: number): string {
   const pre = (s: string) => `<div style="white-space:pre-wrap;word-break:break-word;font-family:ui-monospace,monospace;font-size:12px">${escapeHtml(s)}</div>`;
   if (text.length <= collapseOver && text.split("\n").length <= 12) return pre(text);
   const firstLine = text.split("\n", 1)[0]!;
-  const preview = firstLine.length > 120 ? `${firstLine.slice(0, 120)}…` : firstLine;
+  const preview = clipText(firstLine, 120);
   return `<details><summary style="${SUMMARY_STYLE}">${escapeHtml(preview)} <span style="color:#6b7280">(${text.length} chars)</span></summary>${pre(text)}</details>`;
 }
 
@@ -156,7 +157,7 @@ export function trajectoryHtml(t: Trajectory, options: TranscriptOptions = {}): 
 }
 
 function cut(text: string, limit: number): string {
-  return text.length <= limit ? text : `${text.slice(0, limit)}… (+${text.length - limit} chars)`;
+  return clipText(text, limit, (hidden) => `… (+${hidden} chars)`);
 }
 
 /** A trajectory as terminal text, coloured when colours are enabled (NO_COLOR, FORCE_COLOR, TTY). */

@@ -7,6 +7,7 @@
 import process from "node:process";
 import { ArtError } from "../core/errors.ts";
 import { errorMessage, type Message, type Tool, type Trajectory, TrajectoryGroup } from "../core/trajectory.ts";
+import { clipText } from "../core/text.ts";
 import { InvalidAnswer, type JudgedEntry, parseJudgeAnswer } from "./answer.ts";
 import { cacheKey, DEFAULT_CACHE_DIR, JudgementCache } from "./cache.ts";
 import { type Judge, type JudgeSpec, resolveJudge, type TransportRetryOptions } from "./judge.ts";
@@ -231,7 +232,7 @@ async function judgeOnce(judge: Judge, request: JudgementRequest): Promise<{ ent
   throw new ArtError(
     "ruler_bad_answer",
     `RULER: judge ${judge.name} gave no usable answer in ${request.maxAnswerAttempts} attempts (last problem: ${problem}; ` +
-      `the answer began ${JSON.stringify(answer.slice(0, 200))}). Use a stronger judge, or one that supports structured output.`,
+      `the answer began ${JSON.stringify(clipText(answer, 200))}). Use a stronger judge, or one that supports structured output.`,
   );
 }
 

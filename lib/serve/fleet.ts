@@ -13,6 +13,7 @@
  */
 import OpenAI from "openai";
 import { ArtError } from "../core/errors.ts";
+import { clipText } from "../core/text.ts";
 
 export interface Replica {
   /** e.g. "http://10.0.0.2:8000/v1" */
@@ -72,7 +73,7 @@ export class ReplicaFleet {
           method: "POST", headers: this.#headers(replica), signal: AbortSignal.timeout(this.#timeoutMs),
           body: JSON.stringify({ lora_name: name, lora_path: path, load_inplace: true }),
         });
-        if (!response.ok) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 500)}`);
+        if (!response.ok) throw new Error(`HTTP ${response.status}: ${clipText(await response.text(), 500)}`);
         await response.body?.cancel();
         Object.assign(replica, { upToDate: true, lastError: null });
         return { baseURL: replica.baseURL, ok: true };

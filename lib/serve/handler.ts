@@ -10,6 +10,7 @@ import type { ChatCompletionChunk } from "openai/resources/chat/completions";
 import { ApiError, toApiError } from "./api-error.ts";
 import { recordCompletion } from "../core/capture.ts";
 import type { Choice } from "../core/trajectory.ts";
+import { clipText } from "../core/text.ts";
 import { ChatCompletionRun, type ChatResponse, type ModelRoute, type ServeMetrics } from "./chat.ts";
 import { parseChatRequest, type ChatRequest } from "./request.ts";
 import { parseResponsesRequest, ResponseEvents, toResponseObject } from "./responses.ts";
@@ -56,7 +57,7 @@ async function handle(context: HandlerContext, request: Request): Promise<Respon
     try {
       id = decodeURIComponent(path.slice("/v1/models/".length));
     } catch {
-      throw ApiError.invalid(null, `The model id in ${JSON.stringify(url.pathname.slice(0, 200))} is not valid percent-encoding.`);
+      throw ApiError.invalid(null, `The model id in ${JSON.stringify(clipText(url.pathname, 200))} is not valid percent-encoding.`);
     }
     if (!context.route(id)) throw modelNotFound(id);
     return json(200, modelObject(id, context.created));

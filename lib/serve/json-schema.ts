@@ -12,6 +12,7 @@
  * refused with an error naming the keyword, so a schema is never silently weakened.
  */
 import { ArtError } from "../core/errors.ts";
+import { clipText } from "../core/text.ts";
 import { compilePattern, FORMAT_PATTERNS, type CompiledPattern } from "./regex.ts";
 
 export type SchemaNode =
@@ -129,7 +130,7 @@ function resolvePointer(root: unknown, ref: string, path: string): unknown {
 const MAX_SCHEMA_DEPTH = 64;
 
 function compileNode(schema: unknown, path: string, depth: number, context: CompileContext): SchemaNode {
-  if (depth > MAX_SCHEMA_DEPTH) throw schemaError(`${path.slice(0, 120)}…`, `nests deeper than ${MAX_SCHEMA_DEPTH} levels`);
+  if (depth > MAX_SCHEMA_DEPTH) throw schemaError(clipText(path, 120), `nests deeper than ${MAX_SCHEMA_DEPTH} levels`);
   if (schema === true || (isPlainObject(schema) && Object.keys(schema).every((k) => ANNOTATIONS.has(k)))) return { kind: "any" };
   if (!isPlainObject(schema)) throw schemaError(path, "a schema must be an object (or true)");
 

@@ -6,6 +6,7 @@ import type { Message, Tool } from "../core/trajectory.ts";
 import { ApiError } from "./api-error.ts";
 import { compileSchema, type SchemaNode } from "./json-schema.ts";
 import { ArtError } from "../core/errors.ts";
+import { clipText } from "../core/text.ts";
 
 export type ToolChoice = "none" | "auto" | "required" | { name: string };
 
@@ -148,7 +149,7 @@ function parseTools(value: unknown): Tool[] {
     }
     // OpenAI's rule for function names; it also keeps markup such as </tool_call> out of the prompt's tool list.
     if (!/^[A-Za-z0-9_-]{1,64}$/.test(fn.name)) {
-      throw ApiError.invalid(`tools[${i}].function.name`, `tools[${i}].function.name must be 1 to 64 letters, digits, underscores or dashes, got ${JSON.stringify(fn.name.slice(0, 80))}.`);
+      throw ApiError.invalid(`tools[${i}].function.name`, `tools[${i}].function.name must be 1 to 64 letters, digits, underscores or dashes, got ${JSON.stringify(clipText(fn.name, 80))}.`);
     }
     if (fn.parameters !== undefined && !isObject(fn.parameters)) throw ApiError.invalid(`tools[${i}].function.parameters`, `tools[${i}].function.parameters must be a JSON Schema object.`);
   });

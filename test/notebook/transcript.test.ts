@@ -74,6 +74,15 @@ describe("HTML transcripts", () => {
     expect(trajectoryHtml(agentRun(), { collapseOver: 10_000 })).not.toContain("(2000 chars)");
   });
 
+  it("folds long content without splitting an astral character (nbconvert cannot save half a surrogate pair)", () => {
+    const content = `${"a".repeat(119)}${"😀".repeat(400)}`; // the 120-unit preview would end in half a pair
+    const html = trajectoryHtml(new Trajectory({ messagesAndChoices: [{ role: "user", content }] }));
+    expect(html).toContain(`${"a".repeat(119)}…`);
+    // encodeURIComponent throws on half a surrogate pair, as nbconvert's UTF-8 writer does.
+    expect(() => encodeURIComponent(html)).not.toThrow();
+    expect(() => encodeURIComponent(trajectoryAnsi(new Trajectory({ messagesAndChoices: [{ role: "user", content }] }), { terminalChars: 120 }))).not.toThrow();
+  });
+
   it("shows malformed tool-call JSON as sampled", () => {
     const bad = { ...choice, message: { ...choice.message, tool_calls: [{ id: "c", type: "function" as const, function: { name: "f", arguments: "{oops" } }] } };
     expect(trajectoryHtml(new Trajectory({ messagesAndChoices: [bad] }))).toContain("{oops");
