@@ -50,9 +50,12 @@ export function unfusedWat(wat: string): string {
 
 async function assemble(name: string, wat: string, relaxed: boolean): Promise<string> {
   const assembler = await wabt();
-  const parsed = assembler.parseWat(`${name}.wat`, wat, { simd: true, relaxed_simd: relaxed });
+  // threads: the matmul's memory is shared with worker threads.
+  const features = { simd: true, relaxed_simd: relaxed, threads: true };
+  const parsed = assembler.parseWat(`${name}.wat`, wat, features);
   try {
-    parsed.validate();
+    // wabt's validate takes the features too (its typings omit the parameter); without them it refuses shared memory.
+    (parsed.validate as (options: typeof features) => void).call(parsed, features);
     return Buffer.from(parsed.toBinary({}).buffer).toString("base64");
   } finally {
     parsed.destroy();

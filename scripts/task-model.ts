@@ -4,8 +4,8 @@
  * synthetic conversations. The task supplies the conversations and a check of the result; the rest (initial
  * weights, schedule, files written) is shared, so every task model is made the same way.
  *
- * Deterministic: the same options give byte-identical files (seeded data, seeded initialisation, single-threaded
- * float32 arithmetic).
+ * Deterministic: the same options give byte-identical files (seeded data, seeded initialisation, the portable
+ * products, whose float32 bits do not depend on the machine or the thread count).
  */
 import * as fs from "node:fs";
 import * as os from "node:os";

@@ -1,7 +1,10 @@
 // The WebAssembly SIMD matmul against a float64 triple loop written here, on shapes that reach every tile and
 // remainder (n = 1..3 rows for the 1 × 4 tile, k not a multiple of 4, m not a multiple of the tiles, more than one
-// 32-row block), with alpha ≠ 1 and accumulation; and the committed bytes against what the build script assembles.
+// 32-row block), with alpha ≠ 1 and accumulation; the same bits on worker threads; and the committed bytes against
+// what the build script assembles.
+import { spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
+import process from "node:process";
 import { describe, expect, it } from "vitest";
 import { ArtError } from "../../lib/core/errors.ts";
 import { seededRandom } from "../../lib/core/random.ts";
@@ -101,6 +104,54 @@ describe("WASM SIMD matmul", () => {
     const again = backend.upload(wValues.slice(), [m, k]) as CpuTensor;
     backend.linear(x, again, null, out);
     expect(again.resident!.offset).toBe(residentAt); // the freed block is reused
+  });
+
+  it("splits a large product over worker threads, by rows or by columns, with the same bits as one thread", async () => {
+    const one = WasmMatmul.create(1)!, three = WasmMatmul.create(3)!;
+    try {
+      expect(await three.startWorkers()).toBe(2);
+      const rng = seededRandom(17);
+      // Bands of rows (96 and 37 rows, the last band ragged), of columns (2-3 rows; m = 1030 is not a multiple of 4),
+      // and a product below the threshold that stays on one thread.
+      const shapes: [number, number, number, number][] = [[96, 256, 100, 2], [37, 300, 200, 2], [3, 512, 2000, 2], [2, 1024, 1030, 2], [8, 64, 64, 0]];
+      for (const [n, k, m, blocksOnWorkers] of shapes) {
+        const counted = three.blocksOnWorkers;
+        for (const [alpha, accumulate] of [[1, false], [-0.375, true]] as const) {
+          const x = Float32Array.from({ length: n * k }, () => rng() * 2 - 1);
+          const w = Float32Array.from({ length: m * k }, () => rng() * 2 - 1);
+          const before = Float32Array.from({ length: n * m }, () => rng() * 4 - 2);
+          const xAt = 4, wAt = xAt + x.byteLength, outAt = wAt + w.byteLength + 8;
+          const results = [one, three].map((kernel) => {
+            expect(kernel.ensureBytes(outAt + before.byteLength)).toBe(true);
+            kernel.heap.set(x, xAt / 4);
+            kernel.heap.set(w, wAt / 4);
+            kernel.heap.set(before, outAt / 4);
+            kernel.matmulNT(xAt, wAt, outAt, n, k, m, alpha, accumulate);
+            return new Uint32Array(kernel.heap.slice(outAt / 4, outAt / 4 + n * m).buffer);
+          });
+          expect(results[1], `n=${n} k=${k} m=${m}`).toEqual(results[0]);
+        }
+        expect(three.blocksOnWorkers - counted, `blocks of n=${n} k=${k} m=${m} the workers computed`).toBe(2 * blocksOnWorkers);
+      }
+    } finally {
+      three.close();
+    }
+  });
+
+  it("CpuBackend's portable products run on its thread count", () => {
+    const backend = new CpuBackend({ blas: "portable", threads: 3 });
+    expect(backend.gemm.description).toBe("portable (JavaScript, WebAssembly SIMD for linear layers on 3 threads)");
+    const w = backend.upload(new Float32Array(8), [2, 4]) as CpuTensor;
+    backend.linear(backend.zeros([1, 4]), w, null, backend.zeros([1, 2]));
+    expect(w.resident!.kernel.threads).toBe(3);
+  });
+
+  it("lets the process exit while its workers wait for work", () => {
+    const kernelModule = new URL("../../lib/model/cpu/wasm-matmul.ts", import.meta.url).href;
+    const script = `import { WasmMatmul } from ${JSON.stringify(kernelModule)}; console.log(await WasmMatmul.create(2).startWorkers());`;
+    const run = spawnSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8", timeout: 30_000 });
+    expect(run.stdout.trim(), run.stderr).toBe("1");
+    expect(run.status).toBe(0);
   });
 
   it("names misplaced operands and refuses memory past 4 GiB", () => {

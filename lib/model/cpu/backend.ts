@@ -39,12 +39,8 @@ export class CpuTensor implements Tensor {
     this.#data = data;
     this.size = data.length;
   }
+  /** A resident tensor's values are a view of the WASM memory, which is shared, so growing it leaves the view valid. */
   get data(): Float32Array {
-    // Growing the WASM memory detaches every view of it (length 0): a resident tensor then takes a fresh one.
-    if (this.resident && this.#data.length !== this.size) {
-      const start = this.resident.offset / 4;
-      this.#data = this.resident.kernel.heap.subarray(start, start + this.size);
-    }
     return this.#data;
   }
   /** New storage (free assigns an empty array): a resident tensor gives its block of WASM memory back. */
@@ -157,7 +153,10 @@ function expectMultiple(name: string, tensor: Tensor, rowWidth: number): void {
 export interface CpuBackendOptions {
   /** Who computes the matrix products (gemm.ts): "auto", "portable", "system" or a library's path. Default `ART_CPU_BLAS`, else "auto". */
   blas?: CpuBlasChoice;
-  /** Threads of the system BLAS. Default `ART_CPU_THREADS`, else the machine's cores. */
+  /**
+   * Threads of the matrix products: the system BLAS's, or the portable WebAssembly kernel's (linear layers, the same
+   * bits on any count). Default `ART_CPU_THREADS`, else the machine's cores.
+   */
   threads?: number;
   /**
    * What `empty` fills its storage with; default nothing (the storage as the pool has it). Tests fill it with NaN to
@@ -194,7 +193,7 @@ export class CpuBackend implements Backend {
     ({ gemm: this.gemm, reason: this.gemmReason } = chooseGemm(options.blas, options.threads));
     this.#emptyFill = options.emptyFill;
     this.logitChunks = { rowChunk: this.gemm.library === null ? 16 : 128, vocabChunk: 4096 };
-    this.#kernel = this.gemm.library === null ? WasmMatmul.create() : null;
+    this.#kernel = this.gemm.library === null ? WasmMatmul.create(this.gemm.threads) : null;
     this.#elementwise = this.gemm.library === null ? null : WasmElementwise.create();
   }
 

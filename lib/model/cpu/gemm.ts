@@ -33,15 +33,18 @@ export interface Gemm {
   weightedRowSum(weights: Float32Array, rows: Float32Array, count: number, width: number, stride: number, out: Float32Array): void;
 }
 
-export const portableGemm: Gemm = {
-  description: "portable (JavaScript, WebAssembly SIMD for linear layers)",
-  library: null,
-  threads: 1,
-  nt: matmulNT,
-  nnAccumulate: matmulNNAccumulate,
-  tnAccumulate: matmulTNAccumulate,
-  weightedRowSum,
-};
+/** The portable products; `threads` is what the WebAssembly SIMD kernel of linear layers runs on (the rest run on one). */
+export function portableGemm(threads = 1): Gemm {
+  return {
+    description: `portable (JavaScript, WebAssembly SIMD for linear layers on ${threads} thread${threads === 1 ? "" : "s"})`,
+    library: null,
+    threads,
+    nt: matmulNT,
+    nnAccumulate: matmulNNAccumulate,
+    tnAccumulate: matmulTNAccumulate,
+    weightedRowSum,
+  };
+}
 
 export type CpuBlasChoice = "auto" | "portable" | "system" | (string & {});
 
@@ -101,7 +104,7 @@ export function defaultCpuThreads(env: Record<string, string | undefined> = proc
  * for the portable products); "system" and a path throw ArtError("cpu_blas_unavailable") naming what was tried.
  */
 export function chooseGemm(choice: CpuBlasChoice = process.env.ART_CPU_BLAS || "auto", threads = defaultCpuThreads()): GemmChoice {
-  if (choice === "portable") return { gemm: portableGemm, reason: "portable products asked for" };
+  if (choice === "portable") return { gemm: portableGemm(threads), reason: "portable products asked for" };
   const explicit = choice !== "auto" && choice !== "system";
   const failures: string[] = [];
   for (const path of explicit ? [choice] : blasCandidates()) {
@@ -112,7 +115,7 @@ export function chooseGemm(choice: CpuBlasChoice = process.env.ART_CPU_BLAS || "
     }
   }
   const reason = `no system BLAS opened (${failures.join("; ")})`;
-  if (choice === "auto") return { gemm: portableGemm, reason };
+  if (choice === "auto") return { gemm: portableGemm(threads), reason };
   throw new ArtError("cpu_blas_unavailable", `${reason}. Install one (Debian/Ubuntu: apt-get install libopenblas0-pthread), ` +
     `name its file in ART_CPU_BLAS, or use ART_CPU_BLAS=portable`);
 }

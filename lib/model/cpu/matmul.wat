@@ -14,7 +14,9 @@
 ;; The 4-row tiles go through x in blocks of 32 rows, so a block of x stays in cache while W streams past it.
 
 (module
-  (memory (export "memory") 1)
+  ;; Shared, so worker threads run this same code on the same memory (wasm-matmul.ts hands each a block of the output);
+  ;; 65536 pages are the 4 GiB a 32-bit memory can address.
+  (import "env" "memory" (memory 1 65536 shared))
 
   ;; Adds the four lanes of a dot product's accumulator.
   (func $sum_lanes (param $v v128) (result f32)
@@ -160,14 +162,15 @@
           (i32.shr_u (i32.sub (local.get $rowBytes) (local.get $vectorBytes)) (i32.const 2))))
       (local.get $alpha) (local.get $accumulate)))
 
-  ;; The entry point: x at byte offset $x ([n, k] row-major), w at $w ([m, k]), out at $out ([n, m]).
+  ;; The entry point: x at byte offset $x ([n, k] row-major), w at $w ([m, k]), out at $out ([n, m] in rows of $ldOut
+  ;; elements, so a block of columns can be written into a wider output).
   (func (export "matmulNT") (param $x i32) (param $w i32) (param $out i32) (param $n i32) (param $k i32) (param $m i32)
-                            (param $alpha f32) (param $accumulate i32)
+                            (param $ldOut i32) (param $alpha f32) (param $accumulate i32)
     (local $rowBytes i32) (local $vectorBytes i32) (local $outRowBytes i32)
     (local $tiledRows i32) (local $blockStart i32) (local $blockEnd i32) (local $i i32) (local $c i32)
     (local.set $rowBytes (i32.shl (local.get $k) (i32.const 2)))
     (local.set $vectorBytes (i32.and (local.get $rowBytes) (i32.const -16)))
-    (local.set $outRowBytes (i32.shl (local.get $m) (i32.const 2)))
+    (local.set $outRowBytes (i32.shl (local.get $ldOut) (i32.const 2)))
     (local.set $tiledRows (i32.and (local.get $n) (i32.const -4)))
     ;; Rows [0, tiledRows) in 4 × 2 tiles, 32 rows at a time; an odd last column row by row.
     (block $blocksDone
@@ -186,7 +189,7 @@
                 (call $tile_4x2
                   (i32.add (local.get $x) (i32.mul (local.get $i) (local.get $rowBytes)))
                   (i32.add (local.get $w) (i32.mul (local.get $c) (local.get $rowBytes)))
-                  (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $c)) (i32.const 2)))
+                  (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $ldOut)) (local.get $c)) (i32.const 2)))
                   (local.get $rowBytes) (local.get $vectorBytes) (local.get $outRowBytes) (local.get $alpha) (local.get $accumulate))
                 (local.set $i (i32.add (local.get $i) (i32.const 4)))
                 (br $nextRows)))
@@ -201,7 +204,7 @@
                 (call $tile_1x1
                   (i32.add (local.get $x) (i32.mul (local.get $i) (local.get $rowBytes)))
                   (i32.add (local.get $w) (i32.mul (local.get $c) (local.get $rowBytes)))
-                  (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $c)) (i32.const 2)))
+                  (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $ldOut)) (local.get $c)) (i32.const 2)))
                   (local.get $rowBytes) (local.get $vectorBytes) (local.get $alpha) (local.get $accumulate))
                 (local.set $i (i32.add (local.get $i) (i32.const 1)))
                 (br $nextRow)))))
@@ -219,7 +222,7 @@
             (call $tile_1x4
               (i32.add (local.get $x) (i32.mul (local.get $i) (local.get $rowBytes)))
               (i32.add (local.get $w) (i32.mul (local.get $c) (local.get $rowBytes)))
-              (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $c)) (i32.const 2)))
+              (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $ldOut)) (local.get $c)) (i32.const 2)))
               (local.get $rowBytes) (local.get $vectorBytes) (local.get $alpha) (local.get $accumulate))
             (local.set $c (i32.add (local.get $c) (i32.const 4)))
             (br $nextColumns)))
@@ -229,7 +232,7 @@
             (call $tile_1x1
               (i32.add (local.get $x) (i32.mul (local.get $i) (local.get $rowBytes)))
               (i32.add (local.get $w) (i32.mul (local.get $c) (local.get $rowBytes)))
-              (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $c)) (i32.const 2)))
+              (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $ldOut)) (local.get $c)) (i32.const 2)))
               (local.get $rowBytes) (local.get $vectorBytes) (local.get $alpha) (local.get $accumulate))
             (local.set $c (i32.add (local.get $c) (i32.const 1)))
             (br $nextLast)))

@@ -1,41 +1,43 @@
 /**
  * The WebAssembly SIMD matmul (matmul.wat, assembled into matmul-wasm-bytes.ts by scripts/build-wasm.ts): the same
- * `out = alpha · x Wᵀ (+ out)` as kernels.ts `matmulNT`, f32x4 register-tiled. It computes on its own linear memory,
- * so operands live at byte offsets there. This class owns an instance, and blocks of its memory are handed out by an
- * explicit allocator (first fit over a free list, above it a bump pointer `top`): the CPU backend keeps each linear
- * weight in a block and copies activations into the scratch space above `top` per call.
+ * `out = alpha · x Wᵀ (+ out)` as kernels.ts `matmulNT`, f32x4 register-tiled. It computes on a shared linear memory,
+ * so operands live at byte offsets there, and a large product is split over worker threads (matmul-workers.ts) with
+ * the same bits as on one. This class owns an instance and its memory, whose blocks an explicit allocator hands out
+ * (first fit over a free list, above it a bump pointer `top`): the CPU backend keeps each linear weight in a block
+ * and copies activations into the scratch space above `top` per call.
  */
 import { ArtError } from "../../core/errors.ts";
 import { matmulWasmBase64 } from "./matmul-wasm-bytes.ts";
+import { MatmulWorkers, MIN_PARALLEL_MULTIPLY_ADDS, outputBlocks, type MatmulCall } from "./matmul-workers.ts";
 
 // The slice of the WebAssembly JS API used here: TypeScript declares it only in its DOM libs, which this project's
 // ES2023 + node types leave out; Node, Deno and browsers all have it.
 interface WasmMemory {
-  readonly buffer: ArrayBuffer;
+  readonly buffer: ArrayBufferLike;
   grow(pages: number): number;
 }
 declare const WebAssembly: {
   Module: new (bytes: Uint8Array) => object;
-  Instance: new (module: object) => { readonly exports: object };
+  Instance: new (module: object, imports: { env: { memory: WasmMemory } }) => { readonly exports: object };
+  Memory: new (descriptor: { initial: number; maximum: number; shared: true }) => WasmMemory;
 };
 
 interface MatmulExports {
-  memory: WasmMemory;
-  matmulNT(x: number, w: number, out: number, n: number, k: number, m: number, alpha: number, accumulate: number): void;
+  matmulNT(x: number, w: number, out: number, n: number, k: number, m: number, ldOut: number, alpha: number, accumulate: number): void;
 }
 
 const PAGE_BYTES = 65536;
 /** A 32-bit memory addresses 4 GiB: 65536 pages. */
 const MAX_PAGES = 65536;
 
-let compiled: object | null | undefined;
+let compiled: { bytes: Uint8Array; module: object } | null | undefined;
 
-/** The compiled module, or null where the runtime has no WebAssembly SIMD (compilation then fails validation). */
-function compiledModule(): object | null {
+/** The compiled module and its bytes (for workers), or null where the runtime has no WebAssembly SIMD or shared memory. */
+function compiledModule(): { bytes: Uint8Array; module: object } | null {
   if (compiled === undefined) {
     const bytes = Uint8Array.from(atob(matmulWasmBase64), (c) => c.charCodeAt(0));
     try {
-      compiled = new WebAssembly.Module(bytes);
+      compiled = { bytes, module: new WebAssembly.Module(bytes) };
     } catch {
       compiled = null;
     }
@@ -43,33 +45,92 @@ function compiledModule(): object | null {
   return compiled;
 }
 
+// Workers of a collected WasmMatmul stop with it (a test suite makes hundreds of backends).
+const closeWorkers = new FinalizationRegistry<MatmulWorkers>((workers) => workers.close());
+
 export class WasmMatmul {
   readonly #exports: MatmulExports;
+  readonly #memory: WasmMemory;
+  readonly #bytes: Uint8Array;
+  readonly #threads: number;
+  #workers: MatmulWorkers | null = null;
   #heap: Float32Array;
   /** Free blocks below `top`, sorted by offset, never adjacent (released neighbours merge). */
   readonly #free: { offset: number; bytes: number }[] = [];
   readonly #blockBytes = new Map<number, number>();
   #top = 0;
 
-  /** A fresh instance (its own memory), or null without WebAssembly SIMD. */
-  static create(): WasmMatmul | null {
-    const module = compiledModule();
-    return module ? new WasmMatmul(new WebAssembly.Instance(module).exports as unknown as MatmulExports) : null;
+  /**
+   * A fresh instance with its own memory, computing large products on `threads` threads (this one and
+   * `threads - 1` workers); null without WebAssembly SIMD or shared memory.
+   */
+  static create(threads = 1): WasmMatmul | null {
+    if (!Number.isInteger(threads) || threads < 1) throw new ArtError("bad_cpu_threads", `${threads} is not a positive whole number of threads`);
+    const compiledKernel = compiledModule();
+    if (!compiledKernel) return null;
+    let memory: WasmMemory;
+    try {
+      memory = new WebAssembly.Memory({ initial: 1, maximum: MAX_PAGES, shared: true });
+    } catch {
+      return null;
+    }
+    const exports = new WebAssembly.Instance(compiledKernel.module, { env: { memory } }).exports as unknown as MatmulExports;
+    return new WasmMatmul(exports, memory, compiledKernel.bytes, threads);
   }
 
-  private constructor(exports: MatmulExports) {
+  private constructor(exports: MatmulExports, memory: WasmMemory, bytes: Uint8Array, threads: number) {
     this.#exports = exports;
-    this.#heap = new Float32Array(exports.memory.buffer);
+    this.#memory = memory;
+    this.#bytes = bytes;
+    this.#threads = threads;
+    this.#heap = new Float32Array(memory.buffer);
   }
 
-  /** The memory as f32s. Growing the memory detaches earlier views, so take this again after `ensureBytes`. */
+  /** The memory as f32s: take this again after `ensureBytes` to reach what a growth added. */
   get heap(): Float32Array {
-    if (this.#heap.buffer !== this.#exports.memory.buffer) this.#heap = new Float32Array(this.#exports.memory.buffer);
+    if (this.#heap.buffer !== this.#memory.buffer) this.#heap = new Float32Array(this.#memory.buffer);
     return this.#heap;
   }
 
   get byteLength(): number {
-    return this.#exports.memory.buffer.byteLength;
+    return this.#memory.buffer.byteLength;
+  }
+
+  /** Threads a large product runs on: this one and the workers. */
+  get threads(): number {
+    return this.#threads;
+  }
+
+  /** Blocks of products computed by worker threads so far (0 on one thread). */
+  get blocksOnWorkers(): number {
+    return this.#workers?.blocksOnWorkers ?? 0;
+  }
+
+  /**
+   * Starts the worker threads now (they otherwise start on the first large product) and resolves with how many are
+   * ready once all are, or after `timeoutMs`. Products never wait for workers; this is for benchmarks and tests.
+   */
+  async startWorkers(timeoutMs = 10_000): Promise<number> {
+    const workers = this.#startedWorkers();
+    if (!workers) return 0;
+    const deadline = Date.now() + timeoutMs;
+    while (workers.ready < this.#threads - 1 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 2));
+    return workers.ready;
+  }
+
+  /** Stops the worker threads; products then run on this thread. */
+  close(): void {
+    closeWorkers.unregister(this);
+    this.#workers?.close();
+    this.#workers = null;
+  }
+
+  #startedWorkers(): MatmulWorkers | null {
+    if (this.#threads > 1 && !this.#workers) {
+      this.#workers = new MatmulWorkers(this.#bytes, this.#memory, this.#threads - 1);
+      closeWorkers.register(this, this.#workers, this);
+    }
+    return this.#workers;
   }
 
   /** The end of the highest allocated block: scratch space starts here. */
@@ -127,11 +188,11 @@ export class WasmMatmul {
   /** Grows the memory to hold at least `bytes`; false when that is past 4 GiB or the runtime refuses. */
   ensureBytes(bytes: number): boolean {
     const pages = Math.ceil(bytes / PAGE_BYTES);
-    const current = this.#exports.memory.buffer.byteLength / PAGE_BYTES;
+    const current = this.#memory.buffer.byteLength / PAGE_BYTES;
     if (pages <= current) return true;
     if (pages > MAX_PAGES) return false;
     try {
-      this.#exports.memory.grow(pages - current);
+      this.#memory.grow(pages - current);
       return true;
     } catch {
       return false;
@@ -147,6 +208,12 @@ export class WasmMatmul {
     if ((x | w | out) & 3 || end > this.byteLength) {
       throw new ArtError("bad_matmul_operands", `WASM matmul operands at ${x}, ${w}, ${out} (n=${n}, k=${k}, m=${m}) are misaligned or reach past the ${this.byteLength}-byte memory: place them with ensureBytes first`);
     }
-    this.#exports.matmulNT(x, w, out, n, k, m, alpha, accumulate ? 1 : 0);
+    const workers = n * k * m >= MIN_PARALLEL_MULTIPLY_ADDS ? this.#startedWorkers() : null;
+    const blocks = outputBlocks(n, k, m, 1 + (workers?.ready ?? 0));
+    const calls = blocks.map((b): MatmulCall =>
+      [x + b.row * k * 4, w + b.column * k * 4, out + (b.row * m + b.column) * 4, b.rows, k, b.columns, m, alpha, accumulate ? 1 : 0]);
+    const own = (call: MatmulCall) => this.#exports.matmulNT(...call);
+    if (calls.length === 1) own(calls[0]!);
+    else workers!.run(calls, own);
   }
 }
