@@ -35,11 +35,12 @@ writeTinyCheckpoint(root, { arch: "qwen2", size, seed: 1 });
 const cores = os.availableParallelism();
 
 // art-ts on the system BLAS at 1 thread and at all cores (each beside torch at the same count), and on the portable
-// products (one thread), each side with its own copy of the model and trainer.
+// products (on 1 thread and on all cores), each side with its own copy of the model and trainer.
 const system = new CpuBackend({ blas: "auto", threads: 1 }).gemm.library;
 const sides = [
   ...(system ? [{ name: "artTs1Thread", blas: system, threads: 1 }, { name: `artTs${cores}Threads`, blas: system, threads: cores }] : []),
   { name: "artTsPortable", blas: "portable", threads: 1 },
+  ...(cores > 1 ? [{ name: `artTsPortable${cores}Threads`, blas: "portable", threads: cores }] : []),
 ];
 const backends = sides.map((side) => new CpuBackend({ blas: side.blas, threads: side.threads }));
 const transformers = backends.map((backend) => loadTransformer(root, backend));
@@ -105,7 +106,7 @@ const result = {
   torchBlas: torchInfo?.blas,
   artTs: Object.fromEntries(sides.map((side, i) => [side.name, ours[i]])),
   peers: [torchOne, torchAll],
-  // Each art-ts side against torch on the same number of threads (the portable side is single-threaded).
+  // Each art-ts side against torch on the same number of threads.
   ratioToTorchSameThreads: Object.fromEntries(sides.map((side, i) =>
     [side.name, ours[i].tokensPerSecond / (side.threads === 1 ? torchOne : torchAll).tokensPerSecond])),
 };
