@@ -133,6 +133,8 @@ describe("WASM SIMD matmul", () => {
         }
         expect(three.blocksOnWorkers - counted, `blocks of n=${n} k=${k} m=${m} the workers computed`).toBe(2 * blocksOnWorkers);
       }
+      three.close();
+      expect(await three.startWorkers(), "workers after close").toBe(0);
     } finally {
       three.close();
     }

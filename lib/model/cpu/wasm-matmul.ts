@@ -54,6 +54,7 @@ export class WasmMatmul {
   readonly #bytes: Uint8Array;
   readonly #threads: number;
   #workers: MatmulWorkers | null = null;
+  #closed = false;
   #heap: Float32Array;
   /** Free blocks below `top`, sorted by offset, never adjacent (released neighbours merge). */
   readonly #free: { offset: number; bytes: number }[] = [];
@@ -118,15 +119,16 @@ export class WasmMatmul {
     return workers.ready;
   }
 
-  /** Stops the worker threads; products then run on this thread. */
+  /** Stops the worker threads for good; products then run on this thread. */
   close(): void {
+    this.#closed = true;
     closeWorkers.unregister(this);
     this.#workers?.close();
     this.#workers = null;
   }
 
   #startedWorkers(): MatmulWorkers | null {
-    if (this.#threads > 1 && !this.#workers) {
+    if (this.#threads > 1 && !this.#workers && !this.#closed) {
       this.#workers = new MatmulWorkers(this.#bytes, this.#memory, this.#threads - 1);
       closeWorkers.register(this, this.#workers, this);
     }
