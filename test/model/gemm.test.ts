@@ -3,6 +3,7 @@
 // products), the operand checks that keep a wrong shape from reaching native code, and the choice of provider.
 // CI installs OpenBLAS and sets ART_TEST_SYSTEM_BLAS=1, so there these tests cannot skip.
 import { describe, expect, it } from "vitest";
+import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
 import { blasCandidates, chooseGemm, defaultCpuThreads, type Gemm, portableGemm, systemGemm } from "../../lib/model/cpu/gemm.ts";
 import { random } from "../cuda/compare.ts";
 
@@ -119,6 +120,7 @@ function checkProducts(gemm: Gemm): void {
 }
 
 describe("portable products", () => checkProducts(portableGemm()));
+describe("portable products with the WASM kernel on 2 threads", () => checkProducts(portableGemm(2, WasmMatmul.create(2))));
 
 describe.skipIf(!required && detected.gemm.library === null)(`system BLAS (${detected.reason})`, () => {
   const gemm = systemGemm(detected.gemm.library ?? "", 1);

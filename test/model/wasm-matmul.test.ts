@@ -9,7 +9,7 @@ import { describe, expect, it } from "vitest";
 import { ArtError } from "../../lib/core/errors.ts";
 import { seededRandom } from "../../lib/core/random.ts";
 import { CpuBackend, type CpuTensor } from "../../lib/model/cpu/backend.ts";
-import { matmulNT } from "../../lib/model/cpu/matmul.ts";
+import { matmulNNAccumulate, matmulNT } from "../../lib/model/cpu/matmul.ts";
 import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
 import { generatedModuleSource, generatedPath, WASM_MODULES } from "../../scripts/build-wasm.ts";
 import { maxAbsDiff } from "./helpers.ts";
@@ -142,10 +142,38 @@ describe("WASM SIMD matmul", () => {
 
   it("CpuBackend's portable products run on its thread count", () => {
     const backend = new CpuBackend({ blas: "portable", threads: 3 });
-    expect(backend.gemm.description).toBe("portable (JavaScript, WebAssembly SIMD for linear layers on 3 threads)");
+    expect(backend.gemm.description).toBe("portable (WebAssembly SIMD for linear layers and dOut·W on 3 threads, JavaScript for the rest)");
     const w = backend.upload(new Float32Array(8), [2, 4]) as CpuTensor;
     backend.linear(backend.zeros([1, 4]), w, null, backend.zeros([1, 2]));
     expect(w.resident!.kernel.threads).toBe(3);
+  });
+
+  it("matmulNNAccumulate gives the JavaScript reference's bits on every tile and leftover, on one thread and on three", async () => {
+    const one = WasmMatmul.create(1)!, three = WasmMatmul.create(3)!;
+    try {
+      expect(await three.startWorkers()).toBe(2);
+      const rng = seededRandom(23);
+      // Zeros (and negative zeros) in a take the reference's skip on leftover rows; the last three shapes are large
+      // enough to split: bands of rows (with leftover rows in the last), then of columns.
+      const value = () => (rng() < 0.2 ? (rng() < 0.5 ? 0 : -0) : rng() * 2 - 1);
+      const shapes: [number, number, number][] = [];
+      for (const n of [1, 2, 3, 4, 5, 7, 8, 13]) for (const k of [1, 3, 16, 33]) for (const m of [1, 2, 3, 4, 5, 9, 30]) shapes.push([n, k, m]);
+      shapes.push([64, 256, 200], [37, 300, 200], [3, 1024, 1000]);
+      for (const [n, k, m] of shapes) {
+        const a = Float32Array.from({ length: n * k }, value), b = Float32Array.from({ length: k * m }, value);
+        const before = Float32Array.from({ length: n * m }, () => rng() * 4 - 2);
+        const expected = before.slice();
+        matmulNNAccumulate(expected, a, b, n, k, m);
+        for (const kernel of [one, three]) {
+          const out = before.slice();
+          expect(kernel.nnAccumulateArrays(out, a, b, n, k, m)).toBe(true);
+          expect(new Uint32Array(out.buffer), `n=${n} k=${k} m=${m} on ${kernel.threads} thread(s)`).toEqual(new Uint32Array(expected.buffer));
+        }
+      }
+      expect(three.blocksOnWorkers).toBe(6);
+    } finally {
+      three.close();
+    }
   });
 
   it("lets the process exit while its workers wait for work", () => {

@@ -20,7 +20,7 @@ import {
   rmsNormRowsBackward, sumOfSquares, swigluRows, swigluRowsBackward,
 } from "./kernels.ts";
 import { chunkedLogprobs, chunkedLogprobsBackward } from "./logprobs.ts";
-import { chooseGemm, type CpuBlasChoice, type Gemm } from "./gemm.ts";
+import { chooseGemm, type CpuBlasChoice, type Gemm, portableGemm } from "./gemm.ts";
 import { transposeRows } from "./matmul.ts";
 import { sampleRows } from "./sample.ts";
 import { WasmElementwise } from "./wasm-elementwise.ts";
@@ -190,10 +190,12 @@ export class CpuBackend implements Backend {
   readonly #emptyFill: number | undefined;
 
   constructor(options: CpuBackendOptions = {}) {
-    ({ gemm: this.gemm, reason: this.gemmReason } = chooseGemm(options.blas, options.threads));
+    const { gemm, reason } = chooseGemm(options.blas, options.threads);
+    this.gemmReason = reason;
+    this.#kernel = gemm.library === null ? WasmMatmul.create(gemm.threads) : null;
+    this.gemm = this.#kernel ? portableGemm(gemm.threads, this.#kernel) : gemm;
     this.#emptyFill = options.emptyFill;
     this.logitChunks = { rowChunk: this.gemm.library === null ? 16 : 128, vocabChunk: 4096 };
-    this.#kernel = this.gemm.library === null ? WasmMatmul.create(this.gemm.threads) : null;
     this.#elementwise = this.gemm.library === null ? null : WasmElementwise.create();
   }
 

@@ -16,6 +16,7 @@ import * as os from "node:os";
 import { ArtError } from "../../core/errors.ts";
 import { type NativeFunction, type NativeSignature, openLibrary } from "../../core/ffi.ts";
 import { matmulNNAccumulate, matmulNT, matmulTNAccumulate, type MatmulOptions, type TNStrides, weightedRowSum } from "./matmul.ts";
+import type { WasmMatmul } from "./wasm-matmul.ts";
 
 export interface Gemm {
   /** Who computes: "portable (JavaScript)" or e.g. "system BLAS libopenblas.so.0, 2 threads". */
@@ -33,14 +34,23 @@ export interface Gemm {
   weightedRowSum(weights: Float32Array, rows: Float32Array, count: number, width: number, stride: number, out: Float32Array): void;
 }
 
-/** The portable products; `threads` is what the WebAssembly SIMD kernel of linear layers runs on (the rest run on one). */
-export function portableGemm(threads = 1): Gemm {
+/**
+ * The portable products. With the WebAssembly kernel (CpuBackend passes its own), the backward's `dOut · W` runs
+ * there, on `threads` threads, with the JavaScript reference's bits; the rest run in JavaScript on one.
+ */
+export function portableGemm(threads = 1, kernel: WasmMatmul | null = null): Gemm {
   return {
-    description: `portable (JavaScript, WebAssembly SIMD for linear layers on ${threads} thread${threads === 1 ? "" : "s"})`,
+    description: kernel
+      ? `portable (WebAssembly SIMD for linear layers and dOut·W on ${threads} thread${threads === 1 ? "" : "s"}, JavaScript for the rest)`
+      : "portable (JavaScript)",
     library: null,
     threads,
     nt: matmulNT,
-    nnAccumulate: matmulNNAccumulate,
+    nnAccumulate: kernel
+      ? (out, a, b, n, k, m) => {
+        if (!kernel.nnAccumulateArrays(out, a, b, n, k, m)) matmulNNAccumulate(out, a, b, n, k, m);
+      }
+      : matmulNNAccumulate,
     tnAccumulate: matmulTNAccumulate,
     weightedRowSum,
   };

@@ -1,6 +1,7 @@
 /**
  * Worker threads for the WebAssembly matmul: each runs its own instance of the module on the same shared memory,
- * so a product is split into blocks of its output and every thread computes one, with no copies. The caller's
+ * so a product (`x Wᵀ`, or the backward's `a · b`) is split into blocks of its output and every thread computes one,
+ * with no copies. The caller's
  * thread computes a block too and then waits (Atomics.wait; the backend's API is synchronous). Every output is one
  * dot product in the kernel's fixed order, whichever tile or thread computes it, so the result is the same bits on
  * any number of threads.
@@ -13,8 +14,13 @@
 import { Worker } from "node:worker_threads";
 import { ArtError } from "../../core/errors.ts";
 
-/** One kernel call: x, w, out (byte offsets), n, k, m, ldOut, alpha, accumulate (0/1). */
-export type MatmulCall = readonly [number, number, number, number, number, number, number, number, number];
+/**
+ * One kernel call: "nt" takes x, w, out (byte offsets), n, k, m, ldOut, alpha, accumulate (0/1); "nn" takes a, b,
+ * out, n, k, m, ldB, ldOut.
+ */
+export type MatmulCall =
+  | { kernel: "nt"; args: readonly [number, number, number, number, number, number, number, number, number] }
+  | { kernel: "nn"; args: readonly [number, number, number, number, number, number, number, number] };
 
 /**
  * Below this many multiply-adds a product stays on one thread: waking a worker and waiting for it costs about 60 µs
@@ -42,9 +48,9 @@ function bands(length: number, parts: number): [number, number][] {
 
 // The control block (Int32 words of a SharedArrayBuffer): the count of blocks still running, an error flag, then a
 // slot per worker: its job generation (the word it waits on; -1 tells it to stop), ready (1, or -1 if it failed to
-// start), the call's nine arguments (alpha as f32 bits).
+// start), which kernel (0 "nt", 1 "nn"), the call's arguments (nt's alpha as f32 bits).
 const PENDING = 0, FAILED = 1, HEADER = 2;
-const GENERATION = 0, READY = 1, ARGUMENTS = 2, SLOT = ARGUMENTS + 9;
+const GENERATION = 0, READY = 1, KERNEL = 2, ARGUMENTS = 3, SLOT = ARGUMENTS + 9;
 const ALPHA = ARGUMENTS + 7;
 
 // The worker's program, evaluated as CommonJS by node:worker_threads (Deno runs it too; the worker gets no execArgv,
@@ -54,9 +60,9 @@ const WORKER_SOURCE = `
 const { workerData } = require("node:worker_threads");
 const { bytes, memory, control, base } = workerData;
 const words = new Int32Array(control), floats = new Float32Array(control);
-let matmul;
+let kernels;
 try {
-  matmul = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { memory } }).exports.matmulNT;
+  kernels = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { memory } }).exports;
 } catch (error) {
   Atomics.store(words, base + ${READY}, -1);
   throw error;
@@ -70,7 +76,11 @@ for (let seen = 0; ;) {
   seen = generation;
   const a = base + ${ARGUMENTS};
   try {
-    matmul(words[a], words[a + 1], words[a + 2], words[a + 3], words[a + 4], words[a + 5], words[a + 6], floats[a + 7], words[a + 8]);
+    if (words[base + ${KERNEL}] === 0) {
+      kernels.matmulNT(words[a], words[a + 1], words[a + 2], words[a + 3], words[a + 4], words[a + 5], words[a + 6], floats[a + 7], words[a + 8]);
+    } else {
+      kernels.matmulNNAccumulate(words[a], words[a + 1], words[a + 2], words[a + 3], words[a + 4], words[a + 5], words[a + 6], words[a + 7]);
+    }
   } catch {
     Atomics.store(words, ${FAILED}, 1);
   }
@@ -120,11 +130,13 @@ export class MatmulWorkers {
     Atomics.store(words, PENDING, slots.length);
     this.#generation++;
     slots.forEach((slot, i) => {
-      const call = calls[i + 1]!;
-      for (let a = 0; a < 9; a++) {
-        if (a === ALPHA - ARGUMENTS) this.#floats[slot + ALPHA] = call[a]!;
-        else words[slot + ARGUMENTS + a] = call[a]!; // offsets past 2 GiB wrap to negative: the same i32 bits
-      }
+      const { kernel, args } = calls[i + 1]!;
+      words[slot + KERNEL] = kernel === "nt" ? 0 : 1;
+      // Offsets past 2 GiB wrap to negative: the same i32 bits.
+      args.forEach((value, a) => {
+        if (kernel === "nt" && a === ALPHA - ARGUMENTS) this.#floats[slot + ALPHA] = value;
+        else words[slot + ARGUMENTS + a] = value;
+      });
       Atomics.store(words, slot + GENERATION, this.#generation);
       Atomics.notify(words, slot + GENERATION);
     });

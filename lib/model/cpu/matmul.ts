@@ -1,7 +1,7 @@
 /**
- * The CPU's JavaScript matmuls over Float32Array: the readable reference of every product, what the WASM SIMD kernel
- * (matmul.wat) is checked against, and what runs where that kernel does not (LoRA's small products, attention, the
- * backward products, weights past its 4 GiB memory).
+ * The CPU's JavaScript matmuls over Float32Array: the readable reference of every product, what the WASM SIMD kernels
+ * (matmul.wat) are checked against (its matmulNNAccumulate bit for bit), and what runs where they do not (LoRA's small
+ * products, attention, the weight gradients, operands past its 4 GiB memory).
  *
  * `matmulNT` is `x Wᵀ` with W stored [out, in] as checkpoints store it, so both operands are read along contiguous
  * rows (no transpose). It computes a 4-row × 2-column register tile per pass over k: each loaded weight feeds four

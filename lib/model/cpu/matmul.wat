@@ -238,4 +238,164 @@
             (br $nextLast)))
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $nextRow))))
+
+  ;; ---- out[n, m] += a[n, k] · b[k, m], bit for bit the JavaScript matmulNNAccumulate (matmul.ts) ----------------
+  ;; The backward's dx = dOut · W. The reference sums each output in float64 over k in order, then adds the sum to the
+  ;; f32 output; its leftover rows (n % 4) instead add each product straight into the f32 output, skipping zero
+  ;; activations. Every lane here does exactly that arithmetic for one output (f64x2 across neighbouring columns, never
+  ;; across the sum), so the results are the reference's bits, and any band of rows or columns gives the same.
+
+  ;; A float64 pair from the two f32 at $at.
+  (func $pair (param $at i32) (result v128)
+    (f64x2.promote_low_f32x4 (v128.load64_zero (local.get $at))))
+
+  ;; The f32 pair at $at plus the float64 pair $sum, rounded to f32 and stored back.
+  (func $add_pair (param $at i32) (param $sum v128)
+    (v128.store64_lane 0 (local.get $at)
+      (f32x4.demote_f64x2_zero (f64x2.add (call $pair (local.get $at)) (local.get $sum)))))
+
+  ;; Rows a0..a3 ($aRow bytes apart) times columns j..j+3 of b (rows $bRow apart, from $b0): 16 float64 sums over k.
+  (func $nn_tile_4x4 (param $a0 i32) (param $aRow i32) (param $b0 i32) (param $bRow i32) (param $out i32) (param $outRow i32)
+                     (param $k i32)
+    (local $a1 i32) (local $a2 i32) (local $a3 i32) (local $end i32) (local $lo v128) (local $hi v128) (local $x v128)
+    (local $s0l v128) (local $s0h v128) (local $s1l v128) (local $s1h v128)
+    (local $s2l v128) (local $s2h v128) (local $s3l v128) (local $s3h v128)
+    (local.set $a1 (i32.add (local.get $a0) (local.get $aRow)))
+    (local.set $a2 (i32.add (local.get $a1) (local.get $aRow)))
+    (local.set $a3 (i32.add (local.get $a2) (local.get $aRow)))
+    (local.set $end (i32.add (local.get $a0) (i32.shl (local.get $k) (i32.const 2))))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $a0) (local.get $end)))
+        (local.set $lo (call $pair (local.get $b0)))
+        (local.set $hi (call $pair (i32.add (local.get $b0) (i32.const 8))))
+        (local.set $x (f64x2.splat (f64.promote_f32 (f32.load (local.get $a0)))))
+        (local.set $s0l (f64x2.add (local.get $s0l) (f64x2.mul (local.get $x) (local.get $lo))))
+        (local.set $s0h (f64x2.add (local.get $s0h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $x (f64x2.splat (f64.promote_f32 (f32.load (local.get $a1)))))
+        (local.set $s1l (f64x2.add (local.get $s1l) (f64x2.mul (local.get $x) (local.get $lo))))
+        (local.set $s1h (f64x2.add (local.get $s1h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $x (f64x2.splat (f64.promote_f32 (f32.load (local.get $a2)))))
+        (local.set $s2l (f64x2.add (local.get $s2l) (f64x2.mul (local.get $x) (local.get $lo))))
+        (local.set $s2h (f64x2.add (local.get $s2h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $x (f64x2.splat (f64.promote_f32 (f32.load (local.get $a3)))))
+        (local.set $s3l (f64x2.add (local.get $s3l) (f64x2.mul (local.get $x) (local.get $lo))))
+        (local.set $s3h (f64x2.add (local.get $s3h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $a0 (i32.add (local.get $a0) (i32.const 4)))
+        (local.set $a1 (i32.add (local.get $a1) (i32.const 4)))
+        (local.set $a2 (i32.add (local.get $a2) (i32.const 4)))
+        (local.set $a3 (i32.add (local.get $a3) (i32.const 4)))
+        (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
+        (br $next)))
+    (call $add_pair (local.get $out) (local.get $s0l))
+    (call $add_pair (i32.add (local.get $out) (i32.const 8)) (local.get $s0h))
+    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
+    (call $add_pair (local.get $out) (local.get $s1l))
+    (call $add_pair (i32.add (local.get $out) (i32.const 8)) (local.get $s1h))
+    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
+    (call $add_pair (local.get $out) (local.get $s2l))
+    (call $add_pair (i32.add (local.get $out) (i32.const 8)) (local.get $s2h))
+    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
+    (call $add_pair (local.get $out) (local.get $s3l))
+    (call $add_pair (i32.add (local.get $out) (i32.const 8)) (local.get $s3h)))
+
+  ;; Rows a0..a3 times one column of b: 4 float64 sums over k (rows a0, a1 in one pair, a2, a3 in the other).
+  (func $nn_tile_4x1 (param $a0 i32) (param $aRow i32) (param $b0 i32) (param $bRow i32) (param $out i32) (param $outRow i32)
+                     (param $k i32)
+    (local $a1 i32) (local $a2 i32) (local $a3 i32) (local $end i32) (local $b v128) (local $s01 v128) (local $s23 v128)
+    (local.set $a1 (i32.add (local.get $a0) (local.get $aRow)))
+    (local.set $a2 (i32.add (local.get $a1) (local.get $aRow)))
+    (local.set $a3 (i32.add (local.get $a2) (local.get $aRow)))
+    (local.set $end (i32.add (local.get $a0) (i32.shl (local.get $k) (i32.const 2))))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $a0) (local.get $end)))
+        (local.set $b (f64x2.splat (f64.promote_f32 (f32.load (local.get $b0)))))
+        (local.set $s01 (f64x2.add (local.get $s01) (f64x2.mul (local.get $b)
+          (f64x2.replace_lane 1 (f64x2.splat (f64.promote_f32 (f32.load (local.get $a0)))) (f64.promote_f32 (f32.load (local.get $a1)))))))
+        (local.set $s23 (f64x2.add (local.get $s23) (f64x2.mul (local.get $b)
+          (f64x2.replace_lane 1 (f64x2.splat (f64.promote_f32 (f32.load (local.get $a2)))) (f64.promote_f32 (f32.load (local.get $a3)))))))
+        (local.set $a0 (i32.add (local.get $a0) (i32.const 4)))
+        (local.set $a1 (i32.add (local.get $a1) (i32.const 4)))
+        (local.set $a2 (i32.add (local.get $a2) (i32.const 4)))
+        (local.set $a3 (i32.add (local.get $a3) (i32.const 4)))
+        (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
+        (br $next)))
+    (call $add_one (local.get $out) (f64x2.extract_lane 0 (local.get $s01)))
+    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
+    (call $add_one (local.get $out) (f64x2.extract_lane 1 (local.get $s01)))
+    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
+    (call $add_one (local.get $out) (f64x2.extract_lane 0 (local.get $s23)))
+    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
+    (call $add_one (local.get $out) (f64x2.extract_lane 1 (local.get $s23))))
+
+  ;; The f32 at $at plus $sum, rounded to f32 and stored back.
+  (func $add_one (param $at i32) (param $sum f64)
+    (f32.store (local.get $at) (f32.demote_f64 (f64.add (f64.promote_f32 (f32.load (local.get $at))) (local.get $sum)))))
+
+  ;; One leftover row: for each k, out[j] += x · b[k, j] straight into f32 (x = 0 skipped), as the reference does.
+  (func $nn_row (param $a0 i32) (param $b0 i32) (param $bRow i32) (param $out i32) (param $k i32) (param $m i32)
+    (local $end i32) (local $x f32) (local $xx v128) (local $j i32) (local $pairs i32)
+    (local.set $end (i32.add (local.get $a0) (i32.shl (local.get $k) (i32.const 2))))
+    (local.set $pairs (i32.shl (i32.and (local.get $m) (i32.const -2)) (i32.const 2)))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $a0) (local.get $end)))
+        (local.set $x (f32.load (local.get $a0)))
+        (if (f32.ne (local.get $x) (f32.const 0))
+          (then
+            (local.set $xx (f64x2.splat (f64.promote_f32 (local.get $x))))
+            (local.set $j (i32.const 0))
+            (block $pairsDone
+              (loop $nextPair
+                (br_if $pairsDone (i32.ge_u (local.get $j) (local.get $pairs)))
+                (call $add_pair (i32.add (local.get $out) (local.get $j))
+                  (f64x2.mul (local.get $xx) (call $pair (i32.add (local.get $b0) (local.get $j)))))
+                (local.set $j (i32.add (local.get $j) (i32.const 8)))
+                (br $nextPair)))
+            (if (i32.and (local.get $m) (i32.const 1))
+              (then
+                (call $add_one (i32.add (local.get $out) (local.get $j))
+                  (f64.mul (f64.promote_f32 (local.get $x)) (f64.promote_f32 (f32.load (i32.add (local.get $b0) (local.get $j))))))))))
+        (local.set $a0 (i32.add (local.get $a0) (i32.const 4)))
+        (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
+        (br $next))))
+
+  ;; The entry point: a at byte offset $a ([n, k] row-major), b at $b ([k, m] in rows of $ldB elements), out at $out
+  ;; ([n, m] in rows of $ldOut), so a band of columns can be computed inside wider operands.
+  (func (export "matmulNNAccumulate") (param $a i32) (param $b i32) (param $out i32) (param $n i32) (param $k i32) (param $m i32)
+                                      (param $ldB i32) (param $ldOut i32)
+    (local $aRow i32) (local $bRow i32) (local $outRow i32) (local $i i32) (local $j i32) (local $rowA i32) (local $rowOut i32)
+    (local.set $aRow (i32.shl (local.get $k) (i32.const 2)))
+    (local.set $bRow (i32.shl (local.get $ldB) (i32.const 2)))
+    (local.set $outRow (i32.shl (local.get $ldOut) (i32.const 2)))
+    (block $tilesDone
+      (loop $nextRows
+        (br_if $tilesDone (i32.ge_u (i32.add (local.get $i) (i32.const 3)) (local.get $n)))
+        (local.set $rowA (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $aRow))))
+        (local.set $rowOut (i32.add (local.get $out) (i32.mul (local.get $i) (local.get $outRow))))
+        (local.set $j (i32.const 0))
+        (block $columnsDone
+          (loop $nextColumns
+            (br_if $columnsDone (i32.ge_u (i32.add (local.get $j) (i32.const 3)) (local.get $m)))
+            (call $nn_tile_4x4 (local.get $rowA) (local.get $aRow) (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2)))
+              (local.get $bRow) (i32.add (local.get $rowOut) (i32.shl (local.get $j) (i32.const 2))) (local.get $outRow) (local.get $k))
+            (local.set $j (i32.add (local.get $j) (i32.const 4)))
+            (br $nextColumns)))
+        (block $lastDone
+          (loop $nextLast
+            (br_if $lastDone (i32.ge_u (local.get $j) (local.get $m)))
+            (call $nn_tile_4x1 (local.get $rowA) (local.get $aRow) (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2)))
+              (local.get $bRow) (i32.add (local.get $rowOut) (i32.shl (local.get $j) (i32.const 2))) (local.get $outRow) (local.get $k))
+            (local.set $j (i32.add (local.get $j) (i32.const 1)))
+            (br $nextLast)))
+        (local.set $i (i32.add (local.get $i) (i32.const 4)))
+        (br $nextRows)))
+    (block $rowsDone
+      (loop $nextRow
+        (br_if $rowsDone (i32.ge_u (local.get $i) (local.get $n)))
+        (call $nn_row (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $aRow))) (local.get $b) (local.get $bRow)
+          (i32.add (local.get $out) (i32.mul (local.get $i) (local.get $outRow))) (local.get $k) (local.get $m))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $nextRow))))
 )

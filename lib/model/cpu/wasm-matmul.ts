@@ -24,6 +24,7 @@ declare const WebAssembly: {
 
 interface MatmulExports {
   matmulNT(x: number, w: number, out: number, n: number, k: number, m: number, ldOut: number, alpha: number, accumulate: number): void;
+  matmulNNAccumulate(a: number, b: number, out: number, n: number, k: number, m: number, ldB: number, ldOut: number): void;
 }
 
 const PAGE_BYTES = 65536;
@@ -206,15 +207,57 @@ export class WasmMatmul {
    * of 4, ranges inside the memory: the kernel would trap, not read past it).
    */
   matmulNT(x: number, w: number, out: number, n: number, k: number, m: number, alpha = 1, accumulate = false): void {
-    const end = Math.max(x + n * k * 4, w + m * k * 4, out + n * m * 4);
-    if ((x | w | out) & 3 || end > this.byteLength) {
-      throw new ArtError("bad_matmul_operands", `WASM matmul operands at ${x}, ${w}, ${out} (n=${n}, k=${k}, m=${m}) are misaligned or reach past the ${this.byteLength}-byte memory: place them with ensureBytes first`);
+    this.#checkOperands([[x, n * k], [w, m * k], [out, n * m]], `WASM matmul operands at ${x}, ${w}, ${out} (n=${n}, k=${k}, m=${m})`);
+    this.#run(n, k, m, (b) => ({
+      kernel: "nt",
+      args: [x + b.row * k * 4, w + b.column * k * 4, out + (b.row * m + b.column) * 4, b.rows, k, b.columns, m, alpha, accumulate ? 1 : 0],
+    }));
+  }
+
+  /**
+   * out[n, m] += a[n, k] · b[k, m] with a, b, out at these byte offsets: bit for bit the JavaScript
+   * `matmulNNAccumulate` (matmul.ts), which it replaces for the portable products' backward.
+   */
+  matmulNNAccumulate(a: number, b: number, out: number, n: number, k: number, m: number): void {
+    this.#checkOperands([[a, n * k], [b, k * m], [out, n * m]], `WASM matmulNNAccumulate operands at ${a}, ${b}, ${out} (n=${n}, k=${k}, m=${m})`);
+    this.#run(n, k, m, (block) => ({
+      kernel: "nn",
+      args: [a + block.row * k * 4, b + block.column * 4, out + (block.row * m + block.column) * 4, block.rows, k, block.columns, m, m],
+    }));
+  }
+
+  /**
+   * out[n, m] += a[n, k] · b[k, m] for arrays outside the memory: copied into its scratch space above `top`, the
+   * product taken there, out copied back. False when the memory cannot hold them (the caller then runs the reference).
+   */
+  nnAccumulateArrays(out: Float32Array, a: Float32Array, b: Float32Array, n: number, k: number, m: number): boolean {
+    const aAt = this.#top, bAt = aAt + n * k * 4, outAt = bAt + k * m * 4;
+    if (!this.ensureBytes(outAt + n * m * 4)) return false;
+    const heap = this.heap;
+    heap.set(a.subarray(0, n * k), aAt / 4);
+    heap.set(b.subarray(0, k * m), bAt / 4);
+    heap.set(out.subarray(0, n * m), outAt / 4);
+    this.matmulNNAccumulate(aAt, bAt, outAt, n, k, m);
+    out.set(heap.subarray(outAt / 4, outAt / 4 + n * m));
+    return true;
+  }
+
+  #checkOperands(operands: [number, number][], what: string): void {
+    for (const [at, count] of operands) {
+      if (at & 3 || at + count * 4 > this.byteLength) {
+        throw new ArtError("bad_matmul_operands", `${what} are misaligned or reach past the ${this.byteLength}-byte memory: place them with ensureBytes first`);
+      }
     }
+  }
+
+  /** Runs the blocks of an [n, m] output (each made into a call by `call`) on this thread and the ready workers. */
+  #run(n: number, k: number, m: number, call: (block: { row: number; rows: number; column: number; columns: number }) => MatmulCall): void {
     const workers = n * k * m >= MIN_PARALLEL_MULTIPLY_ADDS ? this.#startedWorkers() : null;
-    const blocks = outputBlocks(n, k, m, 1 + (workers?.ready ?? 0));
-    const calls = blocks.map((b): MatmulCall =>
-      [x + b.row * k * 4, w + b.column * k * 4, out + (b.row * m + b.column) * 4, b.rows, k, b.columns, m, alpha, accumulate ? 1 : 0]);
-    const own = (call: MatmulCall) => this.#exports.matmulNT(...call);
+    const calls = outputBlocks(n, k, m, 1 + (workers?.ready ?? 0)).map(call);
+    const own = (c: MatmulCall) => {
+      if (c.kernel === "nt") this.#exports.matmulNT(...c.args);
+      else this.#exports.matmulNNAccumulate(...c.args);
+    };
     if (calls.length === 1) own(calls[0]!);
     else workers!.run(calls, own);
   }
