@@ -323,14 +323,7 @@ export class CpuBackend implements Backend {
     // A weight made resident by another CpuBackend is multiplied where it lives.
     const resident = w.resident ?? (this.#kernel && moveIntoWasm(this.#kernel, w));
     if (!resident) return false;
-    const { kernel } = resident;
-    const xAt = kernel.top, outAt = xAt + x.size * 4;
-    if (!kernel.ensureBytes(outAt + out.size * 4)) return false;
-    const heap = kernel.heap;
-    heap.set(x.data, xAt / 4);
-    kernel.matmulNT(xAt, resident.offset, outAt, n, k, m);
-    out.data.set(heap.subarray(outAt / 4, outAt / 4 + out.size));
-    return true;
+    return resident.kernel.linearArrays(x.data, resident.offset, out.data, n, k, m);
   }
 
   rope(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {

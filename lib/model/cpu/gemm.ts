@@ -16,6 +16,7 @@ import * as os from "node:os";
 import { ArtError } from "../../core/errors.ts";
 import { type NativeFunction, type NativeSignature, openLibrary } from "../../core/ffi.ts";
 import { matmulNNAccumulate, matmulNT, matmulTNAccumulate, type MatmulOptions, type TNStrides, weightedRowSum } from "./matmul.ts";
+import { checkThreadCount } from "./matmul-workers.ts";
 import type { WasmMatmul } from "./wasm-matmul.ts";
 
 export interface Gemm {
@@ -136,7 +137,7 @@ const threadsApplied = new Map<string, number>();
 
 /** The products through `path`'s cblas_sgemm, on `threads` threads. Throws when it does not open. */
 export function systemGemm(path: string, threads: number): Gemm {
-  if (!Number.isInteger(threads) || threads < 1) throw new ArtError("bad_cpu_threads", `${threads} is not a positive whole number of threads`);
+  checkThreadCount(threads);
   const symbols = opened.get(path) ?? openLibrary(path, cblasSignatures).symbols;
   opened.set(path, symbols);
   // The library's thread count is process-wide: each Gemm applies its own before a product when another changed it.

@@ -13,6 +13,11 @@
 import { Worker } from "node:worker_threads";
 import { ArtError } from "../../core/errors.ts";
 
+/** Throws ArtError("bad_cpu_threads") unless `threads` is a whole number of at least 1 (the BLAS's or these threads). */
+export function checkThreadCount(threads: number): void {
+  if (!Number.isInteger(threads) || threads < 1) throw new ArtError("bad_cpu_threads", `${threads} is not a positive whole number of threads`);
+}
+
 /**
  * One kernel call: "nt" takes x, w, out (byte offsets), n, k, m, ldOut, alpha, accumulate (0/1); "nn" takes a, b,
  * out, n, k, m, ldB, ldOut.

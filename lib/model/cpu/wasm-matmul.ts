@@ -8,7 +8,7 @@
  */
 import { ArtError } from "../../core/errors.ts";
 import { matmulWasmBase64 } from "./matmul-wasm-bytes.ts";
-import { MatmulWorkers, MIN_PARALLEL_MULTIPLY_ADDS, outputBlocks, type MatmulCall } from "./matmul-workers.ts";
+import { checkThreadCount, MatmulWorkers, MIN_PARALLEL_MULTIPLY_ADDS, outputBlocks, type MatmulCall } from "./matmul-workers.ts";
 
 // The slice of the WebAssembly JS API used here: TypeScript declares it only in its DOM libs, which this project's
 // ES2023 + node types leave out; Node, Deno and browsers all have it.
@@ -67,7 +67,7 @@ export class WasmMatmul {
    * `threads - 1` workers); null without WebAssembly SIMD or shared memory.
    */
   static create(threads = 1): WasmMatmul | null {
-    if (!Number.isInteger(threads) || threads < 1) throw new ArtError("bad_cpu_threads", `${threads} is not a positive whole number of threads`);
+    checkThreadCount(threads);
     const compiledKernel = compiledModule();
     if (!compiledKernel) return null;
     let memory: WasmMemory;
@@ -231,14 +231,36 @@ export class WasmMatmul {
    * product taken there, out copied back. False when the memory cannot hold them (the caller then runs the reference).
    */
   nnAccumulateArrays(out: Float32Array, a: Float32Array, b: Float32Array, n: number, k: number, m: number): boolean {
-    const aAt = this.#top, bAt = aAt + n * k * 4, outAt = bAt + k * m * 4;
-    if (!this.ensureBytes(outAt + n * m * 4)) return false;
+    return this.#inScratch([a.subarray(0, n * k), b.subarray(0, k * m)], out.subarray(0, n * m), true,
+      ([aAt, bAt], outAt) => this.matmulNNAccumulate(aAt!, bAt!, outAt, n, k, m));
+  }
+
+  /**
+   * out[n, m] = x[n, k] · Wᵀ with W already in the memory at byte offset `w` (a resident weight) and x, out arrays
+   * outside it, copied through the scratch space. False when the memory cannot hold them.
+   */
+  linearArrays(x: Float32Array, w: number, out: Float32Array, n: number, k: number, m: number): boolean {
+    return this.#inScratch([x.subarray(0, n * k)], out.subarray(0, n * m), false, ([xAt], outAt) => this.matmulNT(xAt!, w, outAt, n, k, m));
+  }
+
+  /**
+   * Places `inputs` one after another in the scratch space above `top`, then `out` (its values copied in only when
+   * the product `accumulate`s into it), runs `compute` on their byte offsets and copies `out` back; false, with
+   * nothing run, when the memory cannot grow to hold them.
+   */
+  #inScratch(inputs: Float32Array[], out: Float32Array, accumulate: boolean, compute: (inputsAt: number[], outAt: number) => void): boolean {
+    const inputsAt: number[] = [];
+    let outAt = this.#top;
+    for (const input of inputs) {
+      inputsAt.push(outAt);
+      outAt += input.length * 4;
+    }
+    if (!this.ensureBytes(outAt + out.length * 4)) return false;
     const heap = this.heap;
-    heap.set(a.subarray(0, n * k), aAt / 4);
-    heap.set(b.subarray(0, k * m), bAt / 4);
-    heap.set(out.subarray(0, n * m), outAt / 4);
-    this.matmulNNAccumulate(aAt, bAt, outAt, n, k, m);
-    out.set(heap.subarray(outAt / 4, outAt / 4 + n * m));
+    inputs.forEach((input, i) => heap.set(input, inputsAt[i]! / 4));
+    if (accumulate) heap.set(out, outAt / 4);
+    compute(inputsAt, outAt);
+    out.set(heap.subarray(outAt / 4, outAt / 4 + out.length));
     return true;
   }
 
