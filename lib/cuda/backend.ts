@@ -17,7 +17,7 @@ import { ArtError } from "../core/errors.ts";
 import {
   type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights,
   type PackedSegment, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
-  checkSamplingParams, checkTokenIds, shapeSize,
+  checkSampled, checkSamplingParams, checkTokenIds, shapeSize,
 } from "../model/backend.ts";
 import {
   attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkPackedHeadDim,
@@ -508,8 +508,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       ["ptr", partialO], ["ptr", partialMl], ["i32", n], ["ptr", decode ? ks.address : 0n], ["ptr", decode ? vs.address : 0n]],
     attentionSharedBytes(dpl));
     if (splits > 1) {
-      this.#launch("attention_combine", [n * numHeads], [rowThreads(headDim)], [["ptr", partialO], ["ptr", partialMl],
-        ["ptr", o.address], ["ptr", outBf16], ["i32", splits], ["i32", n], ["i32", numHeads], ["i32", headDim]]);
+      this.#launch("attention_combine", [tileCount, numHeads], [rowThreads(headDim)], [["ptr", partialO], ["ptr", partialMl],
+        ["ptr", this.#indices(plan.tileStart)], ["ptr", this.#indices(plan.tileRows)], ["ptr", o.address], ["ptr", outBf16], ["i32", splits], ["i32", n], ["i32", numHeads], ["i32", headDim]]);
       this.#release(partialO);
       this.#release(partialMl);
     }
@@ -562,12 +562,12 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
         at(output, rows * 4), top > 0 ? at(output, rows * 8) : none, top > 0 ? at(output, rows * 8 + rows * top * 4) : none]);
       const host = new ArrayBuffer(outputBytes);
       this.context.download(output, new Uint8Array(host));
-      return {
+      return checkSampled("cuda backend", {
         ids: new Int32Array(host, 0, rows),
         logprobs: new Float32Array(host, rows * 4, rows),
         topIds: new Int32Array(host, rows * 8, rows * top),
         topLogprobs: new Float32Array(host, rows * 8 + rows * top * 4, rows * top),
-      };
+      });
     } finally {
       this.context.pool.free(input);
       this.context.pool.free(output);

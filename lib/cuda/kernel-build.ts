@@ -46,7 +46,7 @@ export const kernelModules = {
     kv_copy_slot: [ptr, i32, i32, i32, i32, i32, i32, i32, i32],
     attention_dpl1: attentionParameters, attention_dpl2: attentionParameters, attention_dpl3: attentionParameters,
     attention_dpl4: attentionParameters, attention_dpl8: attentionParameters,
-    attention_combine: [ptr, ptr, ptr, ptr, i32, i32, i32, i32],
+    attention_combine: [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32],
     attention_prefill_hd16: prefillParameters, attention_prefill_hd32: prefillParameters, attention_prefill_hd64: prefillParameters,
     attention_prefill_hd128: prefillParameters,
   },

@@ -148,6 +148,21 @@ export function checkSamplingParams(backend: string, params: SamplingParams, row
   }
 }
 
+/**
+ * Returns a backend's sampled rows once each holds a drawn token. A row of NaN logits (an engine bug, or weights that
+ * hold NaN) draws nothing: the samplers report id -1 and a NaN logprob, which would otherwise reach the tokenizer or
+ * the next pass as a token. Shared by every backend.
+ */
+export function checkSampled(backend: string, result: SampleResult): SampleResult {
+  for (let row = 0; row < result.ids.length; row++) {
+    if (result.ids[row] < 0 || Number.isNaN(result.logprobs[row])) {
+      throw new ArtError("non_finite_logits", `${backend}: row ${row} of the logits is not numbers (NaN), so no token can be drawn from it. ` +
+        `This is a bug in the engine or NaN in the model's weights; please report it with the model and the request that hit it`);
+    }
+  }
+  return result;
+}
+
 /** A decode pass: one row per KV slot and logits for every row (see Backend.runDecodePass). */
 export interface DecodePass {
   /** Whose weights the pass reads; its recordings go with it (releaseDecodePasses). */

@@ -77,7 +77,7 @@ describe("CUDA backend host logic (recording device)", () => {
     const decode = device.launches.filter((l) => l.name.startsWith("attention"));
     expect(decode.map((l) => l.name)).toEqual(["attention_dpl2", "attention_combine"]);
     expect(decode[0].grid[2]).toBeGreaterThan(1);
-    expect(decode[1].grid).toEqual([14, 1, 1]);
+    expect(decode[1].grid).toEqual([1, 14, 1]); // the one tile × query heads
     device.launches.length = 0;
     pass(Array(512).fill(1), Array.from({ length: 512 }, (_, i) => i));
     const prefill = device.launches.filter((l) => l.name.startsWith("attention"));

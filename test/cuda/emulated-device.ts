@@ -123,6 +123,15 @@ class EmulatedDevice implements DeviceQueue {
         c.emu_free(address);
       },
     });
+    // A GPU hands out memory holding whatever was there (a fresh block, or a freed tensor's bits): every block the
+    // pool hands out is filled with 0xff bytes (NaN as f32 and bf16, -1 as int32), so a kernel that reads what no op
+    // wrote shows up as NaN or a -1 index instead of passing on the zeros of fresh host memory.
+    const allocate = this.pool.allocate.bind(this.pool);
+    this.pool.allocate = (bytes) => {
+      const address = allocate(bytes);
+      this.#memory.write(address, new Uint8Array(bytes).fill(0xff));
+      return address;
+    };
     this.#argBlock = this.#memory.malloc(kernelArgBlockBytes(64));
   }
 

@@ -12,6 +12,7 @@ import { generate, decode } from "../../lib/model/generate.ts";
 import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
 import type { CudaBackend, CudaBackendOptions, DeviceQueue } from "../../lib/cuda/backend.ts";
 import { type LayerLoras } from "../../lib/model/lora.ts";
+import { Batcher } from "../../lib/serve/batcher.ts";
 import { type Transformer } from "../../lib/model/transformer.ts";
 import { tinyCheckpoint } from "../model/helpers.ts";
 import { probeKvSlotCopy } from "../model/kv-copy-probe.ts";
@@ -123,12 +124,14 @@ describe.skipIf(skip)(title, () => {
       };
       const range = (from: number, count: number) => Array.from({ length: count }, (_, i) => from + i);
       // Two prompts prefill together (the first long enough for the tensor-core prefill, the second not); then a mixed
-      // pass (two decode rows + a third prompt); then slot 0 fills up to maxContext (several tensor-core tiles) and
-      // decodes there, where the keys are split across blocks. The bf16 KV cache (and, in the tensor-core prefill, bf16
+      // pass (two decode rows + a third prompt); then the third prompt's next chunk (tensor-core prefill past 64 keys)
+      // beside a decode row whose keys are split across blocks (the batcher's chunked prefill, and its prefix reuse);
+      // then slot 0 fills up to maxContext (several tensor-core tiles) and decodes there, where the keys are split. The bf16 KV cache (and, in the tensor-core prefill, bf16
       // q and probabilities) puts the output within 3.9e-3 of the CPU's on the emulator.
       const [a, b] = [Math.floor(maxContext / 5), Math.floor(maxContext / 27)];
       expect(pass([...Array(a).fill(0), ...Array(b).fill(1)], [...range(0, a), ...range(0, b)])).toBeLessThan(1e-2);
       expect(pass([0, 1, 2, 2, 2, 2, 2], [a, b, ...range(0, 5)])).toBeLessThan(1e-2);
+      expect(pass([1, ...Array(70).fill(2)], [b + 1, ...range(5, 70)])).toBeLessThan(1e-2);
       expect(pass(Array(maxContext - a - 1).fill(0), range(a + 1, maxContext - a - 1))).toBeLessThan(1e-2);
       expect(pass([0], [maxContext])).toBeLessThan(1e-2);
       caches.forEach((c) => c.free());
@@ -175,6 +178,19 @@ describe.skipIf(skip)(title, () => {
       expect(relativeError(c.logprobs, g.logprobs)).toBeLessThan(1e-5);
       expect([...g.topIds]).toEqual([...c.topIds]);
       expect(relativeError(c.topLogprobs, g.topLogprobs)).toBeLessThan(1e-5);
+    }
+  });
+
+  it("a row of NaN logits is refused (non_finite_logits) instead of drawing id -1, greedy or sampled, on both backends", () => {
+    const data = random(2 * vocab, 31, 3);
+    data.fill(NaN, vocab, vocab + 5); // row 1: a few NaN logits poison its whole distribution
+    const logits = both(data, [2, vocab]);
+    for (const temperature of [0, 1]) {
+      const p = { temperature: new Float32Array(2).fill(temperature), topP: new Float32Array(2).fill(1), topK: new Int32Array(2),
+        uniforms: Float32Array.of(0.3, 0.6), numTopLogprobs: 0 };
+      for (const [b, name] of [[cpu, "cpu backend"], [gpu, "cuda backend"]] as const) {
+        expect(() => b.sample(logits[b === cpu ? 0 : 1], p), `${name}, temperature ${temperature}`).toThrow(/row 1 of the logits is not numbers/);
+      }
     }
   });
 
@@ -255,6 +271,30 @@ describe.skipIf(skip)(title, () => {
       onGpu.free();
     });
   }
+
+  it("the batcher's mixed passes (prompts chunked across passes, shared prefixes copied, beside decoding rows) give the CPU engine's greedy tokens", async () => {
+    const dir = tinyCheckpoint({ arch: "qwen2", seed: 9 });
+    const onCpu = loadTransformer(dir, cpu, "bf16"), onGpu = loadTransformer(dir, gpu, "bf16");
+    const vocab = onCpu.config.vocabSize;
+    // Three prompts of 90-130 tokens sharing their first 20, arriving one pass apart: the later ones copy the prefix and
+    // prefill the rest in 32-token chunks (tensor-core runs past 64 keys) while the earlier ones decode.
+    const prompts = [0, 1, 2].map((i) => Array.from({ length: 90 + 20 * i }, (_, t) => (t < 20 ? t * 13 + 5 : t * 31 + i * 7) % vocab));
+    const serve = async (model: Transformer) => {
+      const batcher = new Batcher(model, { numSlots: 4, maxPositions: 200, maxPrefillTokens: 32 });
+      const results = await Promise.all(prompts.map(async (promptIds, i) => {
+        for (let wait = 0; wait < i; wait++) await new Promise((resolve) => setImmediate(resolve));
+        return batcher.submit({ promptIds, maxTokens: 12, temperature: 0, topP: 1, seed: i, numTopLogprobs: 0, stopTokenIds: [],
+          constraint: null, loras: null });
+      }));
+      const { copiedTokens } = batcher.stats;
+      await batcher.close();
+      return { tokens: results.map((r) => r.tokens.map((t) => t.id)), copiedTokens };
+    };
+    const [c, g] = [await serve(onCpu), await serve(onGpu)];
+    expect(g.copiedTokens).toBeGreaterThan(0);
+    expect(g.tokens).toEqual(c.tokens);
+    onGpu.free();
+  });
 
   it("decode passes replayed as CUDA graphs give the very tokens and logprobs of eager passes, LoRA and its in-place updates included", () => {
     const eager = create({ graphs: false });

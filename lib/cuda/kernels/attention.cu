@@ -212,27 +212,32 @@ ATTENTION_ENTRY(3)
 ATTENTION_ENTRY(4)
 ATTENTION_ENTRY(8)
 
-// Merges the splits of one (row, head) per block of head_dim threads (rounded up to a warp).
+// Merges the splits of attention_dplN's rows: a block per (tile, head) of head_dim threads (rounded up to a warp)
+// walks its tile's rows. Only those rows: a call's other rows are the tensor-core prefill's, whose outputs are final
+// and whose partials no split wrote.
 extern "C" __global__ void attention_combine(const float* __restrict__ partial_o, const float* __restrict__ partial_ml,
+                                             const int* __restrict__ tile_start, const int* __restrict__ tile_rows,
                                              float* __restrict__ out, bf16* __restrict__ out_bf16, int splits,
                                              int total_rows, int heads, int head_dim) {
-  const long long row_head = blockIdx.x;
   const long long stride = (long long)total_rows * heads;
-  float max_m = -INFINITY;
-  for (int s = 0; s < splits; s++) max_m = fmaxf(max_m, partial_ml[(s * stride + row_head) * 2]);
-  float total_l = 0.0f, acc = 0.0f;
   const int j = threadIdx.x;
-  for (int s = 0; s < splits; s++) {
-    const float m = partial_ml[(s * stride + row_head) * 2];
-    if (m == -INFINITY) continue;  // a split past this row's position saw no keys
-    const float w = __expf(m - max_m);
-    total_l += w * partial_ml[(s * stride + row_head) * 2 + 1];
-    if (j < head_dim) acc += w * partial_o[(s * stride + row_head) * head_dim + j];
-  }
-  if (j < head_dim) {
-    const float value = acc / total_l;
-    out[row_head * head_dim + j] = value;
-    if (out_bf16) out_bf16[row_head * head_dim + j] = __float2bfloat16_rn(value);
+  for (int r = 0; r < tile_rows[blockIdx.x]; r++) {
+    const long long row_head = (long long)(tile_start[blockIdx.x] + r) * heads + blockIdx.y;
+    float max_m = -INFINITY;
+    for (int s = 0; s < splits; s++) max_m = fmaxf(max_m, partial_ml[(s * stride + row_head) * 2]);
+    float total_l = 0.0f, acc = 0.0f;
+    for (int s = 0; s < splits; s++) {
+      const float m = partial_ml[(s * stride + row_head) * 2];
+      if (m == -INFINITY) continue;  // a split past this row's position saw no keys
+      const float w = __expf(m - max_m);
+      total_l += w * partial_ml[(s * stride + row_head) * 2 + 1];
+      if (j < head_dim) acc += w * partial_o[(s * stride + row_head) * head_dim + j];
+    }
+    if (j < head_dim) {
+      const float value = acc / total_l;
+      out[row_head * head_dim + j] = value;
+      if (out_bf16) out_bf16[row_head * head_dim + j] = __float2bfloat16_rn(value);
+    }
   }
 }
 

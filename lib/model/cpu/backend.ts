@@ -9,7 +9,7 @@
 import { ArtError } from "../../core/errors.ts";
 import {
   type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights, type PackedSegment,
-  type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkTokenIds, shapeSize,
+  type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkSampled, checkTokenIds, shapeSize,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
 import {
@@ -456,7 +456,7 @@ export class CpuBackend implements Backend {
   sample(logits: Tensor, params: SamplingParams): SampleResult {
     const l = cpu(logits);
     const fast = this.#elementwise;
-    return fast ? sampleRows(l.data, l.cols, params, (row) => fast.logSumExp(row)) : sampleRows(l.data, l.cols, params);
+    return checkSampled("cpu backend", fast ? sampleRows(l.data, l.cols, params, (row) => fast.logSumExp(row)) : sampleRows(l.data, l.cols, params));
   }
 
   // ---- training: packed attention, backward ops, target logprobs, optimiser -------------------------------------
