@@ -19,7 +19,7 @@ import { decode } from "../lib/model/generate.ts";
 import { loadTransformer } from "../lib/model/transformer.ts";
 import { type Transformer } from "../lib/model/transformer.ts";
 import { writeTinyCheckpoint } from "../scripts/make-tiny-checkpoint.ts";
-import { peerEnvironment } from "./peers/environment.ts";
+import { peerEnvironment, peerPython } from "./peers/environment.ts";
 
 interface Workload { name: "tiny" | "20m"; batch: number; promptLength: number; decodeTokens: number; repeats: number }
 
@@ -60,7 +60,7 @@ interface TorchThroughput extends Throughput { blas: string[]; threads: number; 
 function measureTorch(dir: string, w: Workload, threads: number): TorchThroughput {
   const script = path.join(import.meta.dirname, "peers", "torch_cpu_engine.py");
   const args = [script, dir, String(w.batch), String(w.promptLength), String(w.decodeTokens), String(w.repeats), String(threads)];
-  return JSON.parse(execFileSync("/usr/bin/python3", args, { encoding: "utf8", env: peerEnvironment(threads) }));
+  return JSON.parse(execFileSync(peerPython(), args, { encoding: "utf8", env: peerEnvironment(threads) }));
 }
 
 function parameterCount(model: Transformer): number {

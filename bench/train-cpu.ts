@@ -17,7 +17,7 @@ import { type TrainingSequence } from "../lib/grpo/tokenize.ts";
 import { CpuBackend } from "../lib/model/cpu/backend.ts";
 import { loadTransformer } from "../lib/model/transformer.ts";
 import { writeTinyCheckpoint } from "../scripts/make-tiny-checkpoint.ts";
-import { peerEnvironment } from "./peers/environment.ts";
+import { peerEnvironment, peerPython } from "./peers/environment.ts";
 
 function arg(name: string, fallback: string): string {
   const i = process.argv.indexOf(`--${name}`);
@@ -70,7 +70,7 @@ fs.writeFileSync(batchFile, JSON.stringify({
   advantages: sequences.map((s) => s.advantage),
 }));
 interface PeerRun { stepSeconds: number[]; blas: string[]; threads: number; torch: string }
-const peer = (threads: number): PeerRun => JSON.parse(execFileSync("/usr/bin/python3",
+const peer = (threads: number): PeerRun => JSON.parse(execFileSync(peerPython(),
   [path.join(import.meta.dirname, "peers", "torch_train_step.py"), root, batchFile, "1", String(threads)], { encoding: "utf8", env: peerEnvironment(threads) }));
 
 // Alternating rounds (each art-ts side, torch 1 thread, torch all threads) so a busy machine slows every side alike;

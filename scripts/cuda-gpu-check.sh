@@ -25,7 +25,8 @@
 #                  arrivals at the 0.5B shape), grpo.json (bench/grpo-step.ts: whole GRPO steps, rollouts through
 #                  the in-process server and train(), at Qwen2.5 0.5B, 1.5B and 7B shapes, beside the peer),
 #                  memory.json (the same bench's "memory" workload at the 7B and 14B shapes: 32 rollouts of 4k
-#                  tokens and their LoRA step on one GPU, peak memory)
+#                  tokens and their LoRA step on one GPU, peak memory), cpu-engine.json and train-cpu.json (the CPU
+#                  engine on the machine's cores beside its pip torch)
 #   summary.json   every step with its status ("ok", "failed (exit N)", "timed out after N s", "skipped: why",
 #                  "running", "pending"), rewritten after each step, so a call cut short still leaves valid JSON
 #   log.txt        every step's command and stderr
@@ -44,7 +45,7 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT/results/bench"
 : >> "$OUT/log.txt"
 # Ordered by what a call cut short should still have shown: correctness, then the benches, then the rest.
-all_steps="env build hf_reference tests roofline hf_peer bench serve_mix hf_train_peer train_bench demo demo_cpu notebooks sanitizer nvrtc_fallback hf_fixtures grpo_peer grpo_bench memory"
+all_steps="env build hf_reference tests roofline hf_peer bench serve_mix hf_train_peer train_bench demo demo_cpu notebooks sanitizer nvrtc_fallback hf_fixtures grpo_peer grpo_bench memory cpu_benches"
 selected=" ${ART_GPU_CHECK_STEPS:-$all_steps} "
 deadline=$((SECONDS + ${ART_GPU_CHECK_SECONDS:-570}))
 declare -A status
@@ -159,6 +160,10 @@ step grpo_bench 300 log.txt node bench/grpo-step.ts --shapes "$grpo_shapes" --st
 # The two checkpoints take 15 and 30 GB of disk and a few minutes each: a call of its own, or one per shape.
 memory_shapes=${ART_GPU_CHECK_MEMORY_SHAPES:-qwen2.5-7b,qwen2.5-14b}
 step memory 560 log.txt node bench/grpo-step.ts --shapes "$memory_shapes" --workloads memory --steps 0 --out "$OUT/results/bench/memory.json"
+# The CPU engine on this machine's cores (16 here, 2 where CI runs) beside the machine's pip torch (MKL / oneDNN, as
+# users install it), issue 22: bench/cpu-engine.ts (prefill, decode) and bench/train-cpu.ts (a LoRA step), at 1 thread
+# and at every core.
+step cpu_benches 300 log.txt bash -c "ART_PEER_PYTHON=python3 node bench/cpu-engine.ts --quick --out '$OUT/results/bench/cpu-engine.json' && ART_PEER_PYTHON=python3 node bench/train-cpu.ts --seqs 2 --len 512 --rounds 3 && cp bench/results/train-cpu.json '$OUT/results/bench/train-cpu.json'"
 # The device tool returns at most 8 files of 16 MiB: the bench and demo results travel as one archive, without the
 # demo's checkpoints and saved trajectories (36 MB; its history.jsonl and summary say what it learned).
 tar -cf "$OUT/results.tar" -C "$OUT/results" --exclude=checkpoints --exclude=trajectories . && rm -rf "$OUT/results"

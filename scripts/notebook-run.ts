@@ -1,11 +1,14 @@
 /**
  * Executes notebooks headless under both kernels and checks what they produced (npm run notebooks).
  *
- *   node scripts/notebook-run.ts [notebooks/x.ipynb ...] [--kernel deno|tslab|node] [--defaults]
+ *   node scripts/notebook-run.ts [notebooks/x.ipynb ...] [--kernel deno|tslab|node] [--defaults] [--cuda-emulator]
  *
  * `--kernel node` runs a notebook's code cells, in order, as one Node module in its folder, without Jupyter (plots
  * and transcripts print as text): what a machine without Jupyter can run of the cookbook, such as the GPU check's.
- * Its output goes to notebooks/.executed/<name>.node.txt; a non-zero exit fails the run.
+ * Its output goes to notebooks/.executed/<name>.node.txt; a non-zero exit fails the run. With `--cuda-emulator` the
+ * module finds the CUDA kernel emulator where it looks for a GPU (test/cuda/emulated-cuda-hooks.ts) and runs with
+ * ART_NB_DEVICE=cuda: the notebook's GPU path, host logic and kernels, without a GPU (minutes: the emulator runs a
+ * CUDA thread as a fiber); its output goes to <name>.node-cuda-emulator.txt.
  *
  * Each notebook runs with Jupyter's nbconvert (Debian's jupyter-nbconvert); a cell error fails the run.
  * The executed copy goes to notebooks/.executed/<name>.<kernel>.ipynb (and .html), then is checked:
@@ -89,12 +92,12 @@ export function checkExecuted(notebook: { cells: Cell[] }, html: string, plots =
  * Runs the notebook's code cells, in order, as one ES module beside it (so relative paths and the art-ts import
  * resolve as in a kernel); stdout and stderr go to `<out>.txt`. Returns the problems: empty when it exited 0.
  */
-function runAsModule(notebook: string, out: string, env: NodeJS.ProcessEnv): string[] {
+function runAsModule(notebook: string, out: string, env: NodeJS.ProcessEnv, nodeOptions: string[] = []): string[] {
   const cells = (JSON.parse(readFileSync(notebook, "utf8")) as { cells: Cell[] }).cells;
   const module = join(dirname(notebook), `.${basename(notebook, ".ipynb")}.notebook-run.ts`);
   writeFileSync(module, cells.filter((c) => c.cell_type === "code").map((c) => text(c.source)).join("\n;\n") + "\n");
   try {
-    const run = spawnSync(process.execPath, [module], { cwd: dirname(notebook), env, encoding: "utf8", maxBuffer: 256 * 1024 * 1024 });
+    const run = spawnSync(process.execPath, [...nodeOptions, module], { cwd: dirname(notebook), env, encoding: "utf8", maxBuffer: 256 * 1024 * 1024 });
     writeFileSync(`${out}.txt`, `${run.stdout ?? ""}${run.stderr ?? ""}`);
     if (run.status === 0) return [];
     return [`exit ${run.status ?? run.signal}:\n${(run.stderr || run.error?.message || "").split("\n").slice(-25).join("\n")}`];
@@ -113,6 +116,9 @@ function main(): void {
   const kernels = kernelIndex >= 0 ? [args.splice(kernelIndex, 2)[1] as (typeof RUNNERS)[number]] : [...KERNELS];
   const ownDefaults = args.includes("--defaults");
   if (ownDefaults) args.splice(args.indexOf("--defaults"), 1);
+  const cudaEmulator = args.includes("--cuda-emulator");
+  if (cudaEmulator) args.splice(args.indexOf("--cuda-emulator"), 1);
+  if (cudaEmulator && kernels.some((k) => k !== "node")) throw new Error("--cuda-emulator runs with --kernel node only");
   if (kernels.some((k) => !RUNNERS.includes(k))) throw new Error(`--kernel must be one of ${RUNNERS.join(", ")}`);
   const notebooks = args.length > 0 ? args.map((a) => resolve(a)) :
     readdirSync(join(root, "notebooks")).filter((f) => f.endsWith(".ipynb")).sort().map((f) => join(root, "notebooks", f));
@@ -152,7 +158,10 @@ function main(): void {
       const name = `${basename(notebook, ".ipynb")}.${kernel}`;
       const started = Date.now();
       if (kernel === "node") {
-        const problems = runAsModule(notebook, join(outDir, name), env);
+        const problems = cudaEmulator
+          ? runAsModule(notebook, join(outDir, `${name}-cuda-emulator`), { ...env, ART_NB_DEVICE: "cuda" },
+            ["--import", join(root, "test", "cuda", "emulated-cuda-hooks.ts")])
+          : runAsModule(notebook, join(outDir, name), env);
         console.log(`${problems.length === 0 ? "ok  " : "FAIL"} ${name} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
         for (const p of problems) console.log(`     ${p}`);
         if (problems.length > 0) failures.push(name);

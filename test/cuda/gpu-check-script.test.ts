@@ -11,7 +11,7 @@ const root = join(dirname(new URL(import.meta.url).pathname), "..", "..");
 const work = mkdtempSync(join(tmpdir(), "art-gpu-check-"));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-const allSteps = ["env", "build", "hf_reference", "tests", "roofline", "hf_peer", "bench", "serve_mix", "hf_train_peer", "train_bench", "demo", "demo_cpu", "notebooks", "sanitizer", "nvrtc_fallback", "hf_fixtures", "grpo_peer", "grpo_bench", "memory"];
+const allSteps = ["env", "build", "hf_reference", "tests", "roofline", "hf_peer", "bench", "serve_mix", "hf_train_peer", "train_bench", "demo", "demo_cpu", "notebooks", "sanitizer", "nvrtc_fallback", "hf_fixtures", "grpo_peer", "grpo_bench", "memory", "cpu_benches"];
 
 function runCheck(name: string, python: string, env: Record<string, string>): { summary: Record<string, { status: string }>; log: string } {
   const bin = join(work, name, "bin"), out = join(work, name, "out");

@@ -88,6 +88,17 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
     expect(Number(games![2]) - Number(games![1])).toBeGreaterThanOrEqual(15); // measured 45% → 72%
   }, 300_000);
 
+  // The GPU path of a notebook without a GPU: 2048 (rollouts through the batcher's mixed prefill and decode passes,
+  // judging, GRPO training, adapter swaps) with device "cuda" on the CUDA backend of the kernel emulator. The H100
+  // check found five notebooks failing there (NaN logits in mixed passes) that every CPU-side test had passed.
+  it("2048 runs on the CUDA backend of the kernel emulator (--cuda-emulator, ART_NB_DEVICE=cuda)", () => {
+    const emulated = run(["scripts/notebook-run.ts", "notebooks/2048.ipynb", "--kernel", "node", "--cuda-emulator"]);
+    expect(emulated.status, emulated.stdout + emulated.stderr).toBe(0);
+    const output = readFileSync(join("notebooks", ".executed", "2048.node-cuda-emulator.txt"), "utf8");
+    expect(output).toContain("art-ts cuda: the kernel emulator");
+    expect(output).toMatch(/━━ one game of the untrained model/);
+  }, 300_000);
+
   // The executed notebooks' HTML in a real browser (Debian's chromium, driven by puppeteer-core; ART_TEST_BROWSER=1,
   // which CI sets): every plot renders as a sized SVG, transcripts toggle, the progress bars' last state is there.
   // Full-page screenshots go to test/.tmp/browser/ as artifacts. Needs the run above (same file, so it runs first).
