@@ -20,6 +20,8 @@ export interface AttentionPlan {
   /** attention_dplN's tiles: each tile's first row and row count. */
   tileStart: Int32Array;
   tileRows: Int32Array;
+  /** The rows of the tiles before each tile: where its rows' split partials go (they cover the tiles' rows only). */
+  tileOffset: Int32Array;
   /** attention_prefill_hdN's tiles: per tile {first row, rows, slot, first position}. */
   prefill: Int32Array;
   /**
@@ -53,8 +55,10 @@ export function planAttention(slots: Int32Array, positions: Int32Array, group: n
     }
     first = end;
   }
+  let offset = 0;
+  const offsets = counts.map((rows) => (offset += rows) - rows);
   return {
-    tileStart: Int32Array.from(starts), tileRows: Int32Array.from(counts), prefill: Int32Array.from(prefill),
+    tileStart: Int32Array.from(starts), tileRows: Int32Array.from(counts), tileOffset: Int32Array.from(offsets), prefill: Int32Array.from(prefill),
     decode: new Set(slots).size === slots.length,
   };
 }

@@ -39,6 +39,7 @@ describe("attention launch planning", () => {
     expect([...plan.prefill]).toEqual([0, 64, 4, 10, 64, 64, 4, 74, 128, 22, 4, 138]); // {first row, rows, slot, first position}
     expect([...plan.tileStart]).toEqual([150, 151, 159]);
     expect([...plan.tileRows]).toEqual([1, 8, 7]);
+    expect([...plan.tileOffset]).toEqual([0, 1, 9]); // the split partials hold the tiles' 16 rows, not the call's 166
     const wide = planAttention(slots, positions, 2, 256); // no tensor-core instantiation for head size 256
     expect(wide.prefill.length).toBe(0);
     expect(wide.tileRows.reduce((a, b) => a + b, 0)).toBe(slots.length);

@@ -82,6 +82,14 @@ describe("CUDA backend host logic (recording device)", () => {
     pass(Array(512).fill(1), Array.from({ length: 512 }, (_, i) => i));
     const prefill = device.launches.filter((l) => l.name.startsWith("attention"));
     expect(prefill.map((l) => [l.name, l.grid])).toEqual([["attention_prefill_hd64", [8, 14, 1]]]); // 64-row tiles × query heads
+    // A decode row beside a 512-row prompt chunk: the split partials and their merge cover that one row only.
+    device.launches.length = 0;
+    pass([0, ...Array(512).fill(1)], [1501, ...Array.from({ length: 512 }, (_, i) => 512 + i)]);
+    const mixed = device.launches.filter((l) => l.name.startsWith("attention"));
+    expect(mixed.map((l) => l.name)).toEqual(["attention_prefill_hd64", "attention_dpl2", "attention_combine"]);
+    expect(mixed[1].grid[2]).toBeGreaterThan(1);
+    expect(mixed[1].args[16]).toEqual(["i32", 1]); // partial_rows
+    expect(mixed[2].grid).toEqual([1, 14, 1]);
     cache.free();
     backend.dispose();
     expect(device.outstandingBytes).toBe(0);

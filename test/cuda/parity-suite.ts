@@ -126,7 +126,8 @@ describe.skipIf(skip)(title, () => {
       // Two prompts prefill together (the first long enough for the tensor-core prefill, the second not); then a mixed
       // pass (two decode rows + a third prompt); then the third prompt's next chunk (tensor-core prefill past 64 keys)
       // beside a decode row whose keys are split across blocks (the batcher's chunked prefill, and its prefix reuse);
-      // then slot 0 fills up to maxContext (several tensor-core tiles) and decodes there, where the keys are split. The bf16 KV cache (and, in the tensor-core prefill, bf16
+      // then slot 0 fills up to maxContext (several tensor-core tiles) and decodes there, where the keys are split, and
+      // so do the three slots together. The bf16 KV cache (and, in the tensor-core prefill, bf16
       // q and probabilities) puts the output within 3.9e-3 of the CPU's on the emulator.
       const [a, b] = [Math.floor(maxContext / 5), Math.floor(maxContext / 27)];
       expect(pass([...Array(a).fill(0), ...Array(b).fill(1)], [...range(0, a), ...range(0, b)])).toBeLessThan(1e-2);
@@ -134,6 +135,8 @@ describe.skipIf(skip)(title, () => {
       expect(pass([1, ...Array(70).fill(2)], [b + 1, ...range(5, 70)])).toBeLessThan(1e-2);
       expect(pass(Array(maxContext - a - 1).fill(0), range(a + 1, maxContext - a - 1))).toBeLessThan(1e-2);
       expect(pass([0], [maxContext])).toBeLessThan(1e-2);
+      // A decode pass of three slots, each its own tile, with keys split: each tile's partials in their own rows.
+      expect(pass([0, 1, 2], [maxContext, b + 2, 75])).toBeLessThan(1e-2);
       caches.forEach((c) => c.free());
     });
   }

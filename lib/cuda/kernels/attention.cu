@@ -60,15 +60,17 @@ extern "C" __global__ void kv_copy_slot(bf16* cache, int planes, int slots, int 
 }
 
 // tile_start/tile_rows: the rows of each tile (consecutive batch rows of one slot). Grid: (tiles, kv_heads, splits).
-// split_len: keys per split (a multiple of ATTN_CHUNK). partial_* used only when gridDim.z > 1:
-// partial_o [splits, rows, heads, hd], partial_ml [splits, rows, heads, 2].
+// split_len: keys per split (a multiple of ATTN_CHUNK). partial_* used only when gridDim.z > 1, over the tiles' rows
+// only (a pass's prefill rows go to the tensor-core kernel): partial_o [splits, partial_rows, heads, hd], partial_ml
+// [splits, partial_rows, heads, 2], a tile's rows from tile_offset[tile] (the rows of the tiles before it).
 template <int DPL>
 __device__ void attention(const float* __restrict__ q, bf16* __restrict__ cache_k, bf16* __restrict__ cache_v,
                           const int* __restrict__ slots, const int* __restrict__ positions,
                           const int* __restrict__ tile_start, const int* __restrict__ tile_rows, int heads, int kv_heads,
                           int head_dim, int max_positions, int split_len, float* __restrict__ out,
                           bf16* __restrict__ out_bf16, float* __restrict__ partial_o, float* __restrict__ partial_ml,
-                          int total_rows, const float* __restrict__ k_new, const float* __restrict__ v_new) {
+                          int partial_rows, const float* __restrict__ k_new, const float* __restrict__ v_new,
+                          const int* __restrict__ tile_offset) {
   extern __shared__ float shared[];
   constexpr int HD = DPL * 32;
   float* s_q = shared;                                   // [ATTN_QMAX][HD]
@@ -185,13 +187,13 @@ __device__ void attention(const float* __restrict__ q, bf16* __restrict__ cache_
         if (out_bf16) out_bf16[at + lane + 32 * d] = __float2bfloat16_rn(value);
       }
     } else {
-      const long long split_at = (long long)split * total_rows * heads;
+      const long long partial = ((long long)split * partial_rows + tile_offset[tile] + vec / group) * heads + head;
 #pragma unroll
       for (int d = 0; d < DPL; d++)
-        if (lane + 32 * d < head_dim) partial_o[split_at * head_dim + at + lane + 32 * d] = o[i][d];
+        if (lane + 32 * d < head_dim) partial_o[partial * head_dim + lane + 32 * d] = o[i][d];
       if (lane == 0) {
-        partial_ml[(split_at + (long long)row * heads + head) * 2] = m[i];
-        partial_ml[(split_at + (long long)row * heads + head) * 2 + 1] = l[i];
+        partial_ml[partial * 2] = m[i];
+        partial_ml[partial * 2 + 1] = l[i];
       }
     }
   }
@@ -201,10 +203,10 @@ __device__ void attention(const float* __restrict__ q, bf16* __restrict__ cache_
   extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_dpl##DPL(                                  \
       const float* q, bf16* ck, bf16* cv, const int* slots, const int* positions, const int* tile_start,             \
       const int* tile_rows, int heads, int kv_heads, int head_dim, int max_positions, int split_len, float* out,     \
-      bf16* out_bf16, float* partial_o, float* partial_ml, int total_rows, const float* k_new,                      \
-      const float* v_new) {                                                                                          \
+      bf16* out_bf16, float* partial_o, float* partial_ml, int partial_rows, const float* k_new,                    \
+      const float* v_new, const int* tile_offset) {                                                                  \
     attention<DPL>(q, ck, cv, slots, positions, tile_start, tile_rows, heads, kv_heads, head_dim, max_positions,    \
-                   split_len, out, out_bf16, partial_o, partial_ml, total_rows, k_new, v_new);                      \
+                   split_len, out, out_bf16, partial_o, partial_ml, partial_rows, k_new, v_new, tile_offset);       \
   }
 ATTENTION_ENTRY(1)
 ATTENTION_ENTRY(2)
@@ -213,25 +215,26 @@ ATTENTION_ENTRY(4)
 ATTENTION_ENTRY(8)
 
 // Merges the splits of attention_dplN's rows: a block per (tile, head) of head_dim threads (rounded up to a warp)
-// walks its tile's rows. Only those rows: a call's other rows are the tensor-core prefill's, whose outputs are final
-// and whose partials no split wrote.
+// walks its tile's rows. Only those rows: a call's other rows are the tensor-core prefill's, whose outputs are final.
 extern "C" __global__ void attention_combine(const float* __restrict__ partial_o, const float* __restrict__ partial_ml,
                                              const int* __restrict__ tile_start, const int* __restrict__ tile_rows,
-                                             float* __restrict__ out, bf16* __restrict__ out_bf16, int splits,
-                                             int total_rows, int heads, int head_dim) {
-  const long long stride = (long long)total_rows * heads;
+                                             const int* __restrict__ tile_offset, float* __restrict__ out,
+                                             bf16* __restrict__ out_bf16, int splits, int partial_rows, int heads,
+                                             int head_dim) {
+  const long long stride = (long long)partial_rows * heads;
   const int j = threadIdx.x;
   for (int r = 0; r < tile_rows[blockIdx.x]; r++) {
+    const long long partial = (long long)(tile_offset[blockIdx.x] + r) * heads + blockIdx.y;
     const long long row_head = (long long)(tile_start[blockIdx.x] + r) * heads + blockIdx.y;
     float max_m = -INFINITY;
-    for (int s = 0; s < splits; s++) max_m = fmaxf(max_m, partial_ml[(s * stride + row_head) * 2]);
+    for (int s = 0; s < splits; s++) max_m = fmaxf(max_m, partial_ml[(s * stride + partial) * 2]);
     float total_l = 0.0f, acc = 0.0f;
     for (int s = 0; s < splits; s++) {
-      const float m = partial_ml[(s * stride + row_head) * 2];
+      const float m = partial_ml[(s * stride + partial) * 2];
       if (m == -INFINITY) continue;  // a split past this row's position saw no keys
       const float w = __expf(m - max_m);
-      total_l += w * partial_ml[(s * stride + row_head) * 2 + 1];
-      if (j < head_dim) acc += w * partial_o[(s * stride + row_head) * head_dim + j];
+      total_l += w * partial_ml[(s * stride + partial) * 2 + 1];
+      if (j < head_dim) acc += w * partial_o[(s * stride + partial) * head_dim + j];
     }
     if (j < head_dim) {
       const float value = acc / total_l;
