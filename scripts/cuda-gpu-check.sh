@@ -12,7 +12,8 @@
 #   hf-fixtures.tar.gz  test/fixtures/hf as scripts/reference/hf_fixtures.py wrote it (transformers + PEFT)
 #   demo.txt       art-ts demo --device cuda: the tic-tac-toe GRPO demo trained on the GPU, its win rates before and after
 #   demo-cpu.txt   the same demo, same seed, on the machine's CPU, to compare with (results.tar: demo-cpu/)
-#   notebooks.txt  the cookbook's notebooks on CUDA (but art-e-langgraph and mcp-rl), each notebook's code cells run as one Node module (the machine
+#   notebooks.txt  the cookbook's notebooks on CUDA (but art-e-langgraph and mcp-rl) with a random-weight Qwen2.5-0.5B-shaped
+#                  checkpoint behind Qwen's tokenizer, each notebook's code cells run as one Node module (the machine
 #                  has no Jupyter; scripts/notebook-run.ts --kernel node), their printed output in results.tar
 #   results.tar    demo/: the demo's summary.json, reward curve, transcripts, history.jsonl (under demo/art/);
 #                  notebooks/: each notebook's output on CUDA;
@@ -130,11 +131,15 @@ step demo 120 demo.txt bash -c "mkdir -p '$OUT/results/demo' && node lib/cli.ts 
 # the same win rate within noise); each run's history.jsonl is the curve.
 step demo_cpu 200 demo-cpu.txt bash -c "mkdir -p '$OUT/results/demo-cpu' && node lib/cli.ts demo --device cpu --quiet --out '$OUT/results/demo-cpu' --art-dir '$OUT/results/demo-cpu/art' 2>&1"
 # The cookbook on CUDA: each notebook's code cells as one Node module (the machine has no Jupyter), CI's sizes,
-# ART_NB_DEVICE=cuda so a notebook that falls back to the CPU fails; needs dist/ (carried).
+# ART_NB_DEVICE=cuda so a notebook that falls back to the CPU fails; needs dist/ (carried). The model: a random-weight
+# checkpoint of ART_GPU_CHECK_NB_SHAPE (default Qwen2.5-0.5B's shape) behind Qwen's tokenizer, chat template and Hermes
+# tool calls (bench/random-checkpoint.ts: it samples digits only), or, with ART_GPU_CHECK_NB_SHAPE=embedded, each
+# notebook's own model (the tiny one CI runs).
 # Every notebook but the two that import packages the device bundle does not carry (the MCP SDK, LangChain: 7 MB more
 # of a 64 MiB carry limit; neither does anything on the GPU that art-e.ipynb does not).
 gpu_notebooks=$(ls notebooks/*.ipynb | grep -v -e art-e-langgraph -e mcp-rl | tr '\n' ' ')
-step notebooks 240 notebooks.txt bash -c "ART_NB_DEVICE=cuda node scripts/notebook-run.ts $gpu_notebooks --kernel node 2>&1; status=\$?; mkdir -p '$OUT/results/notebooks'; cp notebooks/.executed/*.node.txt '$OUT/results/notebooks/' 2> /dev/null; exit \$status"
+nb_shape=${ART_GPU_CHECK_NB_SHAPE:-qwen2.5-0.5b}
+step notebooks 300 notebooks.txt bash -c "model=''; if [ '$nb_shape' != embedded ]; then model=\$(node bench/random-checkpoint.ts '$nb_shape') || exit 1; echo \"ART_NB_MODEL: random weights of $nb_shape at \$model\"; fi; ART_NB_MODEL=\$model ART_NB_DEVICE=cuda node scripts/notebook-run.ts $gpu_notebooks --kernel node 2>&1; status=\$?; [ -n \"\$model\" ] && rm -rf \"\$model\"; mkdir -p '$OUT/results/notebooks'; cp notebooks/.executed/*.node.txt '$OUT/results/notebooks/' 2> /dev/null; exit \$status"
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
 if [ -n "$sanitizer" ]; then
   # Every tool runs even when an earlier one reports errors, within its own limit; the step fails if any tool did.
