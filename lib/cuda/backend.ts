@@ -503,16 +503,19 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const partialRows = plan.tileRows.reduce((sum, rows) => sum + rows, 0);
     const partialO = splits > 1 ? this.#transient().allocate(splits * partialRows * numHeads * headDim * 4) : 0n;
     const partialMl = splits > 1 ? this.#transient().allocate(splits * partialRows * numHeads * 2 * 4) : 0n;
+    // The tiles' device copies, shared by both launches; the offsets only matter (and go up) when keys are split.
+    const tileStart = this.#indices(plan.tileStart), tileRows = this.#indices(plan.tileRows);
+    const tileOffset = splits > 1 ? this.#indices(plan.tileOffset) : 0n;
     this.#launch(`attention_dpl${dpl}`, [tileCount, numKvHeads, splits], [attentionWarps * 32], [
       ["ptr", qs.address], ["ptr", cache.keys(layer)], ["ptr", cache.values(layer)], ["ptr", slots], ["ptr", positions],
-      ["ptr", this.#indices(plan.tileStart)], ["ptr", this.#indices(plan.tileRows)], ["i32", numHeads], ["i32", numKvHeads],
+      ["ptr", tileStart], ["ptr", tileRows], ["i32", numHeads], ["i32", numKvHeads],
       ["i32", headDim], ["i32", maxPositions], ["i32", splitLength], ["ptr", o.address], ["ptr", splits > 1 ? 0n : outBf16],
       ["ptr", partialO], ["ptr", partialMl], ["i32", partialRows], ["ptr", decode ? ks.address : 0n], ["ptr", decode ? vs.address : 0n],
-      ["ptr", this.#indices(plan.tileOffset)]],
+      ["ptr", tileOffset]],
     attentionSharedBytes(dpl));
     if (splits > 1) {
       this.#launch("attention_combine", [tileCount, numHeads], [rowThreads(headDim)], [["ptr", partialO], ["ptr", partialMl],
-        ["ptr", this.#indices(plan.tileStart)], ["ptr", this.#indices(plan.tileRows)], ["ptr", this.#indices(plan.tileOffset)], ["ptr", o.address],
+        ["ptr", tileStart], ["ptr", tileRows], ["ptr", tileOffset], ["ptr", o.address],
         ["ptr", outBf16], ["i32", splits], ["i32", partialRows], ["i32", numHeads], ["i32", headDim]]);
       this.#release(partialO);
       this.#release(partialMl);

@@ -7,14 +7,15 @@ import type { CudaBackend } from "../../lib/cuda/backend.ts";
 import { buildEmulator, createEmulatedBackend, findCompiler } from "./emulated-device.ts";
 
 const reason = "the kernel emulator (test/cuda/emulated-device.ts): the .cu kernels compiled for the CPU";
+const noCompiler = "the kernel emulator needs a C++ compiler (g++ or clang++)";
 
 export function cudaAvailability(): CudaAvailability {
-  return findCompiler() ? { ok: true, reason } : { ok: false, reason: "the kernel emulator needs a C++ compiler (g++ or clang++)" };
+  return findCompiler() ? { ok: true, reason } : { ok: false, reason: noCompiler };
 }
 
 export function createCudaBackend(options: CreateCudaBackendOptions = {}): CudaBackend {
   const compiler = findCompiler();
-  if (!compiler) throw new Error("the kernel emulator needs a C++ compiler (g++ or clang++)");
+  if (!compiler) throw new Error(noCompiler);
   options.log?.(`art-ts cuda: ${reason}`);
   return createEmulatedBackend(buildEmulator(compiler), { graphs: options.graphs, log: options.log }) as unknown as CudaBackend;
 }
