@@ -5,11 +5,10 @@ import os from "node:os";
 import { join } from "node:path";
 import { seededRandom } from "../lib/core/random.ts";
 import type { CudaBackend } from "../lib/cuda/backend.ts";
-import type { Tensor } from "../lib/model/backend.ts";
 import { type ModelConfig, parseConfig } from "../lib/model/config.ts";
-import { f32ToBf16 } from "../lib/model/safetensors.ts";
+import { f32ToBf16, type TensorStore } from "../lib/model/safetensors.ts";
 import { loadTokenizer } from "../lib/model/tokenizer.ts";
-import { type ModelWeights } from "../lib/model/transformer.ts";
+import { loadWeights, type ModelWeights } from "../lib/model/transformer.ts";
 import { tinyConfig } from "../scripts/make-tiny-checkpoint.ts";
 import { QWEN3_TOKENIZER_DIR, writeSmallQwenTokenizer } from "../scripts/serve-small-tokenizer.ts";
 
@@ -26,30 +25,27 @@ export function shapeConfig(name: string): ModelConfig {
   return parseConfig(shapeJson(name), `bench/cuda-shapes.json#${name}`);
 }
 
-/** Random weights at the model's shapes, bf16 matrices and f32 norms, as loadWeights would upload them. */
+/**
+ * Random weights at the model's shapes, bf16 matrices and f32 vectors (norms and biases, all 1), uploaded by
+ * loadWeights itself (the layout every model gets) from a store that makes up each tensor it is asked for.
+ */
 export function randomWeights(backend: CudaBackend, c: ModelConfig): { weights: ModelWeights; bytes: number } {
   const pool = Float32Array.from({ length: 1 << 22 }, () => (Math.random() - 0.5) * 0.04);
   let bytes = 0;
-  const tensor = (shape: number[]): Tensor => {
-    const size = shape.reduce((a, b) => a * b, 1);
-    const data = new Float32Array(size);
-    for (let at = 0; at < size; at += pool.length) data.set(pool.subarray(0, Math.min(pool.length, size - at)), at);
-    if (shape.length === 1) data.fill(1);
-    bytes += size * (shape.length === 1 ? 4 : 2);
-    return backend.upload(data, shape, shape.length === 1 ? "f32" : "bf16");
-  };
-  const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
-  const linear = (outFeatures: number, inFeatures: number, biased: boolean) => ({ weight: tensor([outFeatures, inFeatures]), bias: biased ? tensor([outFeatures]) : null });
-  const layers = Array.from({ length: c.numLayers }, () => ({
-    inputNorm: tensor([d]), qNorm: null, kNorm: null, postAttentionNorm: tensor([d]),
-    projections: {
-      q_proj: linear(h * hd, d, true), k_proj: linear(kv * hd, d, true), v_proj: linear(kv * hd, d, true), o_proj: linear(d, h * hd, false),
-      gate_proj: linear(inter, d, false), up_proj: linear(inter, d, false), down_proj: linear(d, inter, false),
+  const store: TensorStore = {
+    names: () => [],
+    info: () => undefined,
+    readF32: (_name, shape = []) => {
+      const size = shape.reduce((a, b) => a * b, 1);
+      const data = new Float32Array(size);
+      for (let at = 0; at < size; at += pool.length) data.set(pool.subarray(0, Math.min(pool.length, size - at)), at);
+      if (shape.length === 1) data.fill(1);
+      bytes += size * (shape.length === 1 ? 4 : 2);
+      return data;
     },
-  }));
-  const embedding = tensor([c.vocabSize, d]);
-  const lmHead = c.tieWordEmbeddings ? embedding : tensor([c.vocabSize, d]);
-  return { weights: { embedding, layers, finalNorm: tensor([d]), lmHead }, bytes };
+    close: () => {},
+  };
+  return { weights: loadWeights(backend, c, store, "bf16"), bytes };
 }
 
 /** Bandwidth of a device-to-device copy (bytes read + written per second). */

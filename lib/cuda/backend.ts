@@ -17,7 +17,7 @@ import { ArtError } from "../core/errors.ts";
 import {
   type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights,
   type PackedSegment, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
-  checkSampled, checkSamplingParams, checkTokenIds, shapeSize,
+  checkSampled, checkSamplingParams, checkTokenIds, columnBlocks, loraColumns, shapeSize, swigluShape, viewShape,
 } from "../model/backend.ts";
 import {
   attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkPackedHeadDim,
@@ -59,6 +59,23 @@ export class CudaTensor implements Tensor {
   }
 }
 
+/** Rows of another tensor (Backend.view): its address is within the owner's memory, which it does not own. */
+class CudaTensorView extends CudaTensor {
+  readonly owner: CudaTensor;
+  readonly byteOffset: number;
+  constructor(owner: CudaTensor, shape: readonly number[], byteOffset: number) {
+    super(shape, owner.dtype, 1n);
+    this.owner = owner;
+    this.byteOffset = byteOffset;
+  }
+  override get address(): bigint {
+    return this.owner.address + BigInt(this.byteOffset);
+  }
+  override release(): bigint {
+    throw new ArtError("view_storage", "cuda backend: a view shares its owner's memory; free the owner");
+  }
+}
+
 /** What the backend needs of a device. CudaContext is the real one; host-logic tests use a recording one. */
 export interface DeviceQueue {
   readonly device: { name: string; multiprocessors: number };
@@ -80,7 +97,8 @@ export interface DeviceQueue {
 
 /** What the backend needs of cuBLAS (see Blas.linear and Blas.gemm). */
 export interface GemmRunner {
-  linear(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number, operandType: GemmType, alpha?: number, beta?: number): void;
+  linear(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number, operandType: GemmType, alpha?: number, beta?: number,
+    ldy?: number): void;
   gemm(a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, transA: boolean, transB: boolean, operandType: GemmType,
     alpha?: number, beta?: number): void;
   dispose(): void;
@@ -205,7 +223,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   readonly blas: GemmRunner;
   readonly #kernels: Record<KernelName, KernelFunction>;
   #indexCache: CachedIndex[] = [];
-  /** The last activation narrowed to bf16 for a GEMM: q, k and v (and gate, up) read the same input. */
+  /** The last activation narrowed to bf16 for a GEMM: a projection's product and its LoRA's A product read the same input. */
   #bf16Copy: { tensor: CudaTensor; version: number; address: bigint } | null = null;
   /** Whether a bf16 matrix was uploaded: then producers of GEMM inputs write bf16 copies (#bf16Output). */
   #bf16Matrices = false;
@@ -310,8 +328,16 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
 
   free(tensor: Tensor): void {
     const t = cuda(tensor);
+    if (t instanceof CudaTensorView) return;
     if (this.#bf16Copy?.tensor === t) this.#dropBf16Copy();
     this.#release(t.release());
+  }
+
+  view(tensor: Tensor, start: number, rows: number): Tensor {
+    const t = cuda(tensor);
+    const shape = viewShape("cuda backend", t, start, rows);
+    const bytes = start * (t.bytes / t.shape[0]);
+    return t instanceof CudaTensorView ? new CudaTensorView(t.owner, shape, t.byteOffset + bytes) : new CudaTensorView(t, shape, bytes);
   }
 
   availableMemory(): number {
@@ -375,7 +401,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
         ["ptr", this.#bf16Output(o)], ["ptr", this.#rstd(rstd, as.size / w.size)], ["i32", w.size]]);
   }
 
-  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor, lora?: LoraWeights | null, loraDown?: Tensor): void {
+  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor): void {
     const xs = cuda(x), w = cuda(weight), o = cuda(out);
     o.version++;
     expectF32("linear input", xs);
@@ -383,48 +409,64 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     expectMultiple("linear input", xs, inFeatures);
     const n = xs.size / inFeatures;
     expectSize("linear out", o, n * outFeatures);
-    const operand = (type: GemmType): bigint => (type === "f32" ? xs.address : this.#bf16Operand(xs));
-    this.blas.linear(operand(w.dtype), w.address, o.address, n, inFeatures, outFeatures, w.dtype);
+    this.blas.linear(this.#operand(xs, w.dtype), w.address, o.address, n, inFeatures, outFeatures, w.dtype);
     if (bias) {
       const b = cuda(bias);
       expectSize("linear bias", b, outFeatures);
       this.#launch(b.dtype === "bf16" ? "add_bias_bf16" : "add_bias_f32", [gridFor(o.size)], [256],
         [["ptr", o.address], ["ptr", b.address], ["i64", n], ["i32", outFeatures]]);
     }
-    if (lora) {
-      const a = cuda(lora.a), b = cuda(lora.b);
-      if (a.dtype !== b.dtype) throw new ArtError("wrong_dtype", `cuda backend: LoRA A is ${a.dtype} but B is ${b.dtype}; store both alike`);
-      const rank = a.shape[0];
-      expectSize("LoRA A", a, rank * inFeatures);
-      expectSize("LoRA B", b, outFeatures * rank);
-      let down: bigint;
-      if (loraDown) {
-        const kept = f32("LoRA x·Aᵀ", loraDown);
-        expectSize("LoRA x·Aᵀ", kept, n * rank);
-        kept.version++;
-        down = kept.address;
-      } else {
-        down = this.#transient().allocate(n * rank * 4);
-      }
-      this.blas.linear(operand(a.dtype), a.address, down, n, inFeatures, rank, a.dtype);
-      const downOperand = b.dtype === "bf16" ? this.#narrow(down, n * rank) : down;
-      this.blas.linear(downOperand, b.address, o.address, n, rank, outFeatures, b.dtype, lora.scale, 1);
-      if (downOperand !== down) this.#release(downOperand);
-      if (!loraDown) this.#release(down);
+  }
+
+  addLora(x: Tensor, lora: LoraWeights, out: Tensor, column: number, loraDown?: Tensor): void {
+    const xs = cuda(x), a = cuda(lora.a), b = cuda(lora.b), o = f32("LoRA output", out);
+    o.version++;
+    expectF32("LoRA input", xs);
+    if (a.dtype !== b.dtype) throw new ArtError("wrong_dtype", `cuda backend: LoRA A is ${a.dtype} but B is ${b.dtype}; store both alike`);
+    const [rank, inFeatures] = a.shape, outFeatures = b.shape[0];
+    expectMultiple("LoRA input", xs, inFeatures);
+    const n = xs.size / inFeatures;
+    expectSize("LoRA B", b, outFeatures * rank);
+    const width = loraColumns("cuda backend", o, n, column, outFeatures);
+    let down: bigint;
+    if (loraDown) {
+      const kept = f32("LoRA x·Aᵀ", loraDown);
+      expectSize("LoRA x·Aᵀ", kept, n * rank);
+      kept.version++;
+      down = kept.address;
+    } else {
+      down = this.#transient().allocate(n * rank * 4);
     }
+    this.blas.linear(this.#operand(xs, a.dtype), a.address, down, n, inFeatures, rank, a.dtype);
+    const downOperand = b.dtype === "bf16" ? this.#narrow(down, n * rank) : down;
+    // Into the output's columns column .. column + outF: rows `width` apart.
+    this.blas.linear(downOperand, b.address, o.address + BigInt(column * 4), n, rank, outFeatures, b.dtype, lora.scale, 1, width);
+    if (downOperand !== down) this.#release(downOperand);
+    if (!loraDown) this.#release(down);
+  }
+
+  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[]): void {
+    const xs = f32("splitColumns input", x);
+    const widths = columnBlocks("cuda backend", xs, outs, bias);
+    if (outs.length > 3) throw new ArtError("wrong_shape", `cuda backend: splitColumns writes at most 3 parts (q, k, v), not ${outs.length}`);
+    const os = outs.map((out) => f32("splitColumns output", out));
+    for (const o of os) o.version++;
+    const pointers: KernelArg[] = [0, 1, 2].map((j) => ["ptr", os[j]?.address ?? 0n]);
+    const partWidths: KernelArg[] = [0, 1, 2].map((j) => ["i32", widths[j] ?? 0]);
+    this.#launch("split_columns", [gridFor(xs.size)], [256],
+      [["ptr", xs.address], ["ptr", bias ? f32("splitColumns bias", bias).address : 0n], ...pointers, ...partWidths, ["i64", xs.shape[0]]]);
   }
 
   rope(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
     this.#rotate(q, k, positions, invFreq, headDim, 1);
   }
 
-  swiglu(gate: Tensor, up: Tensor, out: Tensor): void {
-    const g = cuda(gate), u = cuda(up), o = cuda(out);
+  swiglu(gateUp: Tensor, out: Tensor): void {
+    const g = f32("swiglu gate/up", gateUp), o = f32("swiglu out", out);
+    const { inter } = swigluShape("cuda backend", g, o);
     o.version++;
-    expectSize("swiglu up", u, g.size);
-    expectSize("swiglu out", o, g.size);
-    this.#launch("swiglu", [gridFor(g.size)], [256], [["ptr", g.address], ["ptr", u.address], ["ptr", o.address],
-      ["ptr", this.#bf16Output(o)], ["i64", g.size]]);
+    this.#launch("swiglu", [gridFor(o.size)], [256], [["ptr", g.address], ["ptr", o.address], ["ptr", this.#bf16Output(o)],
+      ["i32", inter], ["i64", o.size]]);
   }
 
   add(a: Tensor, b: Tensor, out: Tensor): void {
@@ -692,12 +734,16 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.#rotate(dq, dk, positions, invFreq, headDim, -1);
   }
 
-  swigluBackward(gate: Tensor, up: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void {
-    const gs = f32("swiglu gate", gate), dg = f32("swiglu gate gradient", dGate), du = f32("swiglu up gradient", dUp);
+  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void {
+    const g = f32("swiglu gate/up", gateUp), d = f32("swiglu output gradient", dOut);
+    const dg = f32("swiglu gate gradient", dGate), du = f32("swiglu up gradient", dUp);
+    const { inter } = swigluShape("cuda backend", g, d);
+    expectSize("swiglu gate gradient", dg, d.size);
+    expectSize("swiglu up gradient", du, d.size);
     dg.version++;
     du.version++;
-    this.#launch("swiglu_backward", [gridFor(gs.size)], [256], [["ptr", gs.address], ["ptr", f32("swiglu up", up).address],
-      ["ptr", f32("swiglu output gradient", dOut).address], ["ptr", dg.address], ["ptr", du.address], ["i64", gs.size]]);
+    this.#launch("swiglu_backward", [gridFor(d.size)], [256], [["ptr", g.address], ["ptr", d.address], ["ptr", dg.address], ["ptr", du.address],
+      ["i32", inter], ["i64", d.size]]);
   }
 
   gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void {
@@ -860,6 +906,11 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const address = this.#transient().allocate(out.size * 2);
     this.#bf16Copy = { tensor: out, version: out.version, address };
     return address;
+  }
+
+  /** A GEMM's activation operand for a matrix of `type`: x itself (f32), or its bf16 copy. */
+  #operand(x: CudaTensor, type: DType): bigint {
+    return type === "f32" ? x.address : this.#bf16Operand(x);
   }
 
   /** The bf16 copy of activation `x`, made once per version of x and kept until x changes or another is needed. */

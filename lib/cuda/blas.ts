@@ -57,22 +57,23 @@ export interface GemmExArguments {
 
 /**
  * cublasGemmEx arguments for the row-major c[m, n] = op(a)[m, k] · op(b)[k, n], where op(a) is a, or aᵀ with a stored
- * [k, m] when `transA` (likewise b): column-major, cᵀ = op(b)ᵀ · op(a)ᵀ. The emulated device runs the same arguments
- * through a column-major reference of cublasGemmEx, so the parity suite checks this mapping against the CPU backend.
+ * [k, m] when `transA` (likewise b): column-major, cᵀ = op(b)ᵀ · op(a)ᵀ. c's rows are `ldc` apart (default n, packed;
+ * wider when c is a block of columns of a wider matrix). The emulated device runs the same arguments through a
+ * column-major reference of cublasGemmEx, so the parity suite checks this mapping against the CPU backend.
  */
 export function gemmExArguments(a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, transA: boolean,
-                                transB: boolean, operandType: GemmType): GemmExArguments {
+                                transB: boolean, operandType: GemmType, ldc = n): GemmExArguments {
   const type = operandType === "bf16" ? CUDA_R_16BF : CUDA_R_32F;
   return {
     transa: transB ? CUBLAS_OP_T : CUBLAS_OP_N, transb: transA ? CUBLAS_OP_T : CUBLAS_OP_N, m: n, n: m, k,
-    a: b, aType: type, lda: transB ? k : n, b: a, bType: type, ldb: transA ? m : k, c, cType: CUDA_R_32F, ldc: n,
+    a: b, aType: type, lda: transB ? k : n, b: a, bType: type, ldb: transA ? m : k, c, cType: CUDA_R_32F, ldc,
   };
 }
 
-/** The linear layer y[rows, outF] = x[rows, inF] · w[outF, inF]ᵀ as a row-major GEMM. */
+/** The linear layer y[rows, outF] = x[rows, inF] · w[outF, inF]ᵀ as a row-major GEMM, y's rows `ldy` apart. */
 export function linearGemmArguments(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number,
-                                    operandType: GemmType): GemmExArguments {
-  return gemmExArguments(x, w, y, rows, outF, inF, false, true, operandType);
+                                    operandType: GemmType, ldy = outF): GemmExArguments {
+  return gemmExArguments(x, w, y, rows, outF, inF, false, true, operandType, ldy);
 }
 
 /** Device memory cuBLAS works in: NVIDIA's recommended size for Hopper (older GPUs need less and ignore the rest). */
@@ -104,11 +105,13 @@ export class Blas {
   }
 
   /**
-   * y[rows, outF] = alpha · x[rows, inF] · w[outF, inF]ᵀ + beta · y.  x and w share `operandType`; y is f32.
+   * y[rows, outF] = alpha · x[rows, inF] · w[outF, inF]ᵀ + beta · y.  x and w share `operandType`; y is f32, its rows
+   * `ldy` apart (a block of columns of a wider output when more than outF).
    */
   linear(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number, operandType: GemmType,
-         alpha = 1, beta = 0): void {
-    this.gemm(x, w, y, rows, outF, inF, false, true, operandType, alpha, beta);
+         alpha = 1, beta = 0, ldy = outF): void {
+    this.#run(linearGemmArguments(x, w, y, rows, inF, outF, operandType, ldy), alpha, beta,
+      `cublasGemmEx(${rows}x${inF} · ${outF}x${inF}ᵀ, ${operandType})`);
   }
 
   /**
@@ -118,12 +121,15 @@ export class Blas {
    */
   gemm(a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, transA: boolean, transB: boolean,
        operandType: GemmType, alpha = 1, beta = 0): void {
+    this.#run(gemmExArguments(a, b, c, m, n, k, transA, transB, operandType), alpha, beta,
+      `cublasGemmEx(${transA ? `${k}x${m}ᵀ` : `${m}x${k}`} · ${transB ? `${n}x${k}ᵀ` : `${k}x${n}`}, ${operandType})`);
+  }
+
+  #run(g: GemmExArguments, alpha: number, beta: number, what: string): void {
     this.#alpha[0] = alpha;
     this.#beta[0] = beta;
-    const g = gemmExArguments(a, b, c, m, n, k, transA, transB, operandType);
     this.#check(this.#lib.symbols.cublasGemmEx(this.#handle, g.transa, g.transb, g.m, g.n, g.k, this.#alpha,
-      g.a, g.aType, g.lda, g.b, g.bType, g.ldb, this.#beta, g.c, g.cType, g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-    `cublasGemmEx(${transA ? `${k}x${m}ᵀ` : `${m}x${k}`} · ${transB ? `${n}x${k}ᵀ` : `${k}x${n}`}, ${operandType})`);
+      g.a, g.aType, g.lda, g.b, g.bType, g.ldb, this.#beta, g.c, g.cType, g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), what);
   }
 
   /** Destroys the handle; the libraries stay loaded (see openLibrary). */

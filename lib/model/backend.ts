@@ -264,6 +264,12 @@ export interface Backend {
   free(tensor: Tensor): void;
   /** Whether `tensor` is this kind of backend's (a model's weights must be, to run or train here). */
   owns(tensor: Tensor): boolean;
+  /**
+   * Rows `start .. start + rows` of `tensor` (elements, for a vector) as a tensor of their own that shares its
+   * memory: one projection's weight within a fused group's. A view owns nothing: freeing it does nothing, and it
+   * lives as long as its owner.
+   */
+  view(tensor: Tensor, start: number, rows: number): Tensor;
 
   // Forward ops (inference and training). Shapes: n = rows; x:[n, d] unless stated.
   /** out[i] = table[ids[i]]; table:[vocab, d], out:[n, d]. */
@@ -278,19 +284,30 @@ export interface Backend {
    * `sum` may be `a` (decoding updates the residual stream in place; training keeps the layer's input).
    */
   addRmsNorm(a: Tensor, b: Tensor, sum: Tensor, weight: Tensor, eps: number, out: Tensor, rstd?: Tensor | null): void;
+  /** out = x Wᵀ (+ bias); x:[n, in], weight:[outF, in], bias:[outF], out:[n, outF]. */
+  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor): void;
   /**
-   * out = x Wᵀ (+ bias) (+ scale · (x Aᵀ) Bᵀ, the unmerged LoRA); x:[n, in], weight:[outF, in], bias:[outF],
-   * out:[n, outF]. `loraDown` [n, rank], when given, keeps x Aᵀ for loraBackward.
+   * The unmerged LoRA of a projection: out[:, column .. column + outF) += scale · (x Aᵀ) Bᵀ, with x:[n, in],
+   * A:[rank, in], B:[outF, rank]; `out` is [n, width ≥ column + outF], the projection's output or the shared output of
+   * the projections fused with it (see ProjectionGroup). `loraDown` [n, rank], when given, keeps x Aᵀ for loraBackward.
    */
-  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor, lora?: LoraWeights | null, loraDown?: Tensor): void;
+  addLora(x: Tensor, lora: LoraWeights, out: Tensor, column: number, loraDown?: Tensor): void;
+  /**
+   * out_j = x[:, c_j .. c_j + w_j) (+ bias[c_j .. c_j + w_j)) for outs[j]:[n, w_j], c_j = w_0 + … + w_(j−1): the
+   * separate outputs of projections computed as one product (q, k, v); x:[n, Σ w_j], bias:[Σ w_j] or null.
+   */
+  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[]): void;
   /**
    * Rotary embedding of q and k in place (one launch on a GPU), rotate-half layout (pairs (j, j + hd/2) within each
    * head), angle positions[i] · invFreq[j] rounded to f32; q:[n, heads·headDim], k:[n, kvHeads·headDim],
    * invFreq:[headDim/2].
    */
   rope(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void;
-  /** out = silu(gate) · up, elementwise. */
-  swiglu(gate: Tensor, up: Tensor, out: Tensor): void;
+  /**
+   * out = silu(gate) · up, elementwise, over the fused gate/up product: gateUp:[n, 2I] holds gate in its first I
+   * columns and up in the rest (the MLP's ProjectionGroup), out:[n, I].
+   */
+  swiglu(gateUp: Tensor, out: Tensor): void;
   /** out = a + b, elementwise; `out` may be `a` or `b`. */
   add(a: Tensor, b: Tensor, out: Tensor): void;
   /** out[i] = x[rowIndex[i]]; picks rows (those that need logits). */
@@ -333,12 +350,16 @@ export interface Backend {
   rmsNormBackward(x: Tensor, weight: Tensor, rstd: Tensor, dOut: Tensor, dx: Tensor, dWeight: Tensor | null): void;
   /** dx += dOut W; dWeight += dOutᵀ x; dBias += Σ_rows dOut. */
   linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null): void;
-  /** The LoRA part of linear's backward: dB += scale · dOutᵀ (x Aᵀ); dA += (scale · dOut B)ᵀ x; dx += (scale · dOut B) A. */
+  /** addLora's backward, for the gradient dOut:[n, outF] of its columns: dB += scale · dOutᵀ (x Aᵀ); dA += (scale · dOut B)ᵀ x; dx += (scale · dOut B) A. */
   loraBackward(x: Tensor, lora: LoraWeights, loraDown: Tensor, dOut: Tensor, dx: Tensor | null, dA: Tensor, dB: Tensor): void;
   /** RoPE's backward: the rotation by minus each angle, in place on the gradients (a rotation's transpose is its inverse). */
   ropeBackward(dq: Tensor, dk: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void;
-  /** d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))): dGate += dOut · up · that; dUp += dOut · silu(gate). */
-  swigluBackward(gate: Tensor, up: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void;
+  /**
+   * d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))): dGate += dOut · up · that; dUp += dOut · silu(gate), with gate and
+   * up the two column halves of gateUp [n, 2I] (as in swiglu); dOut, dGate, dUp:[n, I] (each projection's backward
+   * takes its own gradient).
+   */
+  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void;
   /** dx[rowIndex[i]] += dOut[i]. */
   gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void;
   /**
@@ -372,6 +393,48 @@ export function shapeSize(shape: readonly number[]): number {
   let size = 1;
   for (const d of shape) size *= d;
   return size;
+}
+
+/** The shape of `backend`.view(tensor, start, rows), or ArtError when those rows are not all the tensor's. */
+export function viewShape(backend: string, tensor: Tensor, start: number, rows: number): number[] {
+  const total = tensor.shape[0];
+  if (!(Number.isInteger(start) && Number.isInteger(rows) && start >= 0 && rows >= 1 && start + rows <= total)) {
+    throw new ArtError("bad_view", `${backend}: a view of rows ${start}..${start + rows - 1} of a tensor of ${total} rows ([${tensor.shape}]); name rows that it has`);
+  }
+  return [rows, ...tensor.shape.slice(1)];
+}
+
+/** The width of addLora's output, checked to hold `n` rows with columns column .. column + outFeatures. */
+export function loraColumns(backend: string, out: Tensor, n: number, column: number, outFeatures: number): number {
+  const width = n === 0 ? outFeatures : out.size / n;
+  if (!(out.size === n * width && Number.isInteger(width) && Number.isInteger(column) && column >= 0 && column + outFeatures <= width)) {
+    throw new ArtError("wrong_shape", `${backend}: a LoRA of ${outFeatures} outputs at column ${column} does not fit an output of [${out.shape}] for ${n} rows`);
+  }
+  return width;
+}
+
+/**
+ * The widths of the parts splitColumns writes, checked: each part has the fused tensor's rows, their widths add up to
+ * its width, and the bias, if any, has one value per column.
+ */
+export function columnBlocks(backend: string, fused: Tensor, parts: readonly Tensor[], bias: Tensor | null): number[] {
+  const rows = fused.shape[0];
+  const widths = parts.map((part) => part.size / rows);
+  const total = widths.reduce((sum, w) => sum + w, 0);
+  if (parts.length === 0 || parts.some((part, j) => part.shape[0] !== rows || !Number.isInteger(widths[j])) || total * rows !== fused.size) {
+    throw new ArtError("wrong_shape", `${backend}: splitColumns of [${fused.shape}] into parts [${parts.map((p) => `[${p.shape}]`).join(", ")}]: the parts must have its ${rows} rows and together its width`);
+  }
+  if (bias && bias.size !== total) throw new ArtError("wrong_shape", `${backend}: splitColumns' bias has ${bias.size} values for ${total} columns`);
+  return widths;
+}
+
+/** Rows and I of swiglu's gateUp:[rows, 2I] and an [rows, I] tensor beside it (its output or output gradient). */
+export function swigluShape(backend: string, gateUp: Tensor, half: Tensor): { rows: number; inter: number } {
+  const rows = gateUp.shape[0], inter = rows === 0 ? 0 : half.size / rows;
+  if (!(rows === half.shape[0] && Number.isInteger(inter) && gateUp.size === 2 * rows * inter)) {
+    throw new ArtError("wrong_shape", `${backend}: swiglu's fused gate/up [${gateUp.shape}] must be twice as wide as [${half.shape}] (gate, then up, per row)`);
+  }
+  return { rows, inter };
 }
 
 /** Throws ArtError unless copyKvSlot's arguments name two different slots of `spec` and a position count it holds. */

@@ -325,7 +325,7 @@ export class DifferentiableTransformer {
     for (const tensor of [pass.finalResidual, pass.finalRstd, pass.scoredHidden]) this.backend.free(tensor);
   }
 
-  /** Frees what a layer's forward kept for its backward (attnOut and mlpOut went when the forward ended). */
+  /** Frees what a layer's forward kept for its backward (qkv, attnOut and mlpOut went when the forward ended). */
   private freeActivations(acts: LayerActivations): void {
     for (const tensor of activationTensors(acts)) this.backend.free(tensor);
   }
@@ -347,15 +347,15 @@ export class DifferentiableTransformer {
       const qkNorm = w.qNorm !== null && w.kNorm !== null;
       const qRaw = z(h * hd), kRaw = z(kv * hd);
       const acts: LayerActivations = {
-        attnInput: z(d), rstd1: held.empty([n]), qRaw, kRaw, qRstd: qkNorm ? held.empty([n * h]) : null, kRstd: qkNorm ? held.empty([n * kv]) : null,
-        q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: z(kv * hd), attn: held.zeros([n, h * hd]), attnSaved: null,
-        attnOut: z(d), mid: z(d), mlpInput: z(d), rstd2: held.empty([n]), gate: z(inter), up: z(inter), hidden: z(inter), mlpOut: z(d), loraDown,
+        attnInput: z(d), rstd1: held.empty([n]), qkv: z((h + 2 * kv) * hd), qRaw, kRaw, qRstd: qkNorm ? held.empty([n * h]) : null,
+        kRstd: qkNorm ? held.empty([n * kv]) : null, q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: z(kv * hd),
+        attn: held.zeros([n, h * hd]), attnSaved: null, attnOut: z(d), mid: z(d), mlpInput: z(d), rstd2: held.empty([n]), gateUp: z(2 * inter),
+        hidden: z(inter), mlpOut: z(d), loraDown,
       };
       const output = z(d);
       const attend: Attend = (_layer, q, k, v, out) => held.hold(b.packedAttention(q, k, v, batch.segments, hd, out));
       this.transformer.layerForward(l, input, output, acts, batch.positions, attend, loras);
-      held.free(acts.attnOut);
-      held.free(acts.mlpOut);
+      for (const scratch of [acts.qkv, acts.attnOut, acts.mlpOut]) held.free(scratch);
       return { acts, output };
     } catch (error) {
       held.freeAll();
@@ -443,7 +443,7 @@ export class DifferentiableTransformer {
       linearBack("down_proj", acts.hidden, dOut, dHidden);
       const dGate = held.zeros([n, inter]);
       const dUp = held.zeros([n, inter]);
-      b.swigluBackward(acts.gate, acts.up, dHidden, dGate, dUp);
+      b.swigluBackward(acts.gateUp, dHidden, dGate, dUp);
       const dMlpInput = held.zeros([n, d]);
       linearBack("gate_proj", acts.mlpInput, dGate, dMlpInput);
       linearBack("up_proj", acts.mlpInput, dUp, dMlpInput);
@@ -519,9 +519,9 @@ class Holdings {
   }
 }
 
-/** The tensors a layer's forward keeps for its backward, each once (attnOut and mlpOut went when the forward ended). */
+/** The tensors a layer's forward keeps for its backward, each once (qkv, attnOut and mlpOut went when the forward ended). */
 function activationTensors(acts: LayerActivations): Set<Tensor> {
-  const { attnOut: _attnOut, mlpOut: _mlpOut, loraDown, ...kept } = acts;
+  const { qkv: _qkv, attnOut: _attnOut, mlpOut: _mlpOut, loraDown, ...kept } = acts;
   const tensors = new Set<Tensor>(Object.values(loraDown));
   for (const tensor of Object.values(kept)) if (tensor) tensors.add(tensor);
   return tensors;

@@ -23,10 +23,18 @@ export interface Linear {
   bias: Tensor | null;
 }
 
+/**
+ * A layer's weights. The projections that read one input are stored as one weight, their rows stacked: q, k, v as
+ * `qkv` [q + k + v, D] (with their biases as one), gate and up as `gateUp` [2I, D], so each sublayer's input is
+ * multiplied once, where it was multiplied three times and twice. `projections` still names every projection's own
+ * weight and bias (PEFT names, full-parameter training, the backward): views of the stacked ones for those five.
+ */
 export interface LayerWeights {
   inputNorm: Tensor;
   qNorm: Tensor | null; kNorm: Tensor | null;
   postAttentionNorm: Tensor;
+  qkv: Linear;
+  gateUp: Linear;
   projections: Record<Projection, Linear>;
 }
 
@@ -83,6 +91,7 @@ function loraKey(loras: LayerLoras[] | undefined): string {
 export interface LayerActivations {
   attnInput: Tensor;        // [n, D]   RMSNorm(x)
   rstd1: Tensor | null;     // [n]      its 1/rms
+  qkv: Tensor;              // [n, (H + 2·KV)·hd] the q, k, v product before the split (scratch: training frees it)
   qRaw: Tensor;             // [n, H·hd] q projection (+bias), before the q-norm
   kRaw: Tensor;             // [n, KV·hd]
   qRstd: Tensor | null;     // [n·H]    qwen3's q-norm 1/rms
@@ -96,8 +105,7 @@ export interface LayerActivations {
   mid: Tensor;              // [n, D]   x + attnOut: the residual stream between the sublayers
   mlpInput: Tensor;         // [n, D]   RMSNorm(mid)
   rstd2: Tensor | null;     // [n]
-  gate: Tensor;             // [n, I]
-  up: Tensor;               // [n, I]
+  gateUp: Tensor;           // [n, 2I]  gate and up projections, side by side in each row
   hidden: Tensor;           // [n, I]   silu(gate) · up
   mlpOut: Tensor;           // [n, D]   down_proj output
   /** x·Aᵀ of each projection with a LoRA, for its backward (training only). */
@@ -138,27 +146,55 @@ export function loadWeights(backend: Backend, config: ModelConfig, store: Tensor
     uploaded.push(tensor);
     return tensor;
   };
+  /** One weight (or bias) of the projections' tensors stacked in order: rows of the first, then of the next… */
+  const stacked = (names: string[], shapes: number[][]): Tensor => {
+    const parts = names.map((name, i) => store.readF32(name, shapes[i]));
+    let values = parts[0];
+    if (parts.length > 1) {
+      values = new Float32Array(parts.reduce((total, part) => total + part.length, 0));
+      let offset = 0;
+      for (const part of parts) {
+        values.set(part, offset);
+        offset += part.length;
+      }
+    }
+    const shape = [shapes.reduce((rows, shape) => rows + shape[0], 0), ...shapes[0].slice(1)];
+    const tensor = backend.upload(values, shape, shape.length === 1 ? "f32" : dtype);
+    uploaded.push(tensor);
+    return tensor;
+  };
   try {
     // q/k/v biases where attentionBias is set (config.ts sets it for every qwen2); o_proj's too, except on qwen2.
-    const biased = (projection: Projection) => projection === "q_proj" || projection === "k_proj" || projection === "v_proj"
-      ? config.attentionBias : projection === "o_proj" && config.attentionBias && config.modelType !== "qwen2";
+    const qkvBiased = config.attentionBias, oBiased = config.attentionBias && config.modelType !== "qwen2";
     const layers = Array.from({ length: config.numLayers }, (_, l): LayerWeights => {
       const p = `model.layers.${l}.`;
       const projections = {} as Record<Projection, Linear>;
-      for (const projection of PROJECTIONS) {
-        const { outFeatures, inFeatures } = projectionShape(config, projection);
-        const path = projectionPath(l, projection);
-        projections[projection] = {
-          weight: get(`${path}.weight`, [outFeatures, inFeatures]),
-          bias: biased(projection) ? get(`${path}.bias`, [outFeatures]) : null,
+      /** The parts' weights (and biases) stacked into one; each part's own is a view of its rows (a lone part's, the tensor). */
+      const stack = (parts: readonly Projection[], biased: boolean): Linear => {
+        const shapes = parts.map((projection) => projectionShape(config, projection));
+        const paths = parts.map((projection) => projectionPath(l, projection));
+        const stackedLinear: Linear = {
+          weight: stacked(paths.map((path) => `${path}.weight`), shapes.map(({ outFeatures, inFeatures }) => [outFeatures, inFeatures])),
+          bias: biased ? stacked(paths.map((path) => `${path}.bias`), shapes.map(({ outFeatures }) => [outFeatures])) : null,
         };
-      }
+        let row = 0;
+        parts.forEach((projection, i) => {
+          const rows = shapes[i].outFeatures;
+          const view = (tensor: Tensor) => (parts.length === 1 ? tensor : backend.view(tensor, row, rows));
+          projections[projection] = { weight: view(stackedLinear.weight), bias: stackedLinear.bias && view(stackedLinear.bias) };
+          row += rows;
+        });
+        return stackedLinear;
+      };
+      const qkv = stack(["q_proj", "k_proj", "v_proj"], qkvBiased), gateUp = stack(["gate_proj", "up_proj"], false);
+      stack(["o_proj"], oBiased);
+      stack(["down_proj"], false);
       return {
         inputNorm: get(`${p}input_layernorm.weight`, [d]),
         qNorm: config.qkNorm ? get(`${p}self_attn.q_norm.weight`, [hd]) : null,
         kNorm: config.qkNorm ? get(`${p}self_attn.k_norm.weight`, [hd]) : null,
         postAttentionNorm: get(`${p}post_attention_layernorm.weight`, [d]),
-        projections,
+        qkv, gateUp, projections,
       };
     });
     const embedding = get("model.embed_tokens.weight", [vocab, d]);
@@ -200,14 +236,22 @@ export class Transformer {
   layerForward(layer: number, input: Tensor, output: Tensor, acts: LayerActivations, positions: Int32Array, attend: Attend,
     loras?: LayerLoras, chain: { normed: boolean; nextNorm: Tensor | null } = { normed: false, nextNorm: null }): void {
     const b = this.backend, w = this.weights.layers[layer], c = this.config, eps = c.rmsNormEps;
+    const lora = (projection: Projection, x: Tensor, out: Tensor, column = 0) => {
+      const adapter = loras?.[projection];
+      if (adapter) b.addLora(x, adapter, out, column, acts.loraDown[projection]);
+    };
     const linear = (projection: Projection, x: Tensor, out: Tensor) => {
       const { weight, bias } = w.projections[projection];
-      b.linear(x, weight, bias, out, loras?.[projection], acts.loraDown[projection]);
+      b.linear(x, weight, bias, out);
+      lora(projection, x, out);
     };
     if (!chain.normed) b.rmsNorm(input, w.inputNorm, eps, acts.attnInput, acts.rstd1);
-    linear("q_proj", acts.attnInput, acts.qRaw);
-    linear("k_proj", acts.attnInput, acts.kRaw);
-    linear("v_proj", acts.attnInput, acts.v);
+    // q, k, v: one product, split into the three with their biases; then each one's LoRA.
+    b.linear(acts.attnInput, w.qkv.weight, null, acts.qkv);
+    b.splitColumns(acts.qkv, w.qkv.bias, [acts.qRaw, acts.kRaw, acts.v]);
+    lora("q_proj", acts.attnInput, acts.qRaw);
+    lora("k_proj", acts.attnInput, acts.kRaw);
+    lora("v_proj", acts.attnInput, acts.v);
     if (w.qNorm && w.kNorm) {
       b.rmsNorm(acts.qRaw, w.qNorm, eps, acts.q, acts.qRstd);
       b.rmsNorm(acts.kRaw, w.kNorm, eps, acts.k, acts.kRstd);
@@ -216,9 +260,11 @@ export class Transformer {
     acts.attnSaved = attend(layer, acts.q, acts.k, acts.v, acts.attn);
     linear("o_proj", acts.attn, acts.attnOut);
     b.addRmsNorm(input, acts.attnOut, acts.mid, w.postAttentionNorm, eps, acts.mlpInput, acts.rstd2);
-    linear("gate_proj", acts.mlpInput, acts.gate);
-    linear("up_proj", acts.mlpInput, acts.up);
-    b.swiglu(acts.gate, acts.up, acts.hidden);
+    // gate and up: one product into the two halves of each row, each half's LoRA added in place.
+    b.linear(acts.mlpInput, w.gateUp.weight, null, acts.gateUp);
+    lora("gate_proj", acts.mlpInput, acts.gateUp);
+    lora("up_proj", acts.mlpInput, acts.gateUp, c.intermediateSize);
+    b.swiglu(acts.gateUp, acts.hidden);
     linear("down_proj", acts.hidden, acts.mlpOut);
     if (chain.nextNorm) b.addRmsNorm(acts.mid, acts.mlpOut, output, chain.nextNorm, eps, acts.attnInput, acts.rstd1);
     else b.add(acts.mid, acts.mlpOut, output);
@@ -261,8 +307,8 @@ export class Transformer {
       // One set of buffers for every layer; q and k are normed and rotated in place, and the residual stream is x.
       const q = z(h * hd), k = z(kv * hd);
       const acts: LayerActivations = {
-        attnInput: z(d), rstd1: null, qRaw: q, kRaw: k, qRstd: null, kRstd: null, q, k, v: z(kv * hd), attn: z(h * hd), attnSaved: null,
-        attnOut: z(d), mid: x, mlpInput: z(d), rstd2: null, gate: z(inter), up: z(inter), hidden: z(inter), mlpOut: z(d), loraDown: {},
+        attnInput: z(d), rstd1: null, qkv: z((h + 2 * kv) * hd), qRaw: q, kRaw: k, qRstd: null, kRstd: null, q, k, v: z(kv * hd), attn: z(h * hd),
+        attnSaved: null, attnOut: z(d), mid: x, mlpInput: z(d), rstd2: null, gateUp: z(2 * inter), hidden: z(inter), mlpOut: z(d), loraDown: {},
       };
       const attend: Attend = (layer, q, k, v, out) => {
         b.attention(q, k, v, cache, layer, rows, out);
@@ -298,7 +344,8 @@ export class Transformer {
     const tensors = new Set<Tensor>([w.embedding, w.finalNorm, w.lmHead, this.invFreq]);
     for (const layer of w.layers) {
       for (const norm of [layer.inputNorm, layer.qNorm, layer.kNorm, layer.postAttentionNorm]) if (norm) tensors.add(norm);
-      for (const { weight, bias } of Object.values(layer.projections)) {
+      // The stacked weights own the memory; the other projections' are views of them.
+      for (const { weight, bias } of [layer.qkv, layer.gateUp, layer.projections.o_proj, layer.projections.down_proj]) {
         tensors.add(weight);
         if (bias) tensors.add(bias);
       }

@@ -27,7 +27,11 @@ describe("CUDA backend host logic (recording device)", () => {
       for (const kernel of ["f32_to_bf16", "embedding_bf16", "rmsnorm_f32", "rope_f32", "kv_write", "add_rmsnorm_f32", "swiglu", "add", "gather_rows", "sample"]) {
         expect(names.has(kernel)).toBe(true);
       }
-      expect(names.has("add_bias_f32")).toBe(arch === "qwen2"); // q/k/v biases
+      // qwen2's q/k/v biases ride on the split of their one product; no projection adds a bias of its own here.
+      expect(names.has("split_columns")).toBe(true);
+      expect(names.has("add_bias_f32")).toBe(false);
+      const splits = device.launches.filter((l) => l.name === "split_columns");
+      expect(splits.every((l) => (l.args[1][1] !== 0n) === (arch === "qwen2"))).toBe(true);
       // Weights narrowed for bf16 GEMMs: every projection GEMM runs in bf16, the LM head too.
       expect(device.gemms.every((g) => g.type === "bf16")).toBe(true);
       model.free();
@@ -137,7 +141,7 @@ describe("CUDA backend host logic (recording device)", () => {
       device.launches.length = 0;
       const rows = { slots: new Int32Array(3), positions: Int32Array.from([0, 1, 2]) };
       model.backend.free(model.forward(Int32Array.from([1, 2, 3]), rows, cache, Int32Array.from([2])));
-      // The attention input (q, k, v), the attention output (o), the MLP input (gate, up), the hidden (down), and the
+      // The attention input (q/k/v), the attention output (o), the MLP input (gate/up), the hidden (down), and the
       // final norm's output (the head) each get their bf16 copy from the kernel that writes them; per-head q/k norms
       // feed no GEMM and get none. With f32 weights nothing is narrowed.
       expect(device.launches.filter((l) => l.name === "f32_to_bf16")).toHaveLength(0);
@@ -148,9 +152,10 @@ describe("CUDA backend host logic (recording device)", () => {
       expect(copies("rmsnorm_f32", 4)).toEqual([bf16, false, false, false, false, bf16]);
       expect(copies("add_rmsnorm_f32", 6)).toEqual([bf16, bf16, bf16]); // layer 0: post-attention, into layer 1; layer 1
       expect(device.launches.filter((l) => l.name === "add")).toHaveLength(1); // the last layer's residual add
-      expect(copies("swiglu", 3)).toEqual([bf16, bf16]);
+      expect(copies("swiglu", 2)).toEqual([bf16, bf16]);
       expect(copies("attention_dpl1", 13)).toEqual([bf16, bf16]);
-      expect(device.gemms.length).toBe(7 * model.config.numLayers + 1);
+      // One product each for q/k/v, o, gate/up and down per layer, and the head.
+      expect(device.gemms.length).toBe(4 * model.config.numLayers + 1);
       expect(device.gemms.every((g) => g.type === weights)).toBe(true);
       cache.free();
       model.free();

@@ -93,8 +93,47 @@ describe.skipIf(skip)(title, () => {
       const out = zeros([n, outF]);
       run((b, i) => b.linear(x[i], w[i], null, out[i]));
       expect(error(out)).toBeLessThan(tolerance);
-      run((b, i) => b.linear(x[i], w[i], bias[i], out[i], { a: a[i], b: bB[i], scale: 2 }));
+      run((b, i) => {
+        b.linear(x[i], w[i], bias[i], out[i]);
+        b.addLora(x[i], { a: a[i], b: bB[i], scale: 2 }, out[i], 0);
+      });
       expect(error(out)).toBeLessThan(tolerance);
+    }
+  });
+
+  // The layer's stacked projections: q, k, v as one product split with their biases; gate and up as one product
+  // whose halves each take their LoRA; every weight a view of the stacked one (pointer offsets on CUDA).
+  it("stacked projections: views of a weight, splitColumns with biases, LoRA into a block of columns", () => {
+    const n = 5, inF = 64, widths = [48, 16, 16], total = 80, inter = 40, rank = 4;
+    for (const dtype of ["f32", "bf16"] as const) {
+      const tolerance = dtype === "f32" ? 1e-5 : 1.5e-2;
+      const x = both(random(n * inF, 30), [n, inF]);
+      const qkv = both(random(total * inF, 31, 0.1), [total, inF], dtype), bias = both(random(total, 32), [total]);
+      const fused = zeros([n, total]), parts = widths.map((w) => zeros([n, w]));
+      run((b, i) => {
+        b.linear(x[i], qkv[i], null, fused[i]);
+        b.splitColumns(fused[i], bias[i], parts.map((p) => p[i]));
+      });
+      // Each part equals its own projection through a view of the stacked weight and bias.
+      let row = 0;
+      for (const [j, w] of widths.entries()) {
+        const alone = zeros([n, w]);
+        run((b, i) => b.linear(x[i], b.view(qkv[i], row, w), b.view(bias[i], row, w), alone[i]));
+        expect(error(parts[j])).toBeLessThan(tolerance);
+        expect(relativeError(gpu.download(parts[j][1]), gpu.download(alone[1]))).toBeLessThan(1e-6);
+        row += w;
+      }
+      const gateUp = both(random(2 * inter * inF, 33, 0.1), [2 * inter, inF], dtype), product = zeros([n, 2 * inter]);
+      const a = both(random(rank * inF, 34, 0.1), [rank, inF]), up = both(random(inter * rank, 35, 0.1), [inter, rank]), down = zeros([n, rank]);
+      run((b, i) => {
+        b.linear(x[i], gateUp[i], null, product[i]);
+        b.addLora(x[i], { a: a[i], b: up[i], scale: 0.5 }, product[i], inter, down[i]);
+      });
+      expect(error(product)).toBeLessThan(tolerance);
+      expect(error(down)).toBeLessThan(1e-5);
+      const hidden = zeros([n, inter]);
+      run((b, i) => b.swiglu(product[i], hidden[i]));
+      expect(error(hidden)).toBeLessThan(tolerance);
     }
   });
 
@@ -155,9 +194,10 @@ describe.skipIf(skip)(title, () => {
   });
 
   it("swiglu, add, gatherRows, logSoftmax", () => {
-    const g = both(random(4 * 4864, 20), [4, 4864]), u = both(random(4 * 4864, 21), [4, 4864]), h = zeros([4, 4864]);
-    run((b, i) => b.swiglu(g[i], u[i], h[i]));
+    const gu = both(random(4 * 2 * 4864, 19), [4, 2 * 4864]), h = zeros([4, 4864]);
+    run((b, i) => b.swiglu(gu[i], h[i]));
     expect(error(h)).toBeLessThan(1e-5);
+    const g = both(random(4 * 4864, 20), [4, 4864]), u = both(random(4 * 4864, 21), [4, 4864]);
     run((b, i) => b.add(g[i], u[i], g[i]));
     expect(error(g)).toBe(0);
     const picked = zeros([3, 4864]);

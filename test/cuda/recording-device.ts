@@ -158,16 +158,17 @@ export class RecordingDevice implements DeviceQueue {
 
   /** The GEMMs the backend asks for, with the same bounds checks. */
   gemm(): GemmRunner {
-    const gemm = (a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, type: GemmType, alpha: number, beta: number) => {
+    const gemm = (a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, type: GemmType, alpha: number, beta: number, ldc = n) => {
       const size = type === "bf16" ? 2 : 4;
       this.#stream(() => {
         this.expectLive(a, m * k * size, "GEMM a");
         this.expectLive(b, k * n * size, "GEMM b");
-        this.expectLive(c, m * n * 4, "GEMM c");
+        // c's rows are ldc apart: the last row ends (m - 1) · ldc + n values in.
+        this.expectLive(c, m === 0 ? 0 : ((m - 1) * ldc + n) * 4, "GEMM c");
       }, () => this.gemms.push({ rows: m, inF: k, outF: n, type, alpha, beta }));
     };
     return {
-      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0) => gemm(x, w, y, rows, outF, inF, type, alpha, beta),
+      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0, ldy = outF) => gemm(x, w, y, rows, outF, inF, type, alpha, beta, ldy),
       gemm: (a, b, c, m, n, k, _transA, _transB, type, alpha = 1, beta = 0) => gemm(a, b, c, m, n, k, type, alpha, beta),
       dispose: () => {},
     };

@@ -65,18 +65,70 @@ describe("CPU kernels", () => {
     }
   });
 
-  it("linear adds the bias and an unmerged LoRA: x Wᵀ + b + scale (x Aᵀ) Bᵀ", () => {
+  it("linear adds the bias, addLora an unmerged LoRA: x Wᵀ + b + scale (x Aᵀ) Bᵀ", () => {
     const b = new CpuBackend();
     const [n, k, m, r] = [5, 12, 7, 3];
     const x = random(n * k, 1), w = random(m * k, 2), bias = random(m, 3), a = random(r * k, 4), lb = random(m * r, 5);
-    const out = b.zeros([n, m]);
-    b.linear(b.upload(x, [n, k]), b.upload(w, [m, k]), b.upload(bias, [m]), out,
-      { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 0.5 });
+    const out = b.zeros([n, m]), xs = b.upload(x, [n, k]), down = b.zeros([n, r]);
+    b.linear(xs, b.upload(w, [m, k]), b.upload(bias, [m]), out);
+    b.addLora(xs, { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 0.5 }, out, 0, down);
     const base = naiveXWt(x, w, n, k, m);
-    const down = naiveXWt(x, a, n, k, r);
-    const up = naiveXWt(Float32Array.from(down), lb, n, r, m);
+    const downExpected = naiveXWt(x, a, n, k, r);
+    const up = naiveXWt(Float32Array.from(downExpected), lb, n, r, m);
     const expected = base.map((v, i) => v + bias[i % m] + 0.5 * up[i]);
     expect(maxAbsDiff(b.download(out), expected)).toBeLessThan(1e-5);
+    expect(maxAbsDiff(b.download(down), downExpected)).toBeLessThan(1e-5);
+  });
+
+  it("addLora adds into its block of columns of a wider output (the up half of gate/up) and nowhere else", () => {
+    const b = new CpuBackend();
+    const [n, k, m, r, width, column] = [4, 10, 6, 2, 15, 7];
+    const x = random(n * k, 11), a = random(r * k, 12), lb = random(m * r, 13), before = random(n * width, 14);
+    const out = b.upload(Float32Array.from(before), [n, width]);
+    b.addLora(b.upload(x, [n, k]), { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 2 }, out, column);
+    const up = naiveXWt(Float32Array.from(naiveXWt(x, a, n, k, r)), lb, n, r, m);
+    const expected = Array.from(before, (v, i) => {
+      const row = Math.floor(i / width), c = i % width;
+      return c >= column && c < column + m ? v + 2 * up[row * m + c - column] : v;
+    });
+    expect(maxAbsDiff(b.download(out), expected)).toBeLessThan(1e-5);
+    expect(() => b.addLora(b.upload(x, [n, k]), { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 2 }, out, 10))
+      .toThrowError("cpu backend: a LoRA of 6 outputs at column 10 does not fit an output of [4,15] for 4 rows");
+  });
+
+  it("splitColumns hands each part its columns plus its bias (q, k, v from one product)", () => {
+    const b = new CpuBackend();
+    const rows = 3, widths = [5, 2, 2], width = 9;
+    const x = random(rows * width, 21), bias = random(width, 22);
+    const outs = widths.map((w) => b.empty([rows, w]));
+    b.splitColumns(b.upload(Float32Array.from(x), [rows, width]), b.upload(Float32Array.from(bias), [width]), outs);
+    let start = 0;
+    widths.forEach((w, j) => {
+      const expected = Array.from({ length: rows * w }, (_, i) => x[Math.floor(i / w) * width + start + (i % w)] + bias[start + (i % w)]);
+      expect(Array.from(b.download(outs[j]))).toEqual(expected.map((v) => Math.fround(v)));
+      start += w;
+    });
+    const noBias = [b.empty([rows, 4]), b.empty([rows, 5])];
+    b.splitColumns(b.upload(Float32Array.from(x), [rows, width]), null, noBias);
+    expect(Array.from(b.download(noBias[1]))).toEqual(Array.from({ length: rows * 5 }, (_, i) => x[Math.floor(i / 5) * width + 4 + (i % 5)]));
+    expect(() => b.splitColumns(b.zeros([rows, width]), null, [b.zeros([rows, 5]), b.zeros([rows, 3])]))
+      .toThrowError("cpu backend: splitColumns of [3,9] into parts [[3,5], [3,3]]: the parts must have its 3 rows and together its width");
+  });
+
+  it("a view is rows of its owner: same memory, freed with it, not by itself", () => {
+    const b = new CpuBackend();
+    const owner = b.upload(Float32Array.from({ length: 12 }, (_, i) => i), [4, 3]);
+    const middle = b.view(owner, 1, 2), last = b.view(middle, 1, 1);
+    expect(middle.shape).toEqual([2, 3]);
+    expect(Array.from(b.download(middle))).toEqual([3, 4, 5, 6, 7, 8]);
+    expect(Array.from(b.download(last))).toEqual([6, 7, 8]);
+    b.write(last, Float32Array.of(-1, -2, -3));
+    expect(Array.from(b.download(owner)).slice(6, 9)).toEqual([-1, -2, -3]);
+    b.free(middle);
+    expect(Array.from(b.download(owner)).slice(3, 6)).toEqual([3, 4, 5]);
+    expect(() => b.view(owner, 3, 2)).toThrowError("cpu backend: a view of rows 3..4 of a tensor of 4 rows ([4,3]); name rows that it has");
+    b.free(owner);
+    expect(() => b.download(last)).toThrowError("a freed tensor was used");
   });
 
   it("logSoftmax rows sum to one in probability; bf16 uploads hold bf16 values", () => {

@@ -69,11 +69,12 @@ describe("the CPU backend's training ops match PyTorch autograd and finite diffe
     checkOp("lora", ({ x, weight, a, b }) => {
       const t = [tensor(x, [rows, fin]), tensor(weight, [fout, fin])];
       const out = cpu.zeros([rows, fout]);
-      cpu.linear(t[0], t[1], null, out, lora(a, b));
+      cpu.linear(t[0], t[1], null, out);
+      cpu.addLora(t[0], lora(a, b), out, 0);
       return valuesOf(out, t);
     }, ({ x, weight, a, b }, up) => {
       const xs = tensor(x, [rows, fin]), w = tensor(weight, [fout, fin]), adapter = lora(a, b), down = cpu.zeros([rows, rank]);
-      cpu.linear(xs, w, null, cpu.zeros([rows, fout]), adapter, down);
+      cpu.addLora(xs, adapter, cpu.zeros([rows, fout]), 0, down);
       const dOut = tensor(up, [rows, fout]);
       return gradients({ x: { data: x, shape: [rows, fin] }, weight: { data: weight, shape: [fout, fin] }, a: { data: a, shape: [rank, fin] }, b: { data: b, shape: [fout, rank] } },
         (d) => {
@@ -202,16 +203,24 @@ describe("the CPU backend's training ops match PyTorch autograd and finite diffe
     }
   });
 
-  it("SwiGLU", () => {
+  it("SwiGLU over the fused gate/up product (gate, then up, in each row)", () => {
     const fixture = fixtures.swiglu.inputs;
-    const shape = [fixture.gate.length];
+    // The fixture's 30 values as rows of 6: each row of gateUp holds a row of gate, then the same row of up.
+    const width = 6, rows = fixture.gate.length / width, shape = [rows, width];
+    const gateUp = (gate: Float32Array, up: Float32Array) => {
+      const fused = new Float32Array(2 * gate.length);
+      for (let r = 0; r < rows; r++) {
+        fused.set(gate.subarray(r * width, (r + 1) * width), 2 * r * width);
+        fused.set(up.subarray(r * width, (r + 1) * width), (2 * r + 1) * width);
+      }
+      return tensor(fused, [rows, 2 * width]);
+    };
     checkOp("swiglu", ({ gate, up }) => {
-      const t = [tensor(gate, shape), tensor(up, shape)];
-      const out = cpu.zeros(shape);
-      cpu.swiglu(t[0], t[1], out);
-      return valuesOf(out, t);
+      const fused = gateUp(gate, up), out = cpu.zeros(shape);
+      cpu.swiglu(fused, out);
+      return valuesOf(out, [fused]);
     }, ({ gate, up }, dout) => gradients({ gate: { data: gate, shape }, up: { data: up, shape } },
-      (d) => cpu.swigluBackward(tensor(gate, shape), tensor(up, shape), tensor(dout, shape), d.gate, d.up)));
+      (d) => cpu.swigluBackward(gateUp(gate, up), tensor(dout, shape), d.gate, d.up)));
   });
 
   it("embedding (repeated ids accumulate)", () => {

@@ -58,22 +58,33 @@ function maxRelative(a: Float32Array, b: Float32Array, floor: number): number {
   return worst;
 }
 
+/** gate and up [rows, inter] side by side in each row: the layout of the fused gate/up product. */
+function fused(gate: Float32Array, up: Float32Array, inter: number): Float32Array {
+  const out = new Float32Array(2 * gate.length);
+  for (let r = 0; r < gate.length / inter; r++) {
+    out.set(gate.subarray(r * inter, (r + 1) * inter), 2 * r * inter);
+    out.set(up.subarray(r * inter, (r + 1) * inter), (2 * r + 1) * inter);
+  }
+  return out;
+}
+
 describe.each(variants)("WASM SIMD kernels, $variant", ({ kernels }) => {
   describe("WASM SIMD SwiGLU", () => {
-    it("swiglu matches g·σ(g)·up within 4 ulps, on every length modulo 4 and across chunk boundaries", () => {
-      for (const length of [1, 2, 3, 4, 5, 17, 2047, 2048, 2049, 5000]) {
+    it("swiglu matches g·σ(g)·up within 4 ulps, on every length modulo 4, rows across chunk boundaries and rows longer than a chunk", () => {
+      for (const [rows, inter] of [[1, 1], [2, 1], [1, 3], [4, 1], [1, 5], [1, 17], [1, 2047], [2, 1024], [3, 683], [1, 5000], [5, 1000], [3, 4099]]) {
+        const length = rows * inter;
         const gate = gates(length, length), up = values(length, length + 1);
         const out = new Float32Array(length).fill(Number.NaN);
-        kernels.swiglu(gate, up, out);
-        expectClose(Float64Array.from(gate, (g, i) => g * sigmoid(g) * up[i]), out, 4, `swiglu length ${length}`);
+        kernels.swiglu(fused(gate, up, inter), out, inter);
+        expectClose(Float64Array.from(gate, (g, i) => g * sigmoid(g) * up[i]), out, 4, `swiglu ${rows} × ${inter}`);
       }
     });
 
     it("the backward adds dOut·silu(g) to dUp and dOut·up·silu'(g) to dGate within 5 ulps", () => {
-      const length = 4099;
-      const gate = gates(length, 7), up = values(length, 8), dOut = values(length, 9);
+      const inter = 1367, length = 3 * inter; // rows across chunk boundaries
+      const gate = gates(length, 7), up = values(length, 8), dOut = values(length, 9), gateUp = fused(gate, up, inter);
       const dGate = new Float32Array(length), dUp = new Float32Array(length);
-      kernels.swigluBackward(gate, up, dOut, dGate, dUp);
+      kernels.swigluBackward(gateUp, dOut, dGate, dUp, inter);
       const s = Float64Array.from(gate, sigmoid);
       expectClose(Float64Array.from(gate, (g, i) => dOut[i] * g * s[i]), dUp, 5, "dUp");
       // 1 + g·(1 − σ) crosses zero near g = −1.28, where any f32 evaluation loses relative digits: there the error
@@ -82,7 +93,7 @@ describe.each(variants)("WASM SIMD kernels, $variant", ({ kernels }) => {
         Float64Array.from(gate, (g, i) => dOut[i] * up[i] * s[i] * (1 + Math.abs(g * (1 - s[i])))));
       // Accumulating: a second pass adds the same values again, and x + x = 2x exactly.
       const [dGate1, dUp1] = [dGate.slice(), dUp.slice()];
-      kernels.swigluBackward(gate, up, dOut, dGate, dUp);
+      kernels.swigluBackward(gateUp, dOut, dGate, dUp, inter);
       expect(dGate).toEqual(dGate1.map((v) => 2 * v));
       expect(dUp).toEqual(dUp1.map((v) => 2 * v));
     });
@@ -110,7 +121,7 @@ describe.each(variants)("WASM SIMD kernels, $variant", ({ kernels }) => {
     it("NaN stays NaN and infinities give silu's limits", () => {
       const gate = Float32Array.of(Number.NaN, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY, 3);
       const out = new Float32Array(4);
-      kernels.swiglu(gate, Float32Array.of(1, 1, 1, Number.NaN), out);
+      kernels.swiglu(fused(gate, Float32Array.of(1, 1, 1, Number.NaN), 4), out, 4);
       expect(Number.isNaN(out[0])).toBe(true);
       expect(out[1]).toBe(Number.POSITIVE_INFINITY);
       expect(Object.is(out[2], -0) || Number.isNaN(out[2])).toBe(true); // −∞ · 0: IEEE gives NaN, the limit is 0

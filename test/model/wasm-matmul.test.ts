@@ -106,6 +106,27 @@ describe("WASM SIMD matmul", () => {
     expect(again.resident!.offset).toBe(residentAt); // the freed block is reused
   });
 
+  it("a view of a weight multiplies where its owner lives, moved into the WASM memory or not", () => {
+    const backend = new CpuBackend({ blas: "portable" });
+    const rng = seededRandom(6);
+    const [n, k, m, start, rows] = [3, 21, 10, 4, 5];
+    const wValues = Float32Array.from({ length: m * k }, () => rng() - 0.5), xValues = Float32Array.from({ length: n * k }, () => rng() - 0.5);
+    const expected = new Float32Array(n * rows);
+    matmulNT(xValues, wValues.subarray(start * k), n, k, rows, expected);
+    const owner = backend.upload(wValues.slice(), [m, k]) as CpuTensor, x = backend.upload(xValues, [n, k]);
+    const view = backend.view(owner, start, rows), out = backend.zeros([n, rows]);
+    backend.linear(x, view, null, out); // moves the owner in
+    expect(owner.resident).not.toBeNull();
+    const first = backend.download(out);
+    expect(maxAbsDiff(first, expected)).toBeLessThan(1e-6);
+    const whole = backend.zeros([n, m]);
+    backend.linear(x, owner, null, whole);
+    expect(backend.download(whole).filter((_, i) => i % m >= start && i % m < start + rows)).toEqual(first);
+    backend.linear(x, view, null, out);
+    expect(backend.download(out)).toEqual(first);
+    expect(backend.download(view)).toEqual(wValues.subarray(start * k, (start + rows) * k));
+  });
+
   it("splits a large product over worker threads, by rows or by columns, with the same bits as one thread", async () => {
     const one = WasmMatmul.create(1)!, three = WasmMatmul.create(3)!;
     try {

@@ -21,18 +21,37 @@ __device__ void add_bias(float* __restrict__ y, const T* __restrict__ bias, long
 extern "C" __global__ void add_bias_f32(float* y, const float* bias, long long rows, int cols) { add_bias(y, bias, rows, cols); }
 extern "C" __global__ void add_bias_bf16(float* y, const bf16* bias, long long rows, int cols) { add_bias(y, bias, rows, cols); }
 
+// outs[j][r, c] = x[r, c_j + c] (+ bias[c_j + c]) for the parts j of widths w0, w1, w2 (w2 = 0 for two parts), c_j
+// the widths before part j: q, k and v (with their biases) from their one product x [rows, w0 + w1 + w2].
+extern "C" __global__ void split_columns(const float* __restrict__ x, const float* __restrict__ bias, float* __restrict__ out0,
+                                         float* __restrict__ out1, float* __restrict__ out2, int w0, int w1, int w2, long long rows) {
+  const int width = w0 + w1 + w2;
+  const long long n = rows * width;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const long long r = i / width;
+    const int c = (int)(i - r * width);
+    const float v = bias ? x[i] + bias[c] : x[i];
+    if (c < w0) out0[r * w0 + c] = v;
+    else if (c < w0 + w1) out1[r * w1 + (c - w0)] = v;
+    else out2[r * w2 + (c - w0 - w1)] = v;
+  }
+}
+
 // out = a + b; `out` may be `a` or `b` (each element is read before the same thread writes it).
 extern "C" __global__ void add(const float* a, const float* b, float* out, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     out[i] = a[i] + b[i];
 }
 
-// out = silu(gate) * up, silu(g) = g / (1 + e^-g); out_bf16 (when not null) the same rounded to bf16.
-extern "C" __global__ void swiglu(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out,
-                                  bf16* __restrict__ out_bf16, long long n) {
+// out = silu(gate) * up, silu(g) = g / (1 + e^-g), out [rows, inter] and n = rows · inter; gate and up are the two
+// halves of each row of gate_up [rows, 2 · inter] (the one product of both projections). out_bf16 (when not null) the
+// same rounded to bf16.
+extern "C" __global__ void swiglu(const float* __restrict__ gate_up, float* __restrict__ out, bf16* __restrict__ out_bf16,
+                                  int inter, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const float g = gate[i];
-    const float h = g / (1.0f + __expf(-g)) * up[i];
+    const long long gate = i + (i / inter) * inter;  // row r, column c: at 2 · inter · r + c
+    const float g = gate_up[gate];
+    const float h = g / (1.0f + __expf(-g)) * gate_up[gate + inter];
     out[i] = h;
     if (out_bf16) out_bf16[i] = __float2bfloat16_rn(h);  // the down projection's bf16 operand
   }
@@ -45,14 +64,16 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* _
   for (int j = threadIdx.x; j < d; j += blockDim.x) out[(long long)blockIdx.x * d + j] = x[source * d + j];
 }
 
-// d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))); dGate += dout · up · that, dUp += dout · silu(g).
-extern "C" __global__ void swiglu_backward(const float* __restrict__ gate, const float* __restrict__ up, const float* __restrict__ dout,
-                                           float* __restrict__ d_gate, float* __restrict__ d_up, long long n) {
+// d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))); dGate += dout · up · that, dUp += dout · silu(g); gate and up read
+// from gate_up as in swiglu, the gradients [rows, inter] each.
+extern "C" __global__ void swiglu_backward(const float* __restrict__ gate_up, const float* __restrict__ dout, float* __restrict__ d_gate,
+                                           float* __restrict__ d_up, int inter, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const float g = gate[i];
+    const long long gate = i + (i / inter) * inter;
+    const float g = gate_up[gate];
     const float sig = 1.0f / (1.0f + expf(-g));
     d_up[i] += dout[i] * g * sig;
-    d_gate[i] += dout[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
+    d_gate[i] += dout[i] * gate_up[gate + inter] * sig * (1.0f + g * (1.0f - sig));
   }
 }
 

@@ -9,7 +9,8 @@
 import { ArtError } from "../../core/errors.ts";
 import {
   type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights, type PackedSegment,
-  type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkSampled, checkTokenIds, shapeSize,
+  type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkSampled, checkTokenIds, columnBlocks,
+  loraColumns, shapeSize, swigluShape, viewShape,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
 import {
@@ -54,6 +55,27 @@ export class CpuTensor implements Tensor {
   }
   get cols(): number {
     return this.size / this.shape[0];
+  }
+}
+
+/**
+ * Rows of another tensor (Backend.view): its values are the owner's, wherever the owner keeps them (moved into the
+ * WASM matmul's memory or not); it owns no storage.
+ */
+class CpuTensorView extends CpuTensor {
+  readonly owner: CpuTensor;
+  /** Where the view starts in the owner's values. */
+  readonly offset: number;
+  constructor(owner: CpuTensor, shape: readonly number[], offset: number) {
+    super(shape, owner.dtype, owner.data.subarray(offset, offset + shapeSize(shape)));
+    this.owner = owner;
+    this.offset = offset;
+  }
+  override get data(): Float32Array {
+    return this.owner.data.subarray(this.offset, this.offset + this.size);
+  }
+  override set data(_values: Float32Array) {
+    throw new ArtError("view_storage", "cpu backend: a view shares its owner's storage and cannot be given storage of its own");
   }
 }
 
@@ -246,12 +268,20 @@ export class CpuBackend implements Backend {
 
   free(tensor: Tensor): void {
     const t = cpu(tensor);
+    if (t instanceof CpuTensorView) return;
     this.#storage.give(t.data);
     t.data = new Float32Array(0);
   }
 
   owns(tensor: Tensor): boolean {
     return tensor instanceof CpuTensor;
+  }
+
+  view(tensor: Tensor, start: number, rows: number): Tensor {
+    const t = cpu(tensor);
+    const shape = viewShape("cpu backend", t, start, rows);
+    const width = t.size / t.shape[0];
+    return t instanceof CpuTensorView ? new CpuTensorView(t.owner, shape, t.offset + start * width) : new CpuTensorView(t, shape, start * width);
   }
 
   // ---- forward ops ------------------------------------------------------------------------------------------------
@@ -284,7 +314,7 @@ export class CpuBackend implements Backend {
     this.rmsNorm(sum, weight, eps, out, rstd);
   }
 
-  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor, lora?: LoraWeights | null, loraDown?: Tensor): void {
+  linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor): void {
     const xs = cpu(x), w = cpu(weight), o = cpu(out);
     const [outFeatures, inFeatures] = w.shape;
     expectMultiple("linear input", xs, inFeatures);
@@ -303,15 +333,31 @@ export class CpuBackend implements Backend {
         for (let i = 0; i < n; i++) for (let j = 0; j < outFeatures; j++) out[i * outFeatures + j] += b[j];
       }
     }
-    if (lora) {
-      const a = cpu(lora.a), b = cpu(lora.b);
-      const rank = a.shape[0];
-      expectSize("LoRA A", a, rank * inFeatures);
-      expectSize("LoRA B", b, outFeatures * rank);
-      if (loraDown) expectSize("LoRA x·Aᵀ", loraDown, n * rank);
-      const down = loraDown ? cpu(loraDown).data : new Float32Array(n * rank);
-      loraRows(this.gemm, xs.data, a.data, b.data, lora.scale, n, inFeatures, outFeatures, rank, o.data, down);
-    }
+  }
+
+  addLora(x: Tensor, lora: LoraWeights, out: Tensor, column: number, loraDown?: Tensor): void {
+    const xs = cpu(x), a = cpu(lora.a), b = cpu(lora.b), o = cpu(out);
+    const [rank, inFeatures] = a.shape, outFeatures = b.shape[0];
+    expectMultiple("LoRA input", xs, inFeatures);
+    const n = xs.size / inFeatures;
+    expectSize("LoRA B", b, outFeatures * rank);
+    const width = loraColumns("cpu backend", o, n, column, outFeatures);
+    if (loraDown) expectSize("LoRA x·Aᵀ", loraDown, n * rank);
+    const down = loraDown ? cpu(loraDown).data : new Float32Array(n * rank);
+    loraRows(this.gemm, xs.data, a.data, b.data, lora.scale, n, inFeatures, outFeatures, rank, o.data.subarray(column), width, down);
+  }
+
+  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[]): void {
+    const xs = cpu(x).data, b = bias ? cpu(bias).data : null;
+    const widths = columnBlocks("cpu backend", x, outs, bias);
+    const rows = x.shape[0], width = x.size / rows;
+    let column = 0;
+    outs.forEach((out, j) => {
+      const o = cpu(out).data, w = widths[j];
+      for (let i = 0; i < rows; i++) o.set(xs.subarray(i * width + column, i * width + column + w), i * w);
+      if (b) for (let i = 0; i < rows; i++) for (let c = 0; c < w; c++) o[i * w + c] += b[column + c];
+      column += w;
+    });
   }
 
   /**
@@ -320,21 +366,21 @@ export class CpuBackend implements Backend {
    * or the memory would pass 4 GiB): the caller then runs the JavaScript kernel, so models of any size still work.
    */
   #wasmMatmul(x: CpuTensor, w: CpuTensor, n: number, k: number, m: number, out: CpuTensor): boolean {
-    // A weight made resident by another CpuBackend is multiplied where it lives.
-    const resident = w.resident ?? (this.#kernel && moveIntoWasm(this.#kernel, w));
+    // A weight made resident by another CpuBackend is multiplied where it lives; a view, where its owner does.
+    const owner = w instanceof CpuTensorView ? w.owner : w, start = w instanceof CpuTensorView ? w.offset * 4 : 0;
+    const resident = owner.resident ?? (this.#kernel && moveIntoWasm(this.#kernel, owner));
     if (!resident) return false;
-    return resident.kernel.linearArrays(x.data, resident.offset, out.data, n, k, m);
+    return resident.kernel.linearArrays(x.data, resident.offset + start, out.data, n, k, m);
   }
 
   rope(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
     for (const x of [q, k]) this.#rotate(x, positions, invFreq, headDim, 1);
   }
 
-  swiglu(gate: Tensor, up: Tensor, out: Tensor): void {
-    expectSize("swiglu up", up, gate.size);
-    expectSize("swiglu out", out, gate.size);
-    if (this.#elementwise) this.#elementwise.swiglu(cpu(gate).data, cpu(up).data, cpu(out).data);
-    else swigluRows(cpu(gate).data, cpu(up).data, cpu(out).data);
+  swiglu(gateUp: Tensor, out: Tensor): void {
+    const { inter } = swigluShape("cpu backend", gateUp, out);
+    if (this.#elementwise) this.#elementwise.swiglu(cpu(gateUp).data, cpu(out).data, inter);
+    else swigluRows(cpu(gateUp).data, cpu(out).data, inter);
   }
 
   add(a: Tensor, b: Tensor, out: Tensor): void {
@@ -506,10 +552,13 @@ export class CpuBackend implements Backend {
     for (const x of [dq, dk]) this.#rotate(x, positions, invFreq, headDim, -1);
   }
 
-  swigluBackward(gate: Tensor, up: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void {
-    for (const [name, tensor] of [["up", up], ["dOut", dOut], ["dGate", dGate], ["dUp", dUp]] as const) expectSize(`swigluBackward ${name}`, tensor, gate.size);
-    if (this.#elementwise) this.#elementwise.swigluBackward(cpu(gate).data, cpu(up).data, cpu(dOut).data, cpu(dGate).data, cpu(dUp).data);
-    else swigluRowsBackward(cpu(gate).data, cpu(up).data, cpu(dOut).data, cpu(dGate).data, cpu(dUp).data);
+  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void {
+    const { inter } = swigluShape("cpu backend", gateUp, dOut);
+    expectSize("swigluBackward dGate", dGate, dOut.size);
+    expectSize("swigluBackward dUp", dUp, dOut.size);
+    const operands = [cpu(gateUp).data, cpu(dOut).data, cpu(dGate).data, cpu(dUp).data, inter] as const;
+    if (this.#elementwise) this.#elementwise.swigluBackward(...operands);
+    else swigluRowsBackward(...operands);
   }
 
   gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void {

@@ -72,21 +72,26 @@ export function ropeRows(x: Float32Array, rowWidth: number, table: Float32Array,
   }
 }
 
-/** out = silu(gate) · up, elementwise. */
-export function swigluRows(gate: Float32Array, up: Float32Array, out: Float32Array): void {
-  for (let i = 0; i < gate.length; i++) {
-    const g = gate[i];
-    out[i] = (g / (1 + Math.exp(-g))) * up[i];
+/** out = silu(gate) · up, elementwise, gate and up the two halves of each row of gateUp [rows, 2 · inter]. */
+export function swigluRows(gateUp: Float32Array, out: Float32Array, inter: number): void {
+  for (let row = 0, i = 0; i < out.length; row++) {
+    // Row r's gate starts at 2 · inter · r, its up inter further.
+    for (let gate = 2 * row * inter, end = i + inter; i < end; i++, gate++) {
+      const g = gateUp[gate];
+      out[i] = (g / (1 + Math.exp(-g))) * gateUp[gate + inter];
+    }
   }
 }
 
-/** Backward of swigluRows: d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))). */
-export function swigluRowsBackward(gate: Float32Array, up: Float32Array, dOut: Float32Array, dGate: Float32Array, dUp: Float32Array): void {
-  for (let i = 0; i < gate.length; i++) {
-    const g = gate[i];
-    const sig = 1 / (1 + Math.exp(-g));
-    dUp[i] += dOut[i] * g * sig;
-    dGate[i] += dOut[i] * up[i] * sig * (1 + g * (1 - sig));
+/** Backward of swigluRows: d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))); dOut, dGate, dUp [rows, inter]. */
+export function swigluRowsBackward(gateUp: Float32Array, dOut: Float32Array, dGate: Float32Array, dUp: Float32Array, inter: number): void {
+  for (let row = 0, i = 0; i < dOut.length; row++) {
+    for (let gate = 2 * row * inter, end = i + inter; i < end; i++, gate++) {
+      const g = gateUp[gate];
+      const sig = 1 / (1 + Math.exp(-g));
+      dUp[i] += dOut[i] * g * sig;
+      dGate[i] += dOut[i] * gateUp[gate + inter] * sig * (1 + g * (1 - sig));
+    }
   }
 }
 
@@ -99,13 +104,16 @@ export function embeddingRowsBackward(ids: ArrayLike<number>, dOut: Float32Array
   }
 }
 
-/** out += scale · (x Aᵀ) Bᵀ with A [rank, in], B [out, rank]; `down` [rows, rank] receives x Aᵀ. */
+/**
+ * out += scale · (x Aᵀ) Bᵀ with A [rank, in], B [out, rank], out's rows `outStride` apart (a block of columns of a
+ * wider output); `down` [rows, rank] receives x Aᵀ.
+ */
 export function loraRows(
   gemm: Gemm, x: Float32Array, a: Float32Array, b: Float32Array, scale: number, rows: number, inFeatures: number, outFeatures: number,
-  rank: number, out: Float32Array, down: Float32Array,
+  rank: number, out: Float32Array, outStride: number, down: Float32Array,
 ): void {
   gemm.nt(x, a, rows, inFeatures, rank, down);
-  gemm.nt(down, b, rows, rank, outFeatures, out, { alpha: scale, accumulate: true });
+  gemm.nt(down, b, rows, rank, outFeatures, out, { alpha: scale, accumulate: true, outStride });
 }
 
 /** Backward of out = x Wᵀ + b: dx += dOut · W; dWeight += dOutᵀ · x; dBias += Σ_rows dOut. */

@@ -39,6 +39,20 @@ const HEADER_ROWS = 1020;
 const HEADER = 16 + 4 * HEADER_ROWS;
 const PAGE = 65536;
 
+/**
+ * Elements start .. end of the gate and up halves of a fused [rows, 2 · inter] product (element o of a half is row
+ * ⌊o / inter⌋, column o mod inter) into the heap at float offsets `gate` and `up`, one copy per row piece.
+ */
+function gatherHalves(heap: Float32Array, gate: number, up: number, gateUp: Float32Array, inter: number, start: number, end: number): void {
+  for (let o = start; o < end;) {
+    const row = Math.floor(o / inter), column = o - row * inter, count = Math.min(end - o, inter - column);
+    const from = 2 * row * inter + column;
+    heap.set(gateUp.subarray(from, from + count), gate + o - start);
+    heap.set(gateUp.subarray(from + inter, from + inter + count), up + o - start);
+    o += count;
+  }
+}
+
 /** Each variant's compiled module, or null where the runtime rejects it (no SIMD, or no relaxed SIMD). */
 const compiled = new Map<boolean, object | null>();
 
@@ -129,27 +143,25 @@ export class WasmElementwise {
     return max + Math.log(sum);
   }
 
-  /** out = silu(gate) · up, elementwise. */
-  swiglu(gate: Float32Array, up: Float32Array, out: Float32Array): void {
-    const [g, u, o, e] = this.#layout(4, Math.min(CHUNK, gate.length));
+  /** out = silu(gate) · up over the fused [rows, 2 · inter] gate/up product (kernels.ts swigluRows). */
+  swiglu(gateUp: Float32Array, out: Float32Array, inter: number): void {
+    const [g, u, o, e] = this.#layout(4, Math.min(CHUNK, out.length));
     const heap = this.#floats;
-    for (let start = 0; start < gate.length; start += CHUNK) {
-      const end = Math.min(gate.length, start + CHUNK), count = end - start;
-      heap.set(gate.subarray(start, end), g / 4);
-      heap.set(up.subarray(start, end), u / 4);
+    for (let start = 0; start < out.length; start += CHUNK) {
+      const end = Math.min(out.length, start + CHUNK), count = end - start;
+      gatherHalves(heap, g / 4, u / 4, gateUp, inter, start, end);
       this.#exports.swiglu(g, u, o, e, Math.ceil(count / 4));
       out.set(heap.subarray(o / 4, o / 4 + count), start);
     }
   }
 
   /** Backward of swiglu: dUp += dOut · silu(gate); dGate += dOut · up · silu'(gate). */
-  swigluBackward(gate: Float32Array, up: Float32Array, dOut: Float32Array, dGate: Float32Array, dUp: Float32Array): void {
-    const [g, u, d, dg, du, sigma, complement] = this.#layout(7, Math.min(CHUNK, gate.length));
+  swigluBackward(gateUp: Float32Array, dOut: Float32Array, dGate: Float32Array, dUp: Float32Array, inter: number): void {
+    const [g, u, d, dg, du, sigma, complement] = this.#layout(7, Math.min(CHUNK, dOut.length));
     const heap = this.#floats;
-    for (let start = 0; start < gate.length; start += CHUNK) {
-      const end = Math.min(gate.length, start + CHUNK), count = end - start;
-      heap.set(gate.subarray(start, end), g / 4);
-      heap.set(up.subarray(start, end), u / 4);
+    for (let start = 0; start < dOut.length; start += CHUNK) {
+      const end = Math.min(dOut.length, start + CHUNK), count = end - start;
+      gatherHalves(heap, g / 4, u / 4, gateUp, inter, start, end);
       heap.set(dOut.subarray(start, end), d / 4);
       heap.set(dGate.subarray(start, end), dg / 4);
       heap.set(dUp.subarray(start, end), du / 4);
