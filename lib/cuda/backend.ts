@@ -15,7 +15,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import {
-  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights,
+  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget, type LoraWeights,
   type PackedSegment, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
   checkSampled, checkSamplingParams, checkTokenIds, columnBlocks, loraColumns, shapeSize, swigluShape, viewShape,
 } from "../model/backend.ts";
@@ -174,6 +174,9 @@ function frozenOnly(what: string, gradient: Tensor | null): void {
     throw new ArtError("cuda_unsupported", `cuda backend: ${what} gradients are not implemented on CUDA (full-parameter training); train a LoRA adapter, or train on device "cpu"`);
   }
 }
+
+/** lora.cu's limits (LORA_MAX_ROWS, LORA_MAX_RANK) and block shapes (LORA_WARPS, LORA_COLUMNS). */
+const loraKernelMaxRows = 64, loraKernelMaxRank = 64, loraDownWarps = 8, loraUpColumns = 256;
 
 /** Blocks of the sum-of-squares reduction per tensor. */
 const sumSquaresBlocks = 64;
@@ -418,31 +421,61 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
   }
 
-  addLora(x: Tensor, lora: LoraWeights, out: Tensor, column: number, loraDown?: Tensor): void {
-    const xs = cuda(x), a = cuda(lora.a), b = cuda(lora.b), o = f32("LoRA output", out);
-    o.version++;
-    expectF32("LoRA input", xs);
-    if (a.dtype !== b.dtype) throw new ArtError("wrong_dtype", `cuda backend: LoRA A is ${a.dtype} but B is ${b.dtype}; store both alike`);
-    const [rank, inFeatures] = a.shape, outFeatures = b.shape[0];
-    expectMultiple("LoRA input", xs, inFeatures);
-    const n = xs.size / inFeatures;
-    expectSize("LoRA B", b, outFeatures * rank);
-    const width = loraColumns("cuda backend", o, n, column, outFeatures);
-    let down: bigint;
-    if (loraDown) {
-      const kept = f32("LoRA x·Aᵀ", loraDown);
-      expectSize("LoRA x·Aᵀ", kept, n * rank);
-      kept.version++;
-      down = kept.address;
-    } else {
-      down = this.#transient().allocate(n * rank * 4);
+  /**
+   * A decode pass's LoRAs (at most 64 rows, nothing kept for a backward, up to three targets of one rank and dtype) run
+   * as lora.cu's two launches for the whole group; otherwise each target is two cuBLAS GEMMs.
+   */
+  addLoras(x: Tensor, targets: readonly LoraTarget[]): void {
+    const xs = f32("LoRA input", x);
+    const parts = targets.map(({ lora, out, column, down }) => {
+      const a = cuda(lora.a), b = cuda(lora.b), o = f32("LoRA output", out);
+      if (a.dtype !== b.dtype) throw new ArtError("wrong_dtype", `cuda backend: LoRA A is ${a.dtype} but B is ${b.dtype}; store both alike`);
+      const [rank, inFeatures] = a.shape, outFeatures = b.shape[0];
+      expectMultiple("LoRA input", xs, inFeatures);
+      const n = xs.size / inFeatures;
+      expectSize("LoRA B", b, outFeatures * rank);
+      const width = loraColumns("cuda backend", o, n, column, outFeatures);
+      const kept = down ? f32("LoRA x·Aᵀ", down) : null;
+      if (kept) expectSize("LoRA x·Aᵀ", kept, n * rank);
+      return { a, b, o, kept, rank, inFeatures, outFeatures, n, width, column, scale: lora.scale };
+    });
+    if (parts.length === 0) return;
+    for (const { o, kept } of parts) {
+      o.version++;
+      if (kept) kept.version++;
     }
+    const { n, rank, inFeatures, a: firstA } = parts[0];
+    const grouped = n <= loraKernelMaxRows && rank <= loraKernelMaxRank && parts.length <= 3
+      && parts.every((p) => !p.kept && p.rank === rank && p.inFeatures === inFeatures && p.a.dtype === firstA.dtype);
+    if (!grouped) {
+      for (const part of parts) this.#loraGemms(xs, part);
+      return;
+    }
+    const suffix = firstA.dtype === "bf16" ? "bf16" : "f32";
+    const down = this.#transient().allocate(parts.length * n * rank * 4);
+    const each = <T>(pick: (part: (typeof parts)[number]) => T, none: T): T[] => [0, 1, 2].map((p) => (parts[p] ? pick(parts[p]) : none));
+    this.#launch(`lora_down_${suffix}`, [Math.ceil((n * rank) / loraDownWarps), parts.length], [loraDownWarps * 32],
+      [["ptr", xs.address], ...each((p): KernelArg => ["ptr", p.a.address], ["ptr", 0n]), ["ptr", down], ["i32", n], ["i32", inFeatures], ["i32", rank]]);
+    const widest = Math.max(...parts.map((p) => p.outFeatures));
+    this.#launch(`lora_up_${suffix}`, [Math.ceil(widest / loraUpColumns), parts.length], [loraUpColumns],
+      [["ptr", down], ...each((p): KernelArg => ["ptr", p.b.address], ["ptr", 0n]),
+        ...each((p): KernelArg => ["ptr", p.o.address + BigInt(p.column * 4)], ["ptr", 0n]),
+        ...each((p): KernelArg => ["i32", p.outFeatures], ["i32", 0]), ...each((p): KernelArg => ["i32", p.width], ["i32", 0]),
+        ...each((p): KernelArg => ["f32", p.scale], ["f32", 0]), ["i32", n], ["i32", rank]]);
+    this.#release(down);
+  }
+
+  /** One target of addLoras as two cuBLAS GEMMs: x Aᵀ (kept when asked), then scale · (x Aᵀ) Bᵀ into its columns. */
+  #loraGemms(xs: CudaTensor, { a, b, o, kept, rank, inFeatures, outFeatures, n, width, column, scale }:
+    { a: CudaTensor; b: CudaTensor; o: CudaTensor; kept: CudaTensor | null; rank: number; inFeatures: number; outFeatures: number; n: number;
+      width: number; column: number; scale: number }): void {
+    const down = kept ? kept.address : this.#transient().allocate(n * rank * 4);
     this.blas.linear(this.#operand(xs, a.dtype), a.address, down, n, inFeatures, rank, a.dtype);
     const downOperand = b.dtype === "bf16" ? this.#narrow(down, n * rank) : down;
     // Into the output's columns column .. column + outF: rows `width` apart.
-    this.blas.linear(downOperand, b.address, o.address + BigInt(column * 4), n, rank, outFeatures, b.dtype, lora.scale, 1, width);
+    this.blas.linear(downOperand, b.address, o.address + BigInt(column * 4), n, rank, outFeatures, b.dtype, scale, 1, width);
     if (downOperand !== down) this.#release(downOperand);
-    if (!loraDown) this.#release(down);
+    if (!kept) this.#release(down);
   }
 
   splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[]): void {

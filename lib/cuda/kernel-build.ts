@@ -60,6 +60,11 @@ export const kernelModules = {
     logprob_block_stats: [ptr, i32, i32, ptr, ptr],
     logprob_block_grad: [ptr, i32, i32, ptr, ptr, ptr],
   },
+  lora: {
+    lora_down_f32: [ptr, ptr, ptr, ptr, ptr, i32, i32, i32], lora_down_bf16: [ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
+    lora_up_f32: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, f32, f32, f32, i32, i32],
+    lora_up_bf16: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, f32, f32, f32, i32, i32],
+  },
   adamw: {
     zero_tensors: [ptr, i32],
     sum_squares: [ptr, i32, ptr],

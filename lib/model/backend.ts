@@ -33,6 +33,18 @@ export interface LoraWeights {
   scale: number;
 }
 
+/**
+ * One projection's LoRA for addLoras, with A:[rank, in], B:[outF, rank]: it adds into columns column .. column + outF
+ * of `out` [n, width], the projection's own output (column 0) or its half of the gate/up product. `down` [n, rank],
+ * when given, keeps x Aᵀ for loraBackward.
+ */
+export interface LoraTarget {
+  lora: LoraWeights;
+  out: Tensor;
+  column: number;
+  down?: Tensor;
+}
+
 export interface KvCacheSpec {
   numLayers: number;
   numKvHeads: number;
@@ -287,11 +299,11 @@ export interface Backend {
   /** out = x Wᵀ (+ bias); x:[n, in], weight:[outF, in], bias:[outF], out:[n, outF]. */
   linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor): void;
   /**
-   * The unmerged LoRA of a projection: out[:, column .. column + outF) += scale · (x Aᵀ) Bᵀ, with x:[n, in],
-   * A:[rank, in], B:[outF, rank]; `out` is [n, width ≥ column + outF], the projection's output or the shared output of
-   * the projections fused with it (see ProjectionGroup). `loraDown` [n, rank], when given, keeps x Aᵀ for loraBackward.
+   * The unmerged LoRAs of projections that read the same x:[n, in] (q, k, v; gate, up; or one projection): for each
+   * target, out[:, column .. column + outF) += scale · (x Aᵀ) Bᵀ (LoraTarget). One call per group lets a GPU run a
+   * decode pass's LoRAs in two launches instead of two GEMMs per projection.
    */
-  addLora(x: Tensor, lora: LoraWeights, out: Tensor, column: number, loraDown?: Tensor): void;
+  addLoras(x: Tensor, targets: readonly LoraTarget[]): void;
   /**
    * out_j = x[:, c_j .. c_j + w_j) (+ bias[c_j .. c_j + w_j)) for outs[j]:[n, w_j], c_j = w_0 + … + w_(j−1): the
    * separate outputs of projections computed as one product (q, k, v); x:[n, Σ w_j], bias:[Σ w_j] or null.
@@ -350,7 +362,7 @@ export interface Backend {
   rmsNormBackward(x: Tensor, weight: Tensor, rstd: Tensor, dOut: Tensor, dx: Tensor, dWeight: Tensor | null): void;
   /** dx += dOut W; dWeight += dOutᵀ x; dBias += Σ_rows dOut. */
   linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null): void;
-  /** addLora's backward, for the gradient dOut:[n, outF] of its columns: dB += scale · dOutᵀ (x Aᵀ); dA += (scale · dOut B)ᵀ x; dx += (scale · dOut B) A. */
+  /** addLoras' backward for one target, for the gradient dOut:[n, outF] of its columns: dB += scale · dOutᵀ (x Aᵀ); dA += (scale · dOut B)ᵀ x; dx += (scale · dOut B) A. */
   loraBackward(x: Tensor, lora: LoraWeights, loraDown: Tensor, dOut: Tensor, dx: Tensor | null, dA: Tensor, dB: Tensor): void;
   /** RoPE's backward: the rotation by minus each angle, in place on the gradients (a rotation's transpose is its inverse). */
   ropeBackward(dq: Tensor, dk: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void;
@@ -404,7 +416,7 @@ export function viewShape(backend: string, tensor: Tensor, start: number, rows: 
   return [rows, ...tensor.shape.slice(1)];
 }
 
-/** The width of addLora's output, checked to hold `n` rows with columns column .. column + outFeatures. */
+/** The width of a LoRA target's output, checked to hold `n` rows with columns column .. column + outFeatures. */
 export function loraColumns(backend: string, out: Tensor, n: number, column: number, outFeatures: number): number {
   const width = n === 0 ? outFeatures : out.size / n;
   if (!(out.size === n * width && Number.isInteger(width) && Number.isInteger(column) && column >= 0 && column + outFeatures <= width)) {

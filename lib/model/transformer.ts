@@ -12,7 +12,7 @@
  * statistics).
  */
 import { ArtError } from "../core/errors.ts";
-import { type Backend, type DType, type KvCache, type RowPlacement, type Tensor, checkTokenIds } from "./backend.ts";
+import { type Backend, type DType, type KvCache, type LoraTarget, type RowPlacement, type Tensor, checkTokenIds } from "./backend.ts";
 import { type ModelConfig, type RopeScaling, readConfig } from "./config.ts";
 import { type LayerLoras, PROJECTIONS, type Projection, projectionPath, projectionShape } from "./lora.ts";
 import { openSafetensors, type TensorStore } from "./safetensors.ts";
@@ -236,22 +236,25 @@ export class Transformer {
   layerForward(layer: number, input: Tensor, output: Tensor, acts: LayerActivations, positions: Int32Array, attend: Attend,
     loras?: LayerLoras, chain: { normed: boolean; nextNorm: Tensor | null } = { normed: false, nextNorm: null }): void {
     const b = this.backend, w = this.weights.layers[layer], c = this.config, eps = c.rmsNormEps;
-    const lora = (projection: Projection, x: Tensor, out: Tensor, column = 0) => {
-      const adapter = loras?.[projection];
-      if (adapter) b.addLora(x, adapter, out, column, acts.loraDown[projection]);
+    /** The LoRAs of projections that read x, each into its output at its column: one call per group. */
+    const addLoras = (x: Tensor, outputs: [Projection, Tensor, number][]) => {
+      const targets: LoraTarget[] = [];
+      for (const [projection, out, column] of outputs) {
+        const lora = loras?.[projection];
+        if (lora) targets.push({ lora, out, column, down: acts.loraDown[projection] });
+      }
+      if (targets.length > 0) b.addLoras(x, targets);
     };
     const linear = (projection: Projection, x: Tensor, out: Tensor) => {
       const { weight, bias } = w.projections[projection];
       b.linear(x, weight, bias, out);
-      lora(projection, x, out);
+      addLoras(x, [[projection, out, 0]]);
     };
     if (!chain.normed) b.rmsNorm(input, w.inputNorm, eps, acts.attnInput, acts.rstd1);
     // q, k, v: one product, split into the three with their biases; then each one's LoRA.
     b.linear(acts.attnInput, w.qkv.weight, null, acts.qkv);
     b.splitColumns(acts.qkv, w.qkv.bias, [acts.qRaw, acts.kRaw, acts.v]);
-    lora("q_proj", acts.attnInput, acts.qRaw);
-    lora("k_proj", acts.attnInput, acts.kRaw);
-    lora("v_proj", acts.attnInput, acts.v);
+    addLoras(acts.attnInput, [["q_proj", acts.qRaw, 0], ["k_proj", acts.kRaw, 0], ["v_proj", acts.v, 0]]);
     if (w.qNorm && w.kNorm) {
       b.rmsNorm(acts.qRaw, w.qNorm, eps, acts.q, acts.qRstd);
       b.rmsNorm(acts.kRaw, w.kNorm, eps, acts.k, acts.kRstd);
@@ -262,8 +265,7 @@ export class Transformer {
     b.addRmsNorm(input, acts.attnOut, acts.mid, w.postAttentionNorm, eps, acts.mlpInput, acts.rstd2);
     // gate and up: one product into the two halves of each row, each half's LoRA added in place.
     b.linear(acts.mlpInput, w.gateUp.weight, null, acts.gateUp);
-    lora("gate_proj", acts.mlpInput, acts.gateUp);
-    lora("up_proj", acts.mlpInput, acts.gateUp, c.intermediateSize);
+    addLoras(acts.mlpInput, [["gate_proj", acts.gateUp, 0], ["up_proj", acts.gateUp, c.intermediateSize]]);
     b.swiglu(acts.gateUp, acts.hidden);
     linear("down_proj", acts.hidden, acts.mlpOut);
     if (chain.nextNorm) b.addRmsNorm(acts.mid, acts.mlpOut, output, chain.nextNorm, eps, acts.attnInput, acts.rstd1);

@@ -5,6 +5,7 @@ import { CudaBackend } from "../../lib/cuda/backend.ts";
 import { type SamplingParams, allowedTokenMask } from "../../lib/model/backend.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { generate } from "../../lib/model/generate.ts";
+import { PROJECTIONS, projectionShape } from "../../lib/model/lora.ts";
 import { loadTransformer } from "../../lib/model/transformer.ts";
 import { Batcher, MAX_MEMORY_SIZED_SLOTS } from "../../lib/serve/batcher.ts";
 import { tinyCheckpoint } from "../model/helpers.ts";
@@ -162,6 +163,33 @@ describe("CUDA backend host logic (recording device)", () => {
       backend.dispose();
       expect(device.outstandingBytes).toBe(0);
     }
+  });
+
+  it("a decode pass runs each group's LoRAs as two launches; a prefill chunk and kept x·Aᵀ take cuBLAS", () => {
+    const { device, backend } = recordingBackend();
+    const model = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 4 }), backend, "bf16");
+    const layers = model.config.numLayers;
+    const loras = Array.from({ length: layers }, () => Object.fromEntries(PROJECTIONS.map((name) => {
+      const { outFeatures, inFeatures } = projectionShape(model.config, name);
+      return [name, { a: backend.zeros([8, inFeatures]), b: backend.zeros([outFeatures, 8]), scale: 2 }];
+    })));
+    const cache = model.createKvCache(3, 128);
+    const count = (rows: number, positions: (i: number) => number) => {
+      device.launches.length = 0;
+      device.gemms.length = 0;
+      const placement = { slots: Int32Array.from({ length: rows }, (_, i) => (rows === 3 ? i : 0)), positions: Int32Array.from({ length: rows }, (_, i) => positions(i)) };
+      backend.free(model.forward(new Int32Array(rows).fill(1), placement, cache, null, loras));
+      const named = (name: string) => device.launches.filter((l) => l.name === name).length;
+      return { down: named("lora_down_f32"), up: named("lora_up_f32"), gemms: device.gemms.length };
+    };
+    // Prefill of 80 rows: two GEMMs per projection's LoRA, beside the four products of each layer and the head.
+    expect(count(80, (i) => i)).toEqual({ down: 0, up: 0, gemms: layers * (4 + 2 * 7) + 1 });
+    // Decoding three slots: one lora_down and one lora_up per group (q/k/v, o, gate/up, down).
+    expect(count(3, () => 80)).toEqual({ down: 4 * layers, up: 4 * layers, gemms: 4 * layers + 1 });
+    cache.free();
+    model.free();
+    backend.dispose();
+    expect(device.outstandingBytes).toBe(0);
   });
 
   it("sampling without alternatives passes null for their outputs (64 rows fill the output block exactly)", () => {

@@ -95,7 +95,7 @@ describe.skipIf(skip)(title, () => {
       expect(error(out)).toBeLessThan(tolerance);
       run((b, i) => {
         b.linear(x[i], w[i], bias[i], out[i]);
-        b.addLora(x[i], { a: a[i], b: bB[i], scale: 2 }, out[i], 0);
+        b.addLoras(x[i], [{ lora: { a: a[i], b: bB[i], scale: 2 }, out: out[i], column: 0 }]);
       });
       expect(error(out)).toBeLessThan(tolerance);
     }
@@ -127,7 +127,7 @@ describe.skipIf(skip)(title, () => {
       const a = both(random(rank * inF, 34, 0.1), [rank, inF]), up = both(random(inter * rank, 35, 0.1), [inter, rank]), down = zeros([n, rank]);
       run((b, i) => {
         b.linear(x[i], gateUp[i], null, product[i]);
-        b.addLora(x[i], { a: a[i], b: up[i], scale: 0.5 }, product[i], inter, down[i]);
+        b.addLoras(x[i], [{ lora: { a: a[i], b: up[i], scale: 0.5 }, out: product[i], column: inter, down: down[i] }]);
       });
       expect(error(product)).toBeLessThan(tolerance);
       expect(error(down)).toBeLessThan(1e-5);
@@ -190,6 +190,24 @@ describe.skipIf(skip)(title, () => {
     for (let layer = 0; layer < shape.numLayers; layer++) {
       expect(relativeError(c.copied[layer], g.copied[layer])).toBeLessThan(2e-2);
       expect(relativeError(c.targetRow[layer], g.targetRow[layer])).toBeLessThan(2e-2);
+    }
+  });
+
+  // A decode pass's LoRAs of a group run as two launches (lora.cu) up to 64 rows; more rows, or a kept x·Aᵀ, take the
+  // GEMMs. Both against the CPU: q/k/v into three outputs, gate/up into the two halves of one, rank 8 and 64.
+  it("grouped LoRAs: q/k/v and the gate/up halves, 1, 7, 64 and 65 rows, f32 and bf16 adapters, rank 8 and 64", () => {
+    const inF = 96, widths = [64, 32, 32], inter = 300;
+    for (const [n, dtype, rank] of [[1, "f32", 8], [7, "bf16", 8], [64, "f32", 64], [65, "f32", 8]] as const) {
+      const tolerance = dtype === "f32" ? 1e-5 : 1e-2;
+      const x = both(random(n * inF, 40 + n), [n, inF]);
+      const adapter = (outF: number, seed: number) => ({ a: both(random(rank * inF, seed, 0.1), [rank, inF], dtype), b: both(random(outF * rank, seed + 1, 0.1), [outF, rank], dtype) });
+      const qkv = widths.map((w, j) => ({ ...adapter(w, 50 + 2 * j), out: both(random(n * w, 60 + j), [n, w]), scale: 0.5 + j }));
+      run((b, i) => b.addLoras(x[i], qkv.map((t) => ({ lora: { a: t.a[i], b: t.b[i], scale: t.scale }, out: t.out[i], column: 0 }))));
+      for (const t of qkv) expect(error(t.out)).toBeLessThan(tolerance);
+      const gate = adapter(inter, 70), up = adapter(inter, 72), gateUp = both(random(n * 2 * inter, 74), [n, 2 * inter]);
+      run((b, i) => b.addLoras(x[i], [{ lora: { a: gate.a[i], b: gate.b[i], scale: 2 }, out: gateUp[i], column: 0 },
+        { lora: { a: up.a[i], b: up.b[i], scale: 2 }, out: gateUp[i], column: inter }]));
+      expect(error(gateUp)).toBeLessThan(tolerance);
     }
   });
 

@@ -135,7 +135,7 @@ describe.skipIf(skip)(title, () => {
     const out = zeros([rows, outF]), down = zeros([rows, rank]);
     run((backend, i) => {
       backend.linear(x[i], w[i], null, out[i]);
-      backend.addLora(x[i], lora(i), out[i], 0, down[i]);
+      backend.addLoras(x[i], [{ lora: lora(i), out: out[i], column: 0, down: down[i] }]);
     });
     expect(error(out)).toBeLessThan(1e-5);
     expect(error(down)).toBeLessThan(1e-5);

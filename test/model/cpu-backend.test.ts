@@ -65,13 +65,13 @@ describe("CPU kernels", () => {
     }
   });
 
-  it("linear adds the bias, addLora an unmerged LoRA: x Wᵀ + b + scale (x Aᵀ) Bᵀ", () => {
+  it("linear adds the bias, addLoras an unmerged LoRA: x Wᵀ + b + scale (x Aᵀ) Bᵀ", () => {
     const b = new CpuBackend();
     const [n, k, m, r] = [5, 12, 7, 3];
     const x = random(n * k, 1), w = random(m * k, 2), bias = random(m, 3), a = random(r * k, 4), lb = random(m * r, 5);
     const out = b.zeros([n, m]), xs = b.upload(x, [n, k]), down = b.zeros([n, r]);
     b.linear(xs, b.upload(w, [m, k]), b.upload(bias, [m]), out);
-    b.addLora(xs, { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 0.5 }, out, 0, down);
+    b.addLoras(xs, [{ lora: { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 0.5 }, out, column: 0, down }]);
     const base = naiveXWt(x, w, n, k, m);
     const downExpected = naiveXWt(x, a, n, k, r);
     const up = naiveXWt(Float32Array.from(downExpected), lb, n, r, m);
@@ -80,19 +80,19 @@ describe("CPU kernels", () => {
     expect(maxAbsDiff(b.download(down), downExpected)).toBeLessThan(1e-5);
   });
 
-  it("addLora adds into its block of columns of a wider output (the up half of gate/up) and nowhere else", () => {
+  it("addLoras adds into its block of columns of a wider output (the up half of gate/up) and nowhere else", () => {
     const b = new CpuBackend();
     const [n, k, m, r, width, column] = [4, 10, 6, 2, 15, 7];
     const x = random(n * k, 11), a = random(r * k, 12), lb = random(m * r, 13), before = random(n * width, 14);
     const out = b.upload(Float32Array.from(before), [n, width]);
-    b.addLora(b.upload(x, [n, k]), { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 2 }, out, column);
+    b.addLoras(b.upload(x, [n, k]), [{ lora: { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 2 }, out, column }]);
     const up = naiveXWt(Float32Array.from(naiveXWt(x, a, n, k, r)), lb, n, r, m);
     const expected = Array.from(before, (v, i) => {
       const row = Math.floor(i / width), c = i % width;
       return c >= column && c < column + m ? v + 2 * up[row * m + c - column] : v;
     });
     expect(maxAbsDiff(b.download(out), expected)).toBeLessThan(1e-5);
-    expect(() => b.addLora(b.upload(x, [n, k]), { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 2 }, out, 10))
+    expect(() => b.addLoras(b.upload(x, [n, k]), [{ lora: { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 2 }, out, column: 10 }]))
       .toThrowError("cpu backend: a LoRA of 6 outputs at column 10 does not fit an output of [4,15] for 4 rows");
   });
 

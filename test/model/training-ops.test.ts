@@ -70,11 +70,11 @@ describe("the CPU backend's training ops match PyTorch autograd and finite diffe
       const t = [tensor(x, [rows, fin]), tensor(weight, [fout, fin])];
       const out = cpu.zeros([rows, fout]);
       cpu.linear(t[0], t[1], null, out);
-      cpu.addLora(t[0], lora(a, b), out, 0);
+      cpu.addLoras(t[0], [{ lora: lora(a, b), out, column: 0 }]);
       return valuesOf(out, t);
     }, ({ x, weight, a, b }, up) => {
       const xs = tensor(x, [rows, fin]), w = tensor(weight, [fout, fin]), adapter = lora(a, b), down = cpu.zeros([rows, rank]);
-      cpu.addLora(xs, adapter, cpu.zeros([rows, fout]), 0, down);
+      cpu.addLoras(xs, [{ lora: adapter, out: cpu.zeros([rows, fout]), column: 0, down }]);
       const dOut = tensor(up, [rows, fout]);
       return gradients({ x: { data: x, shape: [rows, fin] }, weight: { data: weight, shape: [fout, fin] }, a: { data: a, shape: [rank, fin] }, b: { data: b, shape: [fout, rank] } },
         (d) => {

@@ -8,7 +8,7 @@
  */
 import { ArtError } from "../../core/errors.ts";
 import {
-  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraWeights, type PackedSegment,
+  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget, type LoraWeights, type PackedSegment,
   type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkSampled, checkTokenIds, columnBlocks,
   loraColumns, shapeSize, swigluShape, viewShape,
 } from "../backend.ts";
@@ -335,16 +335,19 @@ export class CpuBackend implements Backend {
     }
   }
 
-  addLora(x: Tensor, lora: LoraWeights, out: Tensor, column: number, loraDown?: Tensor): void {
-    const xs = cpu(x), a = cpu(lora.a), b = cpu(lora.b), o = cpu(out);
-    const [rank, inFeatures] = a.shape, outFeatures = b.shape[0];
-    expectMultiple("LoRA input", xs, inFeatures);
-    const n = xs.size / inFeatures;
-    expectSize("LoRA B", b, outFeatures * rank);
-    const width = loraColumns("cpu backend", o, n, column, outFeatures);
-    if (loraDown) expectSize("LoRA x·Aᵀ", loraDown, n * rank);
-    const down = loraDown ? cpu(loraDown).data : new Float32Array(n * rank);
-    loraRows(this.gemm, xs.data, a.data, b.data, lora.scale, n, inFeatures, outFeatures, rank, o.data.subarray(column), width, down);
+  addLoras(x: Tensor, targets: readonly LoraTarget[]): void {
+    const xs = cpu(x);
+    for (const { lora, out, column, down: kept } of targets) {
+      const a = cpu(lora.a), b = cpu(lora.b), o = cpu(out);
+      const [rank, inFeatures] = a.shape, outFeatures = b.shape[0];
+      expectMultiple("LoRA input", xs, inFeatures);
+      const n = xs.size / inFeatures;
+      expectSize("LoRA B", b, outFeatures * rank);
+      const width = loraColumns("cpu backend", o, n, column, outFeatures);
+      if (kept) expectSize("LoRA x·Aᵀ", kept, n * rank);
+      const down = kept ? cpu(kept).data : new Float32Array(n * rank);
+      loraRows(this.gemm, xs.data, a.data, b.data, lora.scale, n, inFeatures, outFeatures, rank, o.data.subarray(column), width, down);
+    }
   }
 
   splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[]): void {
