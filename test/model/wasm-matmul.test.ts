@@ -10,6 +10,7 @@ import { ArtError } from "../../lib/core/errors.ts";
 import { seededRandom } from "../../lib/core/random.ts";
 import { CpuBackend, type CpuTensor } from "../../lib/model/cpu/backend.ts";
 import { matmulNNAccumulate, matmulNT } from "../../lib/model/cpu/matmul.ts";
+import { MatmulWorkers } from "../../lib/model/cpu/matmul-workers.ts";
 import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
 import { generatedModuleSource, generatedPath, WASM_MODULES } from "../../scripts/build-wasm.ts";
 import { maxAbsDiff } from "./helpers.ts";
@@ -195,6 +196,18 @@ describe("WASM SIMD matmul", () => {
     } finally {
       three.close();
     }
+  });
+
+  it("says once when a worker thread fails to start, and counts only the workers that did", async () => {
+    const warnings: string[] = [];
+    // Bytes that are no WebAssembly module: each worker throws compiling them, before it looks at the memory.
+    const workers = new MatmulWorkers(Uint8Array.of(0, 1, 2, 3), {}, 2, (message) => warnings.push(message));
+    for (let waited = 0; warnings.length === 0 && waited < 5000; waited += 10) await new Promise((resolve) => setTimeout(resolve, 10));
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    workers.close();
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toMatch(/^art-ts: a matrix-product worker thread failed \(.+\); the portable products run on the threads that started, fewer than the 3 asked for \(ART_CPU_THREADS\)$/);
+    expect(workers.ready).toBe(0);
   });
 
   it("lets the process exit while its workers wait for work", () => {

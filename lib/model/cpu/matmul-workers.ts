@@ -101,15 +101,26 @@ export class MatmulWorkers {
   /** Blocks computed by the workers so far (a diagnostic: the bench and tests read it). */
   blocksOnWorkers = 0;
 
-  /** `count` workers over `memory`, each instantiating the module from `bytes`; they start in the background. */
-  constructor(bytes: Uint8Array, memory: object, count: number) {
+  /**
+   * `count` workers over `memory`, each instantiating the module from `bytes`; they start in the background. A worker
+   * that fails is never used: `warn` (default console.warn) hears of the first failure, since products then run on
+   * fewer threads than asked for.
+   */
+  constructor(bytes: Uint8Array, memory: object, count: number, warn: (message: string) => void = console.warn) {
     const control = new SharedArrayBuffer((HEADER + count * SLOT) * 4);
     this.#words = new Int32Array(control);
     this.#floats = new Float32Array(control);
+    let warned = false;
     for (let i = 0; i < count; i++) {
       const worker = new Worker(WORKER_SOURCE, { eval: true, execArgv: [], workerData: { bytes, memory, control, base: HEADER + i * SLOT } });
-      // A worker that fails to start is never used (its READY stays 0 or -1); the error is not the caller's.
-      worker.on("error", () => Atomics.store(this.#words, HEADER + i * SLOT + READY, -1));
+      // The error is not the caller's: the products go on, on the threads that did start.
+      worker.on("error", (error) => {
+        Atomics.store(this.#words, HEADER + i * SLOT + READY, -1);
+        if (this.#closed || warned) return;
+        warned = true;
+        warn(`art-ts: a matrix-product worker thread failed (${error instanceof Error ? error.message : String(error)}); ` +
+          `the portable products run on the threads that started, fewer than the ${count + 1} asked for (ART_CPU_THREADS)`);
+      });
       worker.unref();
       this.#workers.push(worker);
     }
