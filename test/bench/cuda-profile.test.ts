@@ -12,7 +12,7 @@ function fakeStream() {
     elapsedMs: (start, end) => times.get(end)! - times.get(start)!,
     destroyEvent: (event) => void live.delete(event),
   };
-  return { timeline, live, advance: (ms: number) => (clock += ms) };
+  return { timeline, live, advance: (ms: number) => (clock += ms), now: () => clock };
 }
 
 class FakeBackend {
@@ -27,9 +27,10 @@ class FakeBackend {
 }
 
 describe("per-op GPU profile of a backend", () => {
-  it("charges the time between consecutive ops to the later one, outermost calls only, slowest first", () => {
+  it("charges the time between consecutive ops to the later one, outermost calls only, slowest first; the host's time in each call beside it", () => {
     const stream = fakeStream();
-    const profile = profileBackend(new FakeBackend(stream.advance), stream.timeline);
+    // The host's clock: an op's call takes as long as its work here (the fake queues and runs at once).
+    const profile = profileBackend(new FakeBackend(stream.advance), stream.timeline, stream.now);
     const b = profile.backend;
     b.matmul(100); // before start: not counted
     profile.start();
@@ -39,11 +40,13 @@ describe("per-op GPU profile of a backend", () => {
     stream.advance(2); // the host was slow to queue the next op: the GPU waited, and the wait is that op's
     b.matmul(5);
     expect(b.name).toBe("fake");
-    expect(profile.report()).toEqual({ matmul: { ms: 10, calls: 2 }, copy: { ms: 4, calls: 1 }, add: { ms: 1, calls: 1 } });
+    expect(profile.report()).toEqual({
+      matmul: { ms: 10, hostMs: 8, calls: 2 }, copy: { ms: 4, hostMs: 4, calls: 1 }, add: { ms: 1, hostMs: 1, calls: 1 },
+    });
     b.matmul(1); // after report: not counted
     profile.start();
     b.add(7);
-    expect(profile.report()).toEqual({ add: { ms: 7, calls: 1 } });
+    expect(profile.report()).toEqual({ add: { ms: 7, hostMs: 7, calls: 1 } });
     profile.dispose();
     expect(stream.live.size).toBe(0);
   });
