@@ -175,6 +175,12 @@ function frozenOnly(what: string, gradient: Tensor | null): void {
   }
 }
 
+/** An addLoras target, checked: its tensors, its shapes, its output's row width and first column. */
+interface LoraPart {
+  a: CudaTensor; b: CudaTensor; o: CudaTensor; kept: CudaTensor | null;
+  rank: number; inFeatures: number; outFeatures: number; n: number; width: number; column: number; scale: number;
+}
+
 /** lora.cu's limits (LORA_MAX_ROWS, LORA_MAX_RANK) and block shapes (LORA_WARPS, LORA_COLUMNS). */
 const loraKernelMaxRows = 64, loraKernelMaxRank = 64, loraDownWarps = 8, loraUpColumns = 256;
 
@@ -427,7 +433,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
    */
   addLoras(x: Tensor, targets: readonly LoraTarget[]): void {
     const xs = f32("LoRA input", x);
-    const parts = targets.map(({ lora, out, column, down }) => {
+    const parts = targets.map(({ lora, out, column, down }): LoraPart => {
       const a = cuda(lora.a), b = cuda(lora.b), o = f32("LoRA output", out);
       if (a.dtype !== b.dtype) throw new ArtError("wrong_dtype", `cuda backend: LoRA A is ${a.dtype} but B is ${b.dtype}; store both alike`);
       const [rank, inFeatures] = a.shape, outFeatures = b.shape[0];
@@ -445,7 +451,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       if (kept) kept.version++;
     }
     const { n, rank, inFeatures, a: firstA } = parts[0];
-    const grouped = n <= loraKernelMaxRows && rank <= loraKernelMaxRank && parts.length <= 3
+    const grouped = n >= 1 && n <= loraKernelMaxRows && rank <= loraKernelMaxRank && parts.length <= 3
       && parts.every((p) => !p.kept && p.rank === rank && p.inFeatures === inFeatures && p.a.dtype === firstA.dtype);
     if (!grouped) {
       for (const part of parts) this.#loraGemms(xs, part);
@@ -453,7 +459,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
     const suffix = firstA.dtype === "bf16" ? "bf16" : "f32";
     const down = this.#transient().allocate(parts.length * n * rank * 4);
-    const each = <T>(pick: (part: (typeof parts)[number]) => T, none: T): T[] => [0, 1, 2].map((p) => (parts[p] ? pick(parts[p]) : none));
+    const each = <T>(pick: (part: LoraPart) => T, none: T): T[] => [0, 1, 2].map((p) => (parts[p] ? pick(parts[p]) : none));
     this.#launch(`lora_down_${suffix}`, [Math.ceil((n * rank) / loraDownWarps), parts.length], [loraDownWarps * 32],
       [["ptr", xs.address], ...each((p): KernelArg => ["ptr", p.a.address], ["ptr", 0n]), ["ptr", down], ["i32", n], ["i32", inFeatures], ["i32", rank]]);
     const widest = Math.max(...parts.map((p) => p.outFeatures));
@@ -466,9 +472,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   }
 
   /** One target of addLoras as two cuBLAS GEMMs: x Aᵀ (kept when asked), then scale · (x Aᵀ) Bᵀ into its columns. */
-  #loraGemms(xs: CudaTensor, { a, b, o, kept, rank, inFeatures, outFeatures, n, width, column, scale }:
-    { a: CudaTensor; b: CudaTensor; o: CudaTensor; kept: CudaTensor | null; rank: number; inFeatures: number; outFeatures: number; n: number;
-      width: number; column: number; scale: number }): void {
+  #loraGemms(xs: CudaTensor, { a, b, o, kept, rank, inFeatures, outFeatures, n, width, column, scale }: LoraPart): void {
     const down = kept ? kept.address : this.#transient().allocate(n * rank * 4);
     this.blas.linear(this.#operand(xs, a.dtype), a.address, down, n, inFeatures, rank, a.dtype);
     const downOperand = b.dtype === "bf16" ? this.#narrow(down, n * rank) : down;
