@@ -3,7 +3,9 @@
 // running them. The models keep the real shapes' structure (layers, heads, biases, tied head), with small widths:
 // the count depends on the structure, not on the widths. A decode pass is counted eagerly and as a replayed CUDA
 // graph, without and with a LoRA adapter on all seven projections (a GRPO rollout after the first training step).
-// Deterministic; no timing. Prints JSON.
+// And a LoRA training micro-batch (forward keeping activations, backward: what the GPU step repeats per packed row)
+// of 2 sequences × 1,024 tokens, the second half of each trained, with the real vocabulary (the LM head's logits blocks
+// depend on it), counting pool allocations too. Deterministic; no timing. Prints JSON.
 //
 // usage: node bench/cuda-launch-count.ts [--batches 1,8,64]
 import { readFileSync } from "node:fs";
@@ -12,6 +14,7 @@ import { CudaBackend } from "../lib/cuda/backend.ts";
 import { parseConfig } from "../lib/model/config.ts";
 import { decode, type DecodeSequence } from "../lib/model/generate.ts";
 import { type LayerLoras, PROJECTIONS, projectionShape } from "../lib/model/lora.ts";
+import { DifferentiableTransformer } from "../lib/model/training.ts";
 import { loadWeights, Transformer } from "../lib/model/transformer.ts";
 import type { TensorStore } from "../lib/model/safetensors.ts";
 import { RecordingDevice } from "../test/cuda/recording-device.ts";
@@ -56,6 +59,32 @@ function count(shape: Record<string, unknown>, batch: number, graphs: boolean, w
   };
 }
 
+/** Host calls of one LoRA training micro-batch's forward and backward (no optimizer step: it is per step, not per row). */
+function countTraining(shape: Record<string, unknown>, sequences: number, tokens: number) {
+  const heads = shape.num_attention_heads as number;
+  const config = parseConfig({ ...shape, hidden_size: heads * 16, intermediate_size: heads * 32 }, "narrowed shape");
+  const device = new RecordingDevice();
+  const backend = new CudaBackend(device, device.gemm(), RecordingDevice.kernels(), { graphs: false });
+  let allocations = 0;
+  const allocate = device.pool.allocate.bind(device.pool);
+  device.pool.allocate = (bytes) => (allocations++, allocate(bytes));
+  const base = new Transformer(backend, config, loadWeights(backend, config, zeros, "bf16"));
+  const model = new DifferentiableTransformer(base, { lora: { rank: 8, alpha: 16, targetModules: [...PROJECTIONS], useRslora: false }, recomputeActivations: false });
+  const n = sequences * tokens;
+  const batch = {
+    tokens: Int32Array.from({ length: n }, (_, i) => (i * 7919) % config.vocabSize), positions: Int32Array.from({ length: n }, (_, i) => i % tokens),
+    segments: Array.from({ length: sequences }, (_, s) => ({ start: s * tokens, length: tokens })),
+    targets: Int32Array.from({ length: n }, (_, i) => (i % tokens >= tokens / 2 ? (i * 31) % config.vocabSize : -1)),
+  };
+  const before = { launches: device.launches.length, gemms: device.gemms.length, events: device.events.length, memsets: device.memsets, allocations };
+  const pass = model.forward(batch);
+  model.backward(pass, new Float32Array(pass.scoredRows.length).fill(1));
+  return {
+    kernelLaunches: device.launches.length - before.launches, gemmCalls: device.gemms.length - before.gemms, memsets: device.memsets - before.memsets,
+    uploads: device.events.slice(before.events).filter((e) => e.event === "upload").length, poolAllocations: allocations - before.allocations,
+  };
+}
+
 const rows: object[] = [];
 for (const [name, shape] of Object.entries(shapes)) {
   for (const batch of batches) {
@@ -66,11 +95,14 @@ for (const [name, shape] of Object.entries(shapes)) {
     }
   }
 }
+for (const [name, shape] of Object.entries(shapes)) {
+  rows.push({ shape: name, layers: shape.num_hidden_layers, training: "2x1024", adapter: "lora", ...countTraining(shape, 2, 1024) });
+}
 // One line per case.
 console.log(`{
   "benchmark": "cuda-launch-count",
   "command": ${JSON.stringify(`node bench/cuda-launch-count.ts ${process.argv.slice(2).join(" ")}`.trim())},
-  "what": "host calls of one decode pass (forward and on-device sampling) once its shape is recorded; lora: rank 8 on all 7 projections",
+  "what": "host calls of one decode pass (forward and on-device sampling) once its shape is recorded, and of one LoRA training micro-batch's forward and backward (training: sequences x tokens); lora: rank 8 on all 7 projections",
   "results": [
 ${rows.map((row) => `    ${JSON.stringify(row)}`).join(",\n")}
   ]
