@@ -734,15 +734,15 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       [["ptr", xs.address], ["ptr", w.address], ["ptr", s.address], ["ptr", g.address], ["ptr", d.address], ["i32", w.size]]);
   }
 
-  /** dx += dOut · W (W [out, in], bf16 or f32); the weight and bias are frozen here. */
-  linearBackward(_x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null): void {
+  /** dx += dOut · W (W [out, in], bf16 or f32; with overwriteDx, beta 0); the weight and bias are frozen here. */
+  linearBackward(_x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null, overwriteDx = false): void {
     frozenOnly("base weight", dWeight);
     frozenOnly("bias", dBias);
     if (dx === null) return;
     const w = cuda(weight), g = f32("linear output gradient", dOut), d = f32("linear input gradient", dx);
     const [outFeatures, inFeatures] = w.shape;
     d.version++;
-    this.#product(g, w, d, g.size / outFeatures, inFeatures, outFeatures, false, false, 1, 1);
+    this.#product(g, w, d, g.size / outFeatures, inFeatures, outFeatures, false, false, 1, overwriteDx ? 0 : 1);
   }
 
   /** dB += scale · dOutᵀ · down; g = scale · dOut · B; dA += gᵀ · x; dx += g · A. */
@@ -771,7 +771,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.#rotate(dq, dk, positions, invFreq, headDim, -1);
   }
 
-  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void {
+  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor, overwrite = false): void {
     const g = f32("swiglu gate/up", gateUp), d = f32("swiglu output gradient", dOut);
     const dg = f32("swiglu gate gradient", dGate), du = f32("swiglu up gradient", dUp);
     const { inter } = swigluShape("cuda backend", g, d);
@@ -780,7 +780,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     dg.version++;
     du.version++;
     this.#launch("swiglu_backward", [gridFor(d.size)], [256], [["ptr", g.address], ["ptr", d.address], ["ptr", dg.address], ["ptr", du.address],
-      ["i32", inter], ["i64", d.size]]);
+      ["i32", inter], ["i32", overwrite ? 0 : 1], ["i64", d.size]]);
   }
 
   gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void {

@@ -235,6 +235,9 @@ export interface AdamWScalars {
  * A backward op takes what its forward read (and saved), the gradient of its output, then the gradients it
  * produces, which ACCUMULATE (+=) into tensors the caller zeroed: the residual stream hands one activation to two
  * consumers, and a parameter serves many micro-batches. A null gradient is one nobody needs (a frozen weight).
+ * linearBackward's dx and swigluBackward's gradients can instead be written (`overwrite`): the first contribution
+ * to a fresh buffer (Backend.empty), which then needs no zeroing, a memset of the buffer fewer on a GPU. Adding to
+ * zeros gives the written values exactly, so the choice changes no bits.
  */
 export interface Backend {
   readonly name: "cpu" | "cuda";
@@ -360,8 +363,8 @@ export interface Backend {
   embeddingBackward(ids: Int32Array, dOut: Tensor, dTable: Tensor): void;
   /** With x̂ = x·rstd and g = dOut·w: dx += rstd · (g − x̂ · mean(g · x̂)); dWeight += Σ dOut · x̂. */
   rmsNormBackward(x: Tensor, weight: Tensor, rstd: Tensor, dOut: Tensor, dx: Tensor, dWeight: Tensor | null): void;
-  /** dx += dOut W; dWeight += dOutᵀ x; dBias += Σ_rows dOut. */
-  linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null): void;
+  /** dx += dOut W (dx = dOut W with `overwriteDx`); dWeight += dOutᵀ x; dBias += Σ_rows dOut. */
+  linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null, overwriteDx?: boolean): void;
   /** addLoras' backward for one target, for the gradient dOut:[n, outF] of its columns: dB += scale · dOutᵀ (x Aᵀ); dA += (scale · dOut B)ᵀ x; dx += (scale · dOut B) A. */
   loraBackward(x: Tensor, lora: LoraWeights, loraDown: Tensor, dOut: Tensor, dx: Tensor | null, dA: Tensor, dB: Tensor): void;
   /** RoPE's backward: the rotation by minus each angle, in place on the gradients (a rotation's transpose is its inverse). */
@@ -369,9 +372,9 @@ export interface Backend {
   /**
    * d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))): dGate += dOut · up · that; dUp += dOut · silu(gate), with gate and
    * up the two column halves of gateUp [n, 2I] (as in swiglu); dOut, dGate, dUp:[n, I] (each projection's backward
-   * takes its own gradient).
+   * takes its own gradient); with `overwrite`, dGate and dUp are written (=) instead.
    */
-  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void;
+  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor, overwrite?: boolean): void;
   /** dx[rowIndex[i]] += dOut[i]. */
   gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void;
   /**

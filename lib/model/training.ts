@@ -428,9 +428,10 @@ export class DifferentiableTransformer {
     const held = new Holdings(b);
     const n = batch.tokens.length;
     const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
-    const linearBack = (proj: Projection, x: Tensor, dy: Tensor, dx: Tensor) => {
+    // `first`: dx is a fresh buffer (empty) this call writes before anything adds to it.
+    const linearBack = (proj: Projection, x: Tensor, dy: Tensor, dx: Tensor, first = false) => {
       const lin = w.linears[proj];
-      b.linearBackward(x, lin.weight.tensor, dy, dx, lin.weight.gradTensor, lin.bias?.gradTensor ?? null);
+      b.linearBackward(x, lin.weight.tensor, dy, dx, lin.weight.gradTensor, lin.bias?.gradTensor ?? null, first);
       const lora = this.loraByLayer[l][proj];
       const down = acts.loraDown[proj];
       if (lora && down) {
@@ -439,20 +440,21 @@ export class DifferentiableTransformer {
     };
     try {
       // MLP: out = mid + down(swiglu(gate(m), up(m))), m = norm2(mid)
-      const dHidden = held.zeros([n, inter]);
-      linearBack("down_proj", acts.hidden, dOut, dHidden);
-      const dGate = held.zeros([n, inter]);
-      const dUp = held.zeros([n, inter]);
-      b.swigluBackward(acts.gateUp, dHidden, dGate, dUp);
-      const dMlpInput = held.zeros([n, d]);
-      linearBack("gate_proj", acts.mlpInput, dGate, dMlpInput);
+      // Each gradient buffer's first writer writes it (overwrite), so none is zeroed first.
+      const dHidden = held.empty([n, inter]);
+      linearBack("down_proj", acts.hidden, dOut, dHidden, true);
+      const dGate = held.empty([n, inter]);
+      const dUp = held.empty([n, inter]);
+      b.swigluBackward(acts.gateUp, dHidden, dGate, dUp, true);
+      const dMlpInput = held.empty([n, d]);
+      linearBack("gate_proj", acts.mlpInput, dGate, dMlpInput, true);
       linearBack("up_proj", acts.mlpInput, dUp, dMlpInput);
       const dMid = held.copy(dOut); // residual branch
       b.rmsNormBackward(acts.mid, w.postAttentionNorm.tensor, acts.rstd2!, dMlpInput, dMid, w.postAttentionNorm.gradTensor);
       for (const t of [dHidden, dGate, dUp, dMlpInput]) held.free(t);
       // attention: mid = input + o(attn(rope(norm?(q(a))), rope(norm?(k(a))), v(a))), a = norm1(input)
-      const dAttn = held.zeros([n, h * hd]);
-      linearBack("o_proj", acts.attn, dMid, dAttn);
+      const dAttn = held.empty([n, h * hd]);
+      linearBack("o_proj", acts.attn, dMid, dAttn, true);
       const dq = held.zeros([n, h * hd]);
       const dk = held.zeros([n, kv * hd]);
       const dv = held.zeros([n, kv * hd]);
@@ -468,8 +470,8 @@ export class DifferentiableTransformer {
         held.free(dq);
         held.free(dk);
       }
-      const dAttnInput = held.zeros([n, d]);
-      linearBack("q_proj", acts.attnInput, dqRaw, dAttnInput);
+      const dAttnInput = held.empty([n, d]);
+      linearBack("q_proj", acts.attnInput, dqRaw, dAttnInput, true);
       linearBack("k_proj", acts.attnInput, dkRaw, dAttnInput);
       linearBack("v_proj", acts.attnInput, dv, dAttnInput);
       for (const t of [dqRaw, dkRaw, dv]) held.free(t);

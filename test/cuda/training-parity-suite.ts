@@ -110,6 +110,16 @@ describe.skipIf(skip)(title, () => {
     run((b, i) => b.swigluBackward(gateUp[i], dOut[i], dGate[i], dUp[i]));
     expect(error(dGate)).toBeLessThan(1e-5);
     expect(error(dUp)).toBeLessThan(1e-5);
+    // Written, not added: into fresh buffers (NaN bytes on the emulated device) the values alone.
+    const fresh = [[cpu.empty([n, inter]), gpu.empty([n, inter])], [cpu.empty([n, inter]), gpu.empty([n, inter])]] as [Tensor, Tensor][];
+    run((b, i) => b.swigluBackward(gateUp[i], dOut[i], fresh[0][i], fresh[1][i], true));
+    const added = [[cpu.zeros([n, inter]), gpu.zeros([n, inter])], [cpu.zeros([n, inter]), gpu.zeros([n, inter])]] as [Tensor, Tensor][];
+    run((b, i) => b.swigluBackward(gateUp[i], dOut[i], added[0][i], added[1][i]));
+    for (const j of [0, 1]) {
+      expect(error(fresh[j])).toBeLessThan(1e-5);
+      expect(cpu.download(fresh[j][0])).toEqual(cpu.download(added[j][0]));
+      expect(gpu.download(fresh[j][1])).toEqual(gpu.download(added[j][1]));
+    }
     const x = both(random(6 * 10, 15), [6, 10]), picked = zeros([3, 10]), back = both(random(6 * 10, 16), [6, 10]);
     const rows = Int32Array.from([4, 0, 5]);
     run((b, i) => b.gatherRows(x[i], rows, picked[i]));
@@ -128,6 +138,12 @@ describe.skipIf(skip)(title, () => {
       expect(error(out)).toBeLessThan(tolerance);
       run((b, i) => b.linearBackward(x[i], w[i], dOut[i], dx[i], null, null));
       expect(error(dx)).toBeLessThan(tolerance);
+      // Written, not added (overwriteDx): a fresh buffer gets dOut W alone, as a zeroed one would.
+      const fresh = [cpu.empty([rows, inF]), gpu.empty([rows, inF])] as [Tensor, Tensor], zeroed = zeros([rows, inF]);
+      run((b, i) => b.linearBackward(x[i], w[i], dOut[i], fresh[i], null, null, true));
+      run((b, i) => b.linearBackward(x[i], w[i], dOut[i], zeroed[i], null, null));
+      expect(error(fresh)).toBeLessThan(tolerance);
+      expect(gpu.download(fresh[1])).toEqual(gpu.download(zeroed[1]));
     }
     const w = both(random(outF * inF, 18, 0.2), [outF, inF]);
     const a = both(random(rank * inF, 21, 0.2), [rank, inF]), b = both(random(outF * rank, 22, 0.2), [outF, rank]);

@@ -64,16 +64,18 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* _
   for (int j = threadIdx.x; j < d; j += blockDim.x) out[(long long)blockIdx.x * d + j] = x[source * d + j];
 }
 
-// d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))); dGate += dout · up · that, dUp += dout · silu(g); gate and up read
-// from gate_up as in swiglu, the gradients [rows, inter] each.
+// d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))); dGate += dout · up · that, dUp += dout · silu(g) (written, not added,
+// when accumulate is 0: the gradients' first writer, so nothing zeroes them first); gate and up read from gate_up as
+// in swiglu, the gradients [rows, inter] each.
 extern "C" __global__ void swiglu_backward(const float* __restrict__ gate_up, const float* __restrict__ dout, float* __restrict__ d_gate,
-                                           float* __restrict__ d_up, int inter, long long n) {
+                                           float* __restrict__ d_up, int inter, int accumulate, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const long long gate = i + (i / inter) * inter;
     const float g = gate_up[gate];
     const float sig = 1.0f / (1.0f + expf(-g));
-    d_up[i] += dout[i] * g * sig;
-    d_gate[i] += dout[i] * gate_up[gate + inter] * sig * (1.0f + g * (1.0f - sig));
+    const float du = dout[i] * g * sig, dg = dout[i] * gate_up[gate + inter] * sig * (1.0f + g * (1.0f - sig));
+    d_up[i] = accumulate ? d_up[i] + du : du;
+    d_gate[i] = accumulate ? d_gate[i] + dg : dg;
   }
 }
 

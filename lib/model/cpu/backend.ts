@@ -539,9 +539,10 @@ export class CpuBackend implements Backend {
     if (!this.#elementwise?.rmsNormBackward(...operands)) rmsNormRowsBackward(...operands);
   }
 
-  linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null): void {
+  linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null, overwriteDx = false): void {
     const w = cpu(weight);
     const [outFeatures, inFeatures] = w.shape;
+    if (overwriteDx && dx) cpu(dx).data.fill(0); // then accumulated into: the same bits as into a zeroed buffer
     linearRowsBackward(this.gemm, cpu(x).data, w.data, cpu(dOut).data, x.size / inFeatures, inFeatures, outFeatures, optional(dx), optional(dWeight), optional(dBias));
   }
 
@@ -555,10 +556,11 @@ export class CpuBackend implements Backend {
     for (const x of [dq, dk]) this.#rotate(x, positions, invFreq, headDim, -1);
   }
 
-  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor): void {
+  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor, overwrite = false): void {
     const { inter } = swigluShape("cpu backend", gateUp, dOut);
     expectSize("swigluBackward dGate", dGate, dOut.size);
     expectSize("swigluBackward dUp", dUp, dOut.size);
+    if (overwrite) this.zero([dGate, dUp]);
     const operands = [cpu(gateUp).data, cpu(dOut).data, cpu(dGate).data, cpu(dUp).data, inter] as const;
     if (this.#elementwise) this.#elementwise.swigluBackward(...operands);
     else swigluRowsBackward(...operands);
