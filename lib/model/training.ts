@@ -404,13 +404,11 @@ export class DifferentiableTransformer {
           acts = recomputed.acts;
           for (const tensor of activationTensors(acts)) held.hold(tensor);
         }
-        const dInput = held.hold(this.layerBackward(l, saved.input, acts, dx, pass.batch));
+        this.layerBackward(l, saved.input, acts, dx, pass.batch);
         // Done with this layer: only its input stays (the previous layer's output), freed with the pass.
         if (saved.acts) this.freeActivations(saved.acts);
         else held.freeAll(activationTensors(acts));
         saved.acts = null;
-        held.free(dx);
-        dx = dInput;
       }
       if (this.embedding.gradTensor) b.embeddingBackward(pass.batch.tokens, dx, this.embedding.gradTensor);
       held.free(dx);
@@ -422,8 +420,11 @@ export class DifferentiableTransformer {
     }
   }
 
-  /** Takes d(loss)/d(layer output) and returns d(loss)/d(layer input), accumulating parameter gradients. */
-  private layerBackward(l: number, input: Tensor, acts: LayerActivations, dOut: Tensor, batch: SequenceBatch): Tensor {
+  /**
+   * Turns d(loss)/d(layer output) in `dResidual` into d(loss)/d(layer input), in place, accumulating parameter
+   * gradients: the residual stream carries its gradient through the layer unchanged, and each sublayer adds its own.
+   */
+  private layerBackward(l: number, input: Tensor, acts: LayerActivations, dResidual: Tensor, batch: SequenceBatch): void {
     const b = this.backend, c = this.config, w = this.layers[l], invFreq = this.transformer.invFreq;
     const held = new Holdings(b);
     const n = batch.tokens.length;
@@ -442,19 +443,19 @@ export class DifferentiableTransformer {
       // MLP: out = mid + down(swiglu(gate(m), up(m))), m = norm2(mid)
       // Each gradient buffer's first writer writes it (overwrite), so none is zeroed first.
       const dHidden = held.empty([n, inter]);
-      linearBack("down_proj", acts.hidden, dOut, dHidden, true);
+      linearBack("down_proj", acts.hidden, dResidual, dHidden, true);
       const dGate = held.empty([n, inter]);
       const dUp = held.empty([n, inter]);
       b.swigluBackward(acts.gateUp, dHidden, dGate, dUp, true);
       const dMlpInput = held.empty([n, d]);
       linearBack("gate_proj", acts.mlpInput, dGate, dMlpInput, true);
       linearBack("up_proj", acts.mlpInput, dUp, dMlpInput);
-      const dMid = held.copy(dOut); // residual branch
-      b.rmsNormBackward(acts.mid, w.postAttentionNorm.tensor, acts.rstd2!, dMlpInput, dMid, w.postAttentionNorm.gradTensor);
+      // dResidual becomes d(loss)/d(mid): the residual branch's gradient plus the MLP input norm's.
+      b.rmsNormBackward(acts.mid, w.postAttentionNorm.tensor, acts.rstd2!, dMlpInput, dResidual, w.postAttentionNorm.gradTensor);
       for (const t of [dHidden, dGate, dUp, dMlpInput]) held.free(t);
       // attention: mid = input + o(attn(rope(norm?(q(a))), rope(norm?(k(a))), v(a))), a = norm1(input)
       const dAttn = held.empty([n, h * hd]);
-      linearBack("o_proj", acts.attn, dMid, dAttn, true);
+      linearBack("o_proj", acts.attn, dResidual, dAttn, true);
       const dq = held.zeros([n, h * hd]);
       const dk = held.zeros([n, kv * hd]);
       const dv = held.zeros([n, kv * hd]);
@@ -475,11 +476,9 @@ export class DifferentiableTransformer {
       linearBack("k_proj", acts.attnInput, dkRaw, dAttnInput);
       linearBack("v_proj", acts.attnInput, dv, dAttnInput);
       for (const t of [dqRaw, dkRaw, dv]) held.free(t);
-      const dInput = held.copy(dMid); // residual branch
-      b.rmsNormBackward(input, w.inputNorm.tensor, acts.rstd1!, dAttnInput, dInput, w.inputNorm.gradTensor);
-      held.free(dMid);
+      // And d(loss)/d(input): d(mid) plus the attention input norm's.
+      b.rmsNormBackward(input, w.inputNorm.tensor, acts.rstd1!, dAttnInput, dResidual, w.inputNorm.gradTensor);
       held.free(dAttnInput);
-      return dInput;
     } catch (error) {
       held.freeAll();
       throw error;
@@ -507,9 +506,6 @@ class Holdings {
   /** Backend.empty: for an output its op writes whole. */
   empty(shape: readonly number[]): Tensor {
     return this.hold(this.#backend.empty(shape));
-  }
-  copy(tensor: Tensor): Tensor {
-    return this.hold(this.#backend.copy(tensor));
   }
   free(tensor: Tensor): void {
     this.#tensors.delete(tensor);
