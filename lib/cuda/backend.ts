@@ -17,7 +17,7 @@ import { ArtError } from "../core/errors.ts";
 import {
   type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget, type LoraWeights,
   type PackedSegment, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
-  checkSampled, checkSamplingParams, checkTokenIds, columnBlocks, loraColumns, shapeSize, swigluShape, viewShape,
+  checkSampled, checkSamplingParams, checkTokenIds, columnBlocks, loraTargetShape, shapeSize, swigluShape, viewShape,
 } from "../model/backend.ts";
 import {
   attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkPackedHeadDim,
@@ -433,16 +433,12 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
    */
   addLoras(x: Tensor, targets: readonly LoraTarget[]): void {
     const xs = f32("LoRA input", x);
-    const parts = targets.map(({ lora, out, column, down }): LoraPart => {
+    const parts = targets.map((target): LoraPart => {
+      const { lora, out, column, down } = target;
       const a = cuda(lora.a), b = cuda(lora.b), o = f32("LoRA output", out);
       if (a.dtype !== b.dtype) throw new ArtError("wrong_dtype", `cuda backend: LoRA A is ${a.dtype} but B is ${b.dtype}; store both alike`);
-      const [rank, inFeatures] = a.shape, outFeatures = b.shape[0];
-      expectMultiple("LoRA input", xs, inFeatures);
-      const n = xs.size / inFeatures;
-      expectSize("LoRA B", b, outFeatures * rank);
-      const width = loraColumns("cuda backend", o, n, column, outFeatures);
+      const { rank, inFeatures, outFeatures, n, width } = loraTargetShape("cuda backend", xs, target);
       const kept = down ? f32("LoRA x·Aᵀ", down) : null;
-      if (kept) expectSize("LoRA x·Aᵀ", kept, n * rank);
       return { a, b, o, kept, rank, inFeatures, outFeatures, n, width, column, scale: lora.scale };
     });
     if (parts.length === 0) return;

@@ -419,13 +419,21 @@ export function viewShape(backend: string, tensor: Tensor, start: number, rows: 
   return [rows, ...tensor.shape.slice(1)];
 }
 
-/** The width of a LoRA target's output, checked to hold `n` rows with columns column .. column + outFeatures. */
-export function loraColumns(backend: string, out: Tensor, n: number, column: number, outFeatures: number): number {
+/** A LoRA target's shapes against the input x, checked (every backend's addLoras): rows n, its output's width. */
+export function loraTargetShape(backend: string, x: Tensor, { lora, out, column, down }: LoraTarget):
+  { rank: number; inFeatures: number; outFeatures: number; n: number; width: number } {
+  const [rank, inFeatures] = lora.a.shape, outFeatures = lora.b.shape[0];
+  const wrong = (name: string, tensor: Tensor, expected: string) =>
+    new ArtError("wrong_shape", `${backend}: ${name} has ${tensor.size} elements ([${tensor.shape}]), ${expected}`);
+  if (x.size % inFeatures !== 0) throw wrong("LoRA input", x, `not a multiple of ${inFeatures}`);
+  const n = x.size / inFeatures;
+  if (lora.b.size !== outFeatures * rank) throw wrong("LoRA B", lora.b, `expected ${outFeatures * rank}`);
+  if (down && down.size !== n * rank) throw wrong("LoRA x·Aᵀ", down, `expected ${n * rank}`);
   const width = n === 0 ? outFeatures : out.size / n;
   if (!(out.size === n * width && Number.isInteger(width) && Number.isInteger(column) && column >= 0 && column + outFeatures <= width)) {
     throw new ArtError("wrong_shape", `${backend}: a LoRA of ${outFeatures} outputs at column ${column} does not fit an output of [${out.shape}] for ${n} rows`);
   }
-  return width;
+  return { rank, inFeatures, outFeatures, n, width };
 }
 
 /**

@@ -10,7 +10,7 @@ import { ArtError } from "../../core/errors.ts";
 import {
   type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget, type LoraWeights, type PackedSegment,
   type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkSampled, checkTokenIds, columnBlocks,
-  loraColumns, shapeSize, swigluShape, viewShape,
+  loraTargetShape, shapeSize, swigluShape, viewShape,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
 import {
@@ -337,14 +337,10 @@ export class CpuBackend implements Backend {
 
   addLoras(x: Tensor, targets: readonly LoraTarget[]): void {
     const xs = cpu(x);
-    for (const { lora, out, column, down: kept } of targets) {
+    for (const target of targets) {
+      const { lora, out, column, down: kept } = target;
       const a = cpu(lora.a), b = cpu(lora.b), o = cpu(out);
-      const [rank, inFeatures] = a.shape, outFeatures = b.shape[0];
-      expectMultiple("LoRA input", xs, inFeatures);
-      const n = xs.size / inFeatures;
-      expectSize("LoRA B", b, outFeatures * rank);
-      const width = loraColumns("cpu backend", o, n, column, outFeatures);
-      if (kept) expectSize("LoRA x·Aᵀ", kept, n * rank);
+      const { rank, inFeatures, outFeatures, n, width } = loraTargetShape("cpu backend", xs, target);
       const down = kept ? cpu(kept).data : new Float32Array(n * rank);
       loraRows(this.gemm, xs.data, a.data, b.data, lora.scale, n, inFeatures, outFeatures, rank, o.data.subarray(column), width, down);
     }
