@@ -20,8 +20,9 @@ export function shapeJson(name: string): Record<string, unknown> {
   return shapes[name];
 }
 
-/** The config of a named shape in bench/cuda-shapes.json. */
+/** The config of a named shape in bench/cuda-shapes.json, or of TINY_SHAPE (the benches' own tests, on the emulator). */
 export function shapeConfig(name: string): ModelConfig {
+  if (name === TINY_SHAPE) return parseConfig(tinyConfig({ arch: "qwen2" }), TINY_SHAPE);
   return parseConfig(shapeJson(name), `bench/cuda-shapes.json#${name}`);
 }
 

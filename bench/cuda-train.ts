@@ -6,6 +6,11 @@
 // Usage: node bench/cuda-train.ts [--peer hf-train.json] [--roofline roofline.json]
 //        [--shapes qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-3b,qwen2.5-7b] [--batches 8x1024,2x4096] [--steps 3] [--micro 8]
 //        [--recompute]   (default: recomputeActivations "auto"; --recompute recomputes every layer)
+//        [--optimizer-steps one|packed_rows]
+// A step is the peer's: one forward and backward over the whole batch and one AdamW update (optimizerSteps "one";
+// the bench refuses a step that made another number of updates). `--optimizer-steps packed_rows` measures the
+// trainer's default instead, ART's local backend's: the batch packed into rows of 2,048 tokens (4,096 for 4,096-token
+// sequences) with an update per row, so 8 × 1024 is four passes and four updates, work the peer does not do.
 // Each sequence is distinct random tokens; the second half of each is trained, advantages alternate +1 / -1 (the
 // peer's loss). LoRA rank 8, alpha 16, all seven projections. The best of `steps` timed steps after one warm-up; then
 // one more step through the per-op profile (bench/cuda-profile.ts), untimed.
@@ -33,7 +38,10 @@ const { values } = parseArgs({ options: {
   shapes: { type: "string", default: "qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-3b,qwen2.5-7b" },
   batches: { type: "string", default: "8x1024,2x4096" }, steps: { type: "string", default: "3" },
   micro: { type: "string", default: "8" }, recompute: { type: "boolean", default: false },
+  "optimizer-steps": { type: "string", default: "one" },
 } });
+const optimizerSteps = values["optimizer-steps"];
+if (optimizerSteps !== "one" && optimizerSteps !== "packed_rows") throw new Error(`--optimizer-steps ${optimizerSteps}: expected one or packed_rows`);
 const steps = Number(values.steps);
 const batches = values.batches!.split(",").map((batch) => batch.split("x").map(Number) as [number, number]);
 type PeerResult = { tokensPerSecond?: number; peakMemoryBytes?: number; error?: string };
@@ -66,9 +74,10 @@ for (const name of values.shapes!.split(",")) {
       return { tokens: ids, trainable: Uint8Array.from(ids, (_, t) => (t >= tokens / 2 ? 1 : 0)), logprobs: new Float32Array(tokens).fill(NaN), advantage: s % 2 === 0 ? 1 : -1, trajectory: s };
     });
     const model = new DifferentiableTransformer(base, { lora });
-    const trainer = new Trainer(model, { lora, learningRate: 1e-5, microBatchSize: Number(values.micro), recomputeActivations: values.recompute ? true : "auto" });
+    const trainer = new Trainer(model, { lora, learningRate: 1e-5, microBatchSize: Number(values.micro), recomputeActivations: values.recompute ? true : "auto", optimizerSteps });
     try {
-      trainer.trainStep(batch); // warm-up
+      const { gradientSteps } = trainer.trainStep(batch); // warm-up
+      if (optimizerSteps === "one" && gradientSteps !== 1) throw new Error(`a step made ${gradientSteps} AdamW updates; the peer's makes one`);
       const seconds: number[] = [];
       for (let i = 0; i < steps; i++) {
         const started = performance.now();
@@ -83,7 +92,7 @@ for (const name of values.shapes!.split(",")) {
       const tflops = stepFlops(config, sequences, tokens) / best / 1e12;
       const hf = peer?.results[key];
       results[key] = {
-        tokensPerSecond: Math.round(tokensPerSecond), stepSeconds: seconds.map((s) => +s.toFixed(4)), peakReservedBytes: peakBytes,
+        tokensPerSecond: Math.round(tokensPerSecond), gradientSteps, stepSeconds: seconds.map((s) => +s.toFixed(4)), peakReservedBytes: peakBytes,
         modelTflops: +tflops.toFixed(1), ...(gemmTflops ? { mfu: +(tflops / gemmTflops).toFixed(3) } : {}),
         ...(hf?.tokensPerSecond ? {
           hfTokensPerSecond: hf.tokensPerSecond, ratioToHf: +(tokensPerSecond / hf.tokensPerSecond).toFixed(2), hfPeakMemoryBytes: hf.peakMemoryBytes,
@@ -104,7 +113,7 @@ for (const name of values.shapes!.split(",")) {
 console.log(JSON.stringify({
   device: cuda.context.device.name,
   settings: {
-    batches: values.batches, microBatchSize: Number(values.micro), recomputeActivations: values.recompute ? true : "auto",
+    batches: values.batches, microBatchSize: Number(values.micro), recomputeActivations: values.recompute ? true : "auto", optimizerSteps,
     lora: "rank 8, alpha 16, all 7 projections", bf16GemmTflops: gemmTflops,
   },
   command: `node bench/cuda-train.ts ${process.argv.slice(2).join(" ")}`.trim(),

@@ -95,6 +95,9 @@ class EmulatedDevice implements DeviceQueue {
   #captured: Array<() => void> | null = null;
   readonly #graphs = new Map<bigint, Array<() => void>>();
   #nextGraph = 1n;
+  /** Each event's time when the stream reached it (null until recorded). */
+  readonly #events = new Map<bigint, number | null>();
+  #nextEvent = 1n;
   /** Device memory the emulator hands out before an allocation fails as a GPU's would (out-of-memory tests). */
   limitBytes = Infinity;
   /** Bytes allocated from the emulator and not yet released. */
@@ -199,6 +202,31 @@ class EmulatedDevice implements DeviceQueue {
 
   destroyGraph(graph: bigint): void {
     if (!this.#graphs.delete(graph)) throw new Error(`emulator: graph ${graph} destroyed twice`);
+  }
+
+  /**
+   * Stream events (the EventTimeline the benches' per-op profile reads, as CudaContext has them): the emulator runs
+   * each op when it is queued, so an event's time is the host's clock when the stream reaches it.
+   */
+  createEvent(): bigint {
+    const event = this.#nextEvent++;
+    this.#events.set(event, null);
+    return event;
+  }
+
+  recordEvent(event: bigint): void {
+    if (!this.#events.has(event)) throw new Error(`emulator: event ${event} does not exist`);
+    this.#stream(() => this.#events.set(event, performance.now()));
+  }
+
+  elapsedMs(start: bigint, end: bigint): number {
+    const [from, to] = [this.#events.get(start), this.#events.get(end)];
+    if (from == null || to == null) throw new Error(`emulator: elapsedMs of an event never recorded (${start}, ${end})`);
+    return to - from;
+  }
+
+  destroyEvent(event: bigint): void {
+    if (!this.#events.delete(event)) throw new Error(`emulator: event ${event} destroyed twice`);
   }
 
   /** Graphs made and not destroyed. */
