@@ -104,7 +104,7 @@ for (const name of values.shapes!.split(",")) {
       results[key] = { error: (error as Error).message };
     }
     // Everything this batch allocated goes back, so the next one's peak is its own (besides the weights).
-    for (const p of model.parameterTensors()) for (const tensor of [p.value, p.grad]) cuda.free(tensor);
+    model.free();
     for (const tensor of [...trainer.optimizer.m.values(), ...trainer.optimizer.v.values()]) cuda.free(tensor);
     cuda.context.pool.resetPeak();
   }

@@ -15,9 +15,9 @@
  */
 import { ArtError } from "../core/errors.ts";
 import {
-  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget, type LoraWeights,
-  type PackedSegment, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
-  checkSampled, checkSamplingParams, checkTokenIds, columnBlocks, loraTargetShape, shapeSize, swigluShape, viewShape,
+  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget,
+  type PackedSegment, type ProjectionGradient, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
+  checkSampled, checkSamplingParams, checkTokenIds, columnBlocks, loraTargetShape, projectionGradientShape, shapeSize, swigluShape, viewShape,
 } from "../model/backend.ts";
 import {
   attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkPackedHeadDim,
@@ -25,7 +25,7 @@ import {
   tensorCoreTileRows,
 } from "./attention-plan.ts";
 import { type DecodeGraphStats, DecodeGraphs, type DeferredUpload } from "./decode-graphs.ts";
-import type { GemmType } from "./blas.ts";
+import type { GemmStrides, GemmType } from "./blas.ts";
 import type { CudaContext, KernelFunction, LaunchConfig } from "./driver.ts";
 import type { KernelArg } from "./kernel-args.ts";
 import type { MemoryPool } from "./memory-pool.ts";
@@ -98,9 +98,9 @@ export interface DeviceQueue {
 /** What the backend needs of cuBLAS (see Blas.linear and Blas.gemm). */
 export interface GemmRunner {
   linear(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number, operandType: GemmType, alpha?: number, beta?: number,
-    ldy?: number): void;
+    ldy?: number, ldx?: number): void;
   gemm(a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, transA: boolean, transB: boolean, operandType: GemmType,
-    alpha?: number, beta?: number): void;
+    alpha?: number, beta?: number, strides?: GemmStrides): void;
   dispose(): void;
 }
 
@@ -177,8 +177,36 @@ function frozenOnly(what: string, gradient: Tensor | null): void {
 
 /** An addLoras target, checked: its tensors, its shapes, its output's row width and first column. */
 interface LoraPart {
-  a: CudaTensor; b: CudaTensor; o: CudaTensor; kept: CudaTensor | null;
+  a: CudaTensor; b: CudaTensor; o: CudaTensor; kept: KeptDown | null;
   rank: number; inFeatures: number; outFeatures: number; n: number; width: number; column: number; scale: number;
+}
+
+/** A LoRA's x Aᵀ kept for training: columns column .. column + rank of `tensor`, whose rows are `width` apart. */
+interface KeptDown { tensor: CudaTensor; column: number; width: number }
+
+/** Where a kept x Aᵀ starts. */
+function keptAddress({ tensor, column }: KeptDown): bigint {
+  return tensor.address + BigInt(column * 4);
+}
+
+/** Whether each tensor starts where the one before it ends: rows of one stacked tensor, as one GEMM operand. */
+function adjacent(tensors: readonly CudaTensor[]): boolean {
+  return tensors.every((t, i) => i === 0 || t.address === tensors[i - 1].address + BigInt(tensors[i - 1].bytes));
+}
+
+/**
+ * Whether the LoRAs of a group (each with its A, its A's gradient when training, its kept x Aᵀ) can run as one
+ * stacked product: f32, A matrices (and gradients) adjacent rows, and the x Aᵀ side by side in one tensor in their
+ * order. DifferentiableTransformer lays them out so; anything else runs a LoRA at a time.
+ */
+function stackable(loras: readonly { a: CudaTensor; dA?: CudaTensor; kept: KeptDown | null; rank: number }[]): boolean {
+  if (loras.length < 2) return false;
+  const tensor = loras[0].kept?.tensor;
+  const sideBySide = loras.every(({ a, kept }, i) => a.dtype === "f32" && kept !== null && kept.tensor === tensor
+    && (i === 0 || kept.column === loras[i - 1].kept!.column + loras[i - 1].rank));
+  const gradients = loras.map((l) => l.dA);
+  const gradientsAdjacent = gradients.every((g) => g === undefined) || (gradients.every((g) => g !== undefined) && adjacent(gradients as CudaTensor[]));
+  return sideBySide && adjacent(loras.map((l) => l.a)) && gradientsAdjacent;
 }
 
 /** lora.cu's limits (LORA_MAX_ROWS, LORA_MAX_RANK) and block shapes (LORA_WARPS, LORA_COLUMNS). */
@@ -429,7 +457,9 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
 
   /**
    * A decode pass's LoRAs (at most 64 rows, nothing kept for a backward, up to three targets of one rank and dtype) run
-   * as lora.cu's two launches for the whole group; otherwise each target is two cuBLAS GEMMs.
+   * as lora.cu's two launches for the whole group. A training pass's group whose A matrices are rows of one tensor
+   * (`stackable`) takes its down products as one GEMM into the x Aᵀ it keeps, then a GEMM per target; otherwise each
+   * target is two cuBLAS GEMMs.
    */
   addLoras(x: Tensor, targets: readonly LoraTarget[]): void {
     const xs = f32("LoRA input", x);
@@ -437,14 +467,24 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       const { lora, out, column, down } = target;
       const a = cuda(lora.a), b = cuda(lora.b), o = f32("LoRA output", out);
       if (a.dtype !== b.dtype) throw new ArtError("wrong_dtype", `cuda backend: LoRA A is ${a.dtype} but B is ${b.dtype}; store both alike`);
-      const { rank, inFeatures, outFeatures, n, width } = loraTargetShape("cuda backend", xs, target);
-      const kept = down ? f32("LoRA x·Aᵀ", down) : null;
+      const { rank, inFeatures, outFeatures, n, width, downWidth } = loraTargetShape("cuda backend", xs, target);
+      if (down && a.dtype !== "f32") throw new ArtError("wrong_dtype", `cuda backend: a LoRA trained here (its x·Aᵀ kept) is f32, not ${a.dtype}`);
+      const kept = down ? { tensor: f32("LoRA x·Aᵀ", down.tensor), column: down.column, width: downWidth } : null;
       return { a, b, o, kept, rank, inFeatures, outFeatures, n, width, column, scale: lora.scale };
     });
     if (parts.length === 0) return;
     for (const { o, kept } of parts) {
       o.version++;
-      if (kept) kept.version++;
+      if (kept) kept.tensor.version++;
+    }
+    if (stackable(parts)) {
+      const { n, inFeatures, kept } = parts[0];
+      const stackedRank = parts.reduce((sum, p) => sum + p.rank, 0);
+      this.blas.linear(xs.address, parts[0].a.address, keptAddress(kept!), n, inFeatures, stackedRank, "f32", 1, 0, kept!.width);
+      for (const p of parts) {
+        this.blas.linear(keptAddress(p.kept!), p.b.address, p.o.address + BigInt(p.column * 4), n, p.rank, p.outFeatures, "f32", p.scale, 1, p.width, p.kept!.width);
+      }
+      return;
     }
     const { n, rank, inFeatures, a: firstA } = parts[0];
     const grouped = n >= 1 && n <= loraKernelMaxRows && rank <= loraKernelMaxRank && parts.length <= 3
@@ -467,13 +507,15 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.#release(down);
   }
 
-  /** One target of addLoras as two cuBLAS GEMMs: x Aᵀ (kept when asked), then scale · (x Aᵀ) Bᵀ into its columns. */
+  /** One target of addLoras as two cuBLAS GEMMs: x Aᵀ (kept when asked, in its columns), then scale · (x Aᵀ) Bᵀ into its columns. */
   #loraGemms(xs: CudaTensor, { a, b, o, kept, rank, inFeatures, outFeatures, n, width, column, scale }: LoraPart): void {
-    const down = kept ? kept.address : this.#transient().allocate(n * rank * 4);
-    this.blas.linear(this.#operand(xs, a.dtype), a.address, down, n, inFeatures, rank, a.dtype);
+    const down = kept ? keptAddress(kept) : this.#transient().allocate(n * rank * 4);
+    const downWidth = kept?.width ?? rank;
+    this.blas.linear(this.#operand(xs, a.dtype), a.address, down, n, inFeatures, rank, a.dtype, 1, 0, downWidth);
+    // A kept x Aᵀ is f32 with f32 B (addLoras checks), so only a packed one is narrowed.
     const downOperand = b.dtype === "bf16" ? this.#narrow(down, n * rank) : down;
     // Into the output's columns column .. column + outF: rows `width` apart.
-    this.blas.linear(downOperand, b.address, o.address + BigInt(column * 4), n, rank, outFeatures, b.dtype, scale, 1, width);
+    this.blas.linear(downOperand, b.address, o.address + BigInt(column * 4), n, rank, outFeatures, b.dtype, scale, 1, width, downWidth);
     if (downOperand !== down) this.#release(downOperand);
     if (!kept) this.#release(down);
   }
@@ -731,32 +773,61 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   }
 
   /** dx += dOut · W (W [out, in], bf16 or f32; with overwriteDx, beta 0); the weight and bias are frozen here. */
-  linearBackward(_x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null, overwriteDx = false): void {
-    frozenOnly("base weight", dWeight);
-    frozenOnly("bias", dBias);
-    if (dx === null) return;
-    const w = cuda(weight), g = f32("linear output gradient", dOut), d = f32("linear input gradient", dx);
-    const [outFeatures, inFeatures] = w.shape;
-    d.version++;
-    this.#product(g, w, d, g.size / outFeatures, inFeatures, outFeatures, false, false, 1, overwriteDx ? 0 : 1);
-  }
-
-  /** dB += scale · dOutᵀ · down; g = scale · dOut · B; dA += gᵀ · x; dx += g · A. */
-  loraBackward(x: Tensor, lora: LoraWeights, loraDown: Tensor, dOut: Tensor, dx: Tensor | null, dA: Tensor, dB: Tensor): void {
-    const xs = f32("linear input", x), as = f32("LoRA A", lora.a), bs = f32("LoRA B", lora.b), down = f32("LoRA x·Aᵀ", loraDown);
-    const g = f32("linear output gradient", dOut), gradA = f32("LoRA A gradient", dA), gradB = f32("LoRA B gradient", dB);
-    const [rank, inFeatures] = as.shape, outFeatures = bs.shape[0], rows = xs.size / inFeatures;
-    gradA.version++;
-    gradB.version++;
-    this.blas.gemm(g.address, down.address, gradB.address, outFeatures, rank, rows, true, false, "f32", lora.scale, 1);
-    const dDown = this.context.pool.allocate(rows * rank * 4);
+  /**
+   * dx (=|+=) Σ dOut · W over the projections (a bf16 weight takes dOut narrowed to bf16), then their LoRAs: dB +=
+   * scale · dOutᵀ (x Aᵀ) and the [n, rank] scale · dOut B per LoRA; a stacked group (`stackable`: q/k/v, gate/up
+   * as DifferentiableTransformer lays them out) then takes dA += (dOut B)ᵀ x and dx += (dOut B) A as one GEMM each
+   * over its stacked A, a lone LoRA as a GEMM of its own. Base weight and bias gradients are not implemented here.
+   */
+  projectionsBackward(x: Tensor, projections: readonly ProjectionGradient[], dx: Tensor | null, overwriteDx = false): void {
+    const xs = f32("projections' input", x);
+    if (projections.length === 0) throw new ArtError("wrong_shape", "cuda backend: projectionsBackward needs at least one projection");
+    const shapes = projections.map((projection) => projectionGradientShape("cuda backend", xs, dx, projection));
+    for (const { dWeight, dBias } of projections) {
+      frozenOnly("base weight", dWeight);
+      frozenOnly("bias", dBias);
+    }
+    const d = dx === null ? null : f32("projections' input gradient", dx);
+    const gradients = projections.map(({ dOut }) => f32("projection output gradient", dOut));
+    const loras = projections.flatMap(({ lora }, i) => {
+      if (!lora) return [];
+      const { weights, down, dA, dB } = lora;
+      const a = f32("LoRA A", weights.a), gradA = f32("LoRA A gradient", dA), gradB = f32("LoRA B gradient", dB);
+      const { n, inFeatures, outFeatures, rank, downWidth } = shapes[i];
+      const kept = { tensor: f32("LoRA x·Aᵀ", down.tensor), column: down.column, width: downWidth };
+      return [{ a, b: f32("LoRA B", weights.b), dA: gradA, gradB, kept, rank, n, inFeatures, outFeatures, scale: weights.scale, g: gradients[i] }];
+    });
+    if (d) d.version++;
+    for (const l of loras) {
+      l.dA.version++;
+      l.gradB.version++;
+    }
+    if (d) {
+      projections.forEach(({ weight }, i) => {
+        const { n, inFeatures, outFeatures } = shapes[i];
+        this.#product(gradients[i], cuda(weight), d, n, inFeatures, outFeatures, false, false, 1, overwriteDx && i === 0 ? 0 : 1);
+      });
+    }
+    if (loras.length === 0) return;
+    const rows = loras[0].n, inFeatures = loras[0].inFeatures;
+    const grouped = stackable(loras);
+    const stackedRank = loras.reduce((sum, l) => sum + l.rank, 0);
+    // scale · dOut B of every LoRA, side by side in one [rows, Σ rank] buffer when stacked.
+    const dDown = this.context.pool.allocate(Math.max(1, rows * (grouped ? stackedRank : Math.max(...loras.map((l) => l.rank)))) * 4);
     try {
-      this.blas.gemm(g.address, bs.address, dDown, rows, rank, outFeatures, false, false, "f32", lora.scale, 0);
-      this.blas.gemm(dDown, xs.address, gradA.address, rank, inFeatures, rows, true, false, "f32", 1, 1);
-      if (dx !== null) {
-        const d = f32("linear input gradient", dx);
-        d.version++;
-        this.blas.gemm(dDown, as.address, d.address, rows, inFeatures, rank, false, false, "f32", 1, 1);
+      let column = 0;
+      for (const l of loras) {
+        this.blas.gemm(l.g.address, keptAddress(l.kept), l.gradB.address, l.outFeatures, l.rank, rows, true, false, "f32", l.scale, 1, { b: l.kept.width });
+        const at = grouped ? dDown + BigInt(column * 4) : dDown, width = grouped ? stackedRank : l.rank;
+        this.blas.gemm(l.g.address, l.b.address, at, rows, l.rank, l.outFeatures, false, false, "f32", l.scale, 0, { c: width });
+        column += l.rank;
+        if (grouped) continue;
+        this.blas.gemm(dDown, xs.address, l.dA.address, l.rank, inFeatures, rows, true, false, "f32", 1, 1);
+        if (d) this.blas.gemm(dDown, l.a.address, d.address, rows, inFeatures, l.rank, false, false, "f32", 1, 1);
+      }
+      if (grouped) {
+        this.blas.gemm(dDown, xs.address, loras[0].dA.address, stackedRank, inFeatures, rows, true, false, "f32", 1, 1);
+        if (d) this.blas.gemm(dDown, loras[0].a.address, d.address, rows, inFeatures, stackedRank, false, false, "f32", 1, 1);
       }
     } finally {
       this.context.pool.free(dDown);

@@ -56,24 +56,47 @@ export interface GemmExArguments {
 }
 
 /**
+ * The distances between consecutive rows of gemm's row-major operands as stored, where they are not packed: a block
+ * of columns of a wider matrix (a LoRA's x Aᵀ among its group's, a projection's part of a stacked output).
+ */
+export interface GemmStrides {
+  a?: number;
+  b?: number;
+  c?: number;
+}
+
+/**
  * cublasGemmEx arguments for the row-major c[m, n] = op(a)[m, k] · op(b)[k, n], where op(a) is a, or aᵀ with a stored
- * [k, m] when `transA` (likewise b): column-major, cᵀ = op(b)ᵀ · op(a)ᵀ. c's rows are `ldc` apart (default n, packed;
- * wider when c is a block of columns of a wider matrix). The emulated device runs the same arguments through a
- * column-major reference of cublasGemmEx, so the parity suite checks this mapping against the CPU backend.
+ * [k, m] when `transA` (likewise b): column-major, cᵀ = op(b)ᵀ · op(a)ᵀ. Each operand's rows are packed unless
+ * `strides` says otherwise. The emulated device runs the same arguments through a column-major reference of
+ * cublasGemmEx, so the parity suite checks this mapping against the CPU backend.
  */
 export function gemmExArguments(a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, transA: boolean,
-                                transB: boolean, operandType: GemmType, ldc = n): GemmExArguments {
+                                transB: boolean, operandType: GemmType, strides: GemmStrides = {}): GemmExArguments {
   const type = operandType === "bf16" ? CUDA_R_16BF : CUDA_R_32F;
+  const { a: lda = transA ? m : k, b: ldb = transB ? k : n, c: ldc = n } = strides;
   return {
     transa: transB ? CUBLAS_OP_T : CUBLAS_OP_N, transb: transA ? CUBLAS_OP_T : CUBLAS_OP_N, m: n, n: m, k,
-    a: b, aType: type, lda: transB ? k : n, b: a, bType: type, ldb: transA ? m : k, c, cType: CUDA_R_32F, ldc,
+    a: b, aType: type, lda: ldb, b: a, bType: type, ldb: lda, c, cType: CUDA_R_32F, ldc,
   };
 }
 
-/** The linear layer y[rows, outF] = x[rows, inF] · w[outF, inF]ᵀ as a row-major GEMM, y's rows `ldy` apart. */
+/** The linear layer y[rows, outF] = x[rows, inF] · w[outF, inF]ᵀ as a row-major GEMM, x's rows `ldx` and y's `ldy` apart. */
 export function linearGemmArguments(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number,
-                                    operandType: GemmType, ldy = outF): GemmExArguments {
-  return gemmExArguments(x, w, y, rows, outF, inF, false, true, operandType, ldy);
+                                    operandType: GemmType, ldy = outF, ldx = inF): GemmExArguments {
+  return gemmExArguments(x, w, y, rows, outF, inF, false, true, operandType, { a: ldx, c: ldy });
+}
+
+/**
+ * The elements cublasGemmEx reads of A and B and reads or writes of C for these arguments (column-major: the last
+ * column's start plus its length), 0 for an empty product: what a recording device checks lies in live memory.
+ */
+export function gemmExtents(g: GemmExArguments): { a: number; b: number; c: number } {
+  if (g.m === 0 || g.n === 0) return { a: 0, b: 0, c: 0 };
+  const extent = (rows: number, columns: number, ld: number) => (rows === 0 || columns === 0 ? 0 : (columns - 1) * ld + rows);
+  const [aRows, aColumns] = g.transa === CUBLAS_OP_N ? [g.m, g.k] : [g.k, g.m];
+  const [bRows, bColumns] = g.transb === CUBLAS_OP_N ? [g.k, g.n] : [g.n, g.k];
+  return { a: extent(aRows, aColumns, g.lda), b: extent(bRows, bColumns, g.ldb), c: extent(g.m, g.n, g.ldc) };
 }
 
 /** Device memory cuBLAS works in: NVIDIA's recommended size for Hopper (older GPUs need less and ignore the rest). */
@@ -106,30 +129,33 @@ export class Blas {
 
   /**
    * y[rows, outF] = alpha · x[rows, inF] · w[outF, inF]ᵀ + beta · y.  x and w share `operandType`; y is f32, its rows
-   * `ldy` apart (a block of columns of a wider output when more than outF).
+   * `ldy` apart (a block of columns of a wider output when more than outF), x's `ldx` apart.
    */
   linear(x: bigint, w: bigint, y: bigint, rows: number, inF: number, outF: number, operandType: GemmType,
-         alpha = 1, beta = 0, ldy = outF): void {
-    this.#run(linearGemmArguments(x, w, y, rows, inF, outF, operandType, ldy), alpha, beta,
-      `cublasGemmEx(${rows}x${inF} · ${outF}x${inF}ᵀ, ${operandType})`);
+         alpha = 1, beta = 0, ldy = outF, ldx = inF): void {
+    this.#run(linearGemmArguments(x, w, y, rows, inF, outF, operandType, ldy, ldx), alpha, beta,
+      () => `cublasGemmEx(${rows}x${inF} · ${outF}x${inF}ᵀ, ${operandType})`);
   }
 
   /**
    * c[m, n] = alpha · op(a) · op(b) + beta · c, all row-major: op(a) is [m, k] (a stored [k, m] when `transA`), op(b)
-   * is [k, n] (b stored [n, k] when `transB`); gemmExArguments maps it to column-major cuBLAS. The training pass's
-   * products (dx = dy · W, dB = dyᵀ · xa, …) have this form; `linear` is the case transB.
+   * is [k, n] (b stored [n, k] when `transB`), rows packed unless `strides` says otherwise; gemmExArguments maps it to
+   * column-major cuBLAS. The training pass's products (dx = dy · W, dB = dyᵀ · xa, …) have this form; `linear` is
+   * the case transB.
    */
   gemm(a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, transA: boolean, transB: boolean,
-       operandType: GemmType, alpha = 1, beta = 0): void {
-    this.#run(gemmExArguments(a, b, c, m, n, k, transA, transB, operandType), alpha, beta,
-      `cublasGemmEx(${transA ? `${k}x${m}ᵀ` : `${m}x${k}`} · ${transB ? `${n}x${k}ᵀ` : `${k}x${n}`}, ${operandType})`);
+       operandType: GemmType, alpha = 1, beta = 0, strides: GemmStrides = {}): void {
+    this.#run(gemmExArguments(a, b, c, m, n, k, transA, transB, operandType, strides), alpha, beta,
+      () => `cublasGemmEx(${transA ? `${k}x${m}ᵀ` : `${m}x${k}`} · ${transB ? `${n}x${k}ᵀ` : `${k}x${n}`}, ${operandType})`);
   }
 
-  #run(g: GemmExArguments, alpha: number, beta: number, what: string): void {
+  /** `what` names the call in an error: made only then, since a training pass makes thousands of calls. */
+  #run(g: GemmExArguments, alpha: number, beta: number, what: () => string): void {
     this.#alpha[0] = alpha;
     this.#beta[0] = beta;
-    this.#check(this.#lib.symbols.cublasGemmEx(this.#handle, g.transa, g.transb, g.m, g.n, g.k, this.#alpha,
-      g.a, g.aType, g.lda, g.b, g.bType, g.ldb, this.#beta, g.c, g.cType, g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), what);
+    const status = this.#lib.symbols.cublasGemmEx(this.#handle, g.transa, g.transb, g.m, g.n, g.k, this.#alpha,
+      g.a, g.aType, g.lda, g.b, g.bType, g.ldb, this.#beta, g.c, g.cType, g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (status !== 0) this.#check(status, what());
   }
 
   /** Destroys the handle; the libraries stay loaded (see openLibrary). */

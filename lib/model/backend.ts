@@ -34,15 +34,39 @@ export interface LoraWeights {
 }
 
 /**
+ * Where a LoRA's x Aᵀ is kept for the backward: columns column .. column + rank of `tensor` [n, width]. The LoRAs of
+ * projections that read one input keep theirs side by side in one tensor, in the order of their A matrices, so a
+ * backend whose A matrices also lie side by side (DifferentiableTransformer stacks them) can take the group's down
+ * products, and their backward, as one product each.
+ */
+export interface LoraDown {
+  tensor: Tensor;
+  column: number;
+}
+
+/**
  * One projection's LoRA for addLoras, with A:[rank, in], B:[outF, rank]: it adds into columns column .. column + outF
- * of `out` [n, width], the projection's own output (column 0) or its half of the gate/up product. `down` [n, rank],
- * when given, keeps x Aᵀ for loraBackward.
+ * of `out` [n, width], the projection's own output (column 0) or its half of the gate/up product. `down`, when given,
+ * keeps x Aᵀ for projectionsBackward; a kept LoRA is f32.
  */
 export interface LoraTarget {
   lora: LoraWeights;
   out: Tensor;
   column: number;
-  down?: Tensor;
+  down?: LoraDown;
+}
+
+/**
+ * One projection y = x Wᵀ (+ bias) (+ scale · (x Aᵀ) Bᵀ) in projectionsBackward, with dOut = dLoss/dy [n, outF]:
+ * dWeight and dBias (full-parameter training) take the base weight's gradients when given; `lora` its LoRA's, from
+ * the x Aᵀ addLoras kept.
+ */
+export interface ProjectionGradient {
+  weight: Tensor;
+  dOut: Tensor;
+  dWeight: Tensor | null;
+  dBias: Tensor | null;
+  lora?: { weights: LoraWeights; down: LoraDown; dA: Tensor; dB: Tensor };
 }
 
 export interface KvCacheSpec {
@@ -235,7 +259,7 @@ export interface AdamWScalars {
  * A backward op takes what its forward read (and saved), the gradient of its output, then the gradients it
  * produces, which ACCUMULATE (+=) into tensors the caller zeroed: the residual stream hands one activation to two
  * consumers, and a parameter serves many micro-batches. A null gradient is one nobody needs (a frozen weight).
- * linearBackward's dx and swigluBackward's gradients can instead be written (`overwrite`): the first contribution
+ * projectionsBackward's dx and swigluBackward's gradients can instead be written (`overwrite`): the first contribution
  * to a fresh buffer (Backend.empty), which then needs no zeroing, a memset of the buffer fewer on a GPU. Adding to
  * zeros gives the written values exactly, so the choice changes no bits.
  */
@@ -363,10 +387,12 @@ export interface Backend {
   embeddingBackward(ids: Int32Array, dOut: Tensor, dTable: Tensor): void;
   /** With x̂ = x·rstd and g = dOut·w: dx += rstd · (g − x̂ · mean(g · x̂)); dWeight += Σ dOut · x̂. */
   rmsNormBackward(x: Tensor, weight: Tensor, rstd: Tensor, dOut: Tensor, dx: Tensor, dWeight: Tensor | null): void;
-  /** dx += dOut W (dx = dOut W with `overwriteDx`); dWeight += dOutᵀ x; dBias += Σ_rows dOut. */
-  linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null, overwriteDx?: boolean): void;
-  /** addLoras' backward for one target, for the gradient dOut:[n, outF] of its columns: dB += scale · dOutᵀ (x Aᵀ); dA += (scale · dOut B)ᵀ x; dx += (scale · dOut B) A. */
-  loraBackward(x: Tensor, lora: LoraWeights, loraDown: Tensor, dOut: Tensor, dx: Tensor | null, dA: Tensor, dB: Tensor): void;
+  /**
+   * The backward of projections that read one input x (q/k/v, gate/up, or one alone), each with its LoRA if it has
+   * one: dx += Σ over them of dOut W + (scale · dOut B) A (dx = … with `overwriteDx`); dWeight += dOutᵀ x, dBias +=
+   * Σ_rows dOut; dB += scale · dOutᵀ (x Aᵀ), dA += (scale · dOut B)ᵀ x. Order, and so rounding, is the backend's.
+   */
+  projectionsBackward(x: Tensor, projections: readonly ProjectionGradient[], dx: Tensor | null, overwriteDx?: boolean): void;
   /** RoPE's backward: the rotation by minus each angle, in place on the gradients (a rotation's transpose is its inverse). */
   ropeBackward(dq: Tensor, dk: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void;
   /**
@@ -421,19 +447,51 @@ export function viewShape(backend: string, tensor: Tensor, start: number, rows: 
 
 /** A LoRA target's shapes against the input x, checked (every backend's addLoras): rows n, its output's width. */
 export function loraTargetShape(backend: string, x: Tensor, { lora, out, column, down }: LoraTarget):
-  { rank: number; inFeatures: number; outFeatures: number; n: number; width: number } {
+  { rank: number; inFeatures: number; outFeatures: number; n: number; width: number; downWidth: number } {
   const [rank, inFeatures] = lora.a.shape, outFeatures = lora.b.shape[0];
   const wrong = (name: string, tensor: Tensor, expected: string) =>
     new ArtError("wrong_shape", `${backend}: ${name} has ${tensor.size} elements ([${tensor.shape}]), ${expected}`);
   if (x.size % inFeatures !== 0) throw wrong("LoRA input", x, `not a multiple of ${inFeatures}`);
   const n = x.size / inFeatures;
   if (lora.b.size !== outFeatures * rank) throw wrong("LoRA B", lora.b, `expected ${outFeatures * rank}`);
-  if (down && down.size !== n * rank) throw wrong("LoRA x·Aᵀ", down, `expected ${n * rank}`);
+  const downWidth = down ? loraDownWidth(backend, down, n, rank) : rank;
   const width = n === 0 ? outFeatures : out.size / n;
   if (!(out.size === n * width && Number.isInteger(width) && Number.isInteger(column) && column >= 0 && column + outFeatures <= width)) {
     throw new ArtError("wrong_shape", `${backend}: a LoRA of ${outFeatures} outputs at column ${column} does not fit an output of [${out.shape}] for ${n} rows`);
   }
-  return { rank, inFeatures, outFeatures, n, width };
+  return { rank, inFeatures, outFeatures, n, width, downWidth };
+}
+
+/**
+ * A projectionsBackward projection's shapes against its input x (and dx), checked: rows n, [outF, inF] of its weight,
+ * and for its LoRA the rank and the row width of its kept x Aᵀ.
+ */
+export function projectionGradientShape(backend: string, x: Tensor, dx: Tensor | null, { weight, dOut, lora }: ProjectionGradient):
+  { n: number; inFeatures: number; outFeatures: number; rank: number; downWidth: number } {
+  const [outFeatures, inFeatures] = weight.shape;
+  const wrong = (name: string, tensor: Tensor, expected: number) =>
+    new ArtError("wrong_shape", `${backend}: projectionsBackward's ${name} has ${tensor.size} elements ([${tensor.shape}]), expected ${expected}`);
+  const n = x.size / inFeatures;
+  if (!Number.isInteger(n)) throw new ArtError("wrong_shape", `${backend}: projectionsBackward's input [${x.shape}] does not have rows of ${inFeatures} (a weight of [${weight.shape}])`);
+  if (dOut.size !== n * outFeatures) throw wrong("output gradient", dOut, n * outFeatures);
+  if (dx && dx.size !== x.size) throw wrong("input gradient", dx, x.size);
+  if (!lora) return { n, inFeatures, outFeatures, rank: 0, downWidth: 0 };
+  const { weights: { a, b }, dA, dB } = lora;
+  const rank = a.shape[0];
+  if (a.size !== rank * inFeatures) throw wrong("LoRA A", a, rank * inFeatures);
+  if (b.size !== outFeatures * rank) throw wrong("LoRA B", b, outFeatures * rank);
+  if (dA.size !== a.size) throw wrong("LoRA A gradient", dA, a.size);
+  if (dB.size !== b.size) throw wrong("LoRA B gradient", dB, b.size);
+  return { n, inFeatures, outFeatures, rank, downWidth: loraDownWidth(backend, lora.down, n, rank) };
+}
+
+/** The row width of the tensor keeping a LoRA's x Aᵀ, checked: n rows, and its rank columns from `column` inside them. */
+export function loraDownWidth(backend: string, { tensor, column }: LoraDown, n: number, rank: number): number {
+  const width = n === 0 ? rank : tensor.size / n;
+  if (!(tensor.size === n * width && Number.isInteger(width) && Number.isInteger(column) && column >= 0 && column + rank <= width)) {
+    throw new ArtError("wrong_shape", `${backend}: a LoRA's x·Aᵀ of rank ${rank} at column ${column} does not fit a tensor of [${tensor.shape}] for ${n} rows`);
+  }
+  return width;
 }
 
 /**

@@ -9,6 +9,13 @@ import type { ModelConfig } from "./config.ts";
 export const PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] as const;
 export type Projection = (typeof PROJECTIONS)[number];
 
+/**
+ * The projections by the input they read, in a layer's order: q/k/v (the attention input), o, gate/up (the MLP
+ * input), down. A group's weights are stacked into one product at load (loadWeights), and a LoRA's A matrices and
+ * kept x Aᵀ in training (DifferentiableTransformer).
+ */
+export const PROJECTION_GROUPS: readonly (readonly Projection[])[] = [["q_proj", "k_proj", "v_proj"], ["o_proj"], ["gate_proj", "up_proj"], ["down_proj"]];
+
 export interface LoraConfig {
   rank: number;
   alpha: number;

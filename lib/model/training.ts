@@ -16,9 +16,9 @@
  */
 import { ArtError } from "../core/errors.ts";
 import { seededRandom } from "../core/random.ts";
-import { type Backend, type ChunkSizes, type PackedSegment, type Tensor, checkTokenIds } from "./backend.ts";
+import { type Backend, type ChunkSizes, type PackedSegment, type ProjectionGradient, type Tensor, checkTokenIds } from "./backend.ts";
 import type { ModelConfig } from "./config.ts";
-import { type LayerLoras, type LoraConfig, loraScale, PROJECTIONS, type Projection, projectionPath } from "./lora.ts";
+import { type LayerLoras, type LoraConfig, loraScale, PROJECTION_GROUPS, PROJECTIONS, type Projection, projectionPath } from "./lora.ts";
 import { type Adapter, writeAdapter } from "./peft.ts";
 import type { Attend, LayerActivations, Transformer } from "./transformer.ts";
 
@@ -134,6 +134,8 @@ export class DifferentiableTransformer {
   private readonly finalNorm: Param;
   private readonly layers: LayerParams[];
   private readonly loraByLayer: Partial<Record<Projection, LoraParams>>[];
+  /** The tensors this model allocated (gradients; a LoRA's A and B and the stacks its A matrices are views of): free() frees them. */
+  private readonly owned: Tensor[] = [];
 
   constructor(transformer: Transformer, options: DifferentiableTransformerOptions) {
     this.transformer = transformer;
@@ -151,7 +153,7 @@ export class DifferentiableTransformer {
       if (full && tensor.dtype !== "f32") {
         throw new ArtError("full_parameter_needs_f32", `full-parameter training updates every weight in place, but ${name} is stored ${tensor.dtype}; load the model with f32 weights or train a LoRA adapter`);
       }
-      return new Param(name, tensor.shape, tensor, full ? backend.zeros(tensor.shape) : null);
+      return new Param(name, tensor.shape, tensor, full ? this.own(backend.zeros(tensor.shape)) : null);
     };
     this.embedding = param("model.embed_tokens.weight", weights.embedding);
     this.finalNorm = param("model.norm.weight", weights.finalNorm);
@@ -184,31 +186,64 @@ export class DifferentiableTransformer {
     }
   }
 
+  private own<T extends Tensor>(tensor: T): T {
+    this.owned.push(tensor);
+    return tensor;
+  }
+
   /**
    * PEFT's default initialisation: A ~ kaiming-uniform(a=√5) = U(−1/√in, 1/√in), B = 0. Names follow PEFT's
-   * adapter_model.safetensors keys.
+   * adapter_model.safetensors keys. The A matrices of targets that read one input (lora.ts PROJECTION_GROUPS) are
+   * rows of one tensor, in the group's order, and so are their gradients: a backend can take the group's down
+   * products and their backward as one product each (projectionsBackward).
    */
   private initLora(lora: LoraConfig, seed: number): void {
     const backend = this.backend;
     const random = seededRandom(seed);
     const scale = loraScale(lora);
     for (let l = 0; l < this.layers.length; l++) {
+      // Drawn in lora.targetModules' order, as PEFT creates them.
+      const initial = new Map<Projection, Float32Array>();
       for (const proj of lora.targetModules) {
-        const [outFeatures, inFeatures] = this.layers[l].linears[proj].weight.shape;
+        const inFeatures = this.layers[l].linears[proj].weight.shape[1];
         const bound = 1 / Math.sqrt(inFeatures);
         const a = new Float32Array(lora.rank * inFeatures);
         for (let i = 0; i < a.length; i++) a[i] = (random() * 2 - 1) * bound;
-        const prefix = `base_model.model.${projectionPath(l, proj)}`;
-        const aShape = [lora.rank, inFeatures], bShape = [outFeatures, lora.rank];
-        const params: LoraParams = {
-          projection: proj, layer: l, rank: lora.rank, scale,
-          a: new Param(`${prefix}.lora_A.weight`, aShape, backend.upload(a, aShape), backend.zeros(aShape)),
-          b: new Param(`${prefix}.lora_B.weight`, bShape, backend.zeros(bShape), backend.zeros(bShape)),
-        };
+        initial.set(proj, a);
+      }
+      const created = new Map<Projection, LoraParams>();
+      for (const group of PROJECTION_GROUPS) {
+        const targets = group.filter((proj) => initial.has(proj));
+        if (targets.length === 0) continue;
+        const inFeatures = this.layers[l].linears[targets[0]].weight.shape[1];
+        const stackedShape = [targets.length * lora.rank, inFeatures];
+        const values = new Float32Array(targets.length * lora.rank * inFeatures);
+        targets.forEach((proj, t) => values.set(initial.get(proj)!, t * lora.rank * inFeatures));
+        const stackedA = this.own(backend.upload(values, stackedShape)), stackedGrad = this.own(backend.zeros(stackedShape));
+        targets.forEach((proj, t) => {
+          const outFeatures = this.layers[l].linears[proj].weight.shape[0];
+          const view = (tensor: Tensor) => (targets.length === 1 ? tensor : backend.view(tensor, t * lora.rank, lora.rank));
+          const prefix = `base_model.model.${projectionPath(l, proj)}`;
+          const aShape = [lora.rank, inFeatures], bShape = [outFeatures, lora.rank];
+          created.set(proj, {
+            projection: proj, layer: l, rank: lora.rank, scale,
+            a: new Param(`${prefix}.lora_A.weight`, aShape, view(stackedA), view(stackedGrad)),
+            b: new Param(`${prefix}.lora_B.weight`, bShape, this.own(backend.zeros(bShape)), this.own(backend.zeros(bShape))),
+          });
+        });
+      }
+      // In lora.targetModules' order: the parameter list, and so the optimiser's and the checkpoint's, keep it.
+      for (const proj of lora.targetModules) {
+        const params = created.get(proj)!;
         this.loras.push(params);
         this.loraByLayer[l][proj] = params;
       }
     }
+  }
+
+  /** Frees what this model allocated on the backend (LoRA A/B, gradients): for a model no longer trained. The base weights are the transformer's. */
+  free(): void {
+    for (const tensor of this.owned.splice(0)) this.backend.free(tensor);
   }
 
   /** The parameters the optimiser updates, as tensors: LoRA A/B (PEFT names), or every weight (HF names) in full mode. */
@@ -341,8 +376,18 @@ export class DifferentiableTransformer {
       // so none is zeroed first; the attention output is, since packed attention writes only the rows of segments.
       const z = (width: number) => held.empty([n, width]);
       const loras = useAdapter ? this.engineLorasOf(l) : undefined;
+      // A group's x·Aᵀ side by side in one tensor, in the order of its stacked A matrices (initLora).
       const loraDown: LayerActivations["loraDown"] = {};
-      for (const [projection, lora] of Object.entries(loras ?? {})) loraDown[projection as Projection] = z(lora.a.shape[0]);
+      for (const group of PROJECTION_GROUPS) {
+        const targets = group.filter((projection) => loras?.[projection]);
+        if (targets.length === 0) continue;
+        const tensor = z(targets.reduce((width, projection) => width + loras![projection]!.a.shape[0], 0));
+        let column = 0;
+        for (const projection of targets) {
+          loraDown[projection] = { tensor, column };
+          column += loras![projection]!.a.shape[0];
+        }
+      }
       // Without the q/k norm, RoPE rotates the projections in place: nothing before it is needed by the backward.
       const qkNorm = w.qNorm !== null && w.kNorm !== null;
       const qRaw = z(h * hd), kRaw = z(kv * hd);
@@ -429,33 +474,33 @@ export class DifferentiableTransformer {
     const held = new Holdings(b);
     const n = batch.tokens.length;
     const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
-    // `first`: dx is a fresh buffer (empty) this call writes before anything adds to it.
-    const linearBack = (proj: Projection, x: Tensor, dy: Tensor, dx: Tensor, first = false) => {
-      const lin = w.linears[proj];
-      b.linearBackward(x, lin.weight.tensor, dy, dx, lin.weight.gradTensor, lin.bias?.gradTensor ?? null, first);
-      const lora = this.loraByLayer[l][proj];
-      const down = acts.loraDown[proj];
-      if (lora && down) {
-        b.loraBackward(x, { a: lora.a.tensor, b: lora.b.tensor, scale: lora.scale }, down, dy, dx, lora.a.gradTensor!, lora.b.gradTensor!);
-      }
+    /** The backward of projections reading x, whose output gradients are dOuts, into dx: a fresh buffer (empty) this writes. */
+    const projectionsBack = (projections: readonly Projection[], x: Tensor, dOuts: Tensor[], dx: Tensor) => {
+      b.projectionsBackward(x, projections.map((proj, i): ProjectionGradient => {
+        const { weight, bias } = w.linears[proj];
+        const lora = this.loraByLayer[l][proj], down = acts.loraDown[proj];
+        return {
+          weight: weight.tensor, dOut: dOuts[i], dWeight: weight.gradTensor, dBias: bias?.gradTensor ?? null,
+          lora: lora && down ? { weights: { a: lora.a.tensor, b: lora.b.tensor, scale: lora.scale }, down, dA: lora.a.gradTensor!, dB: lora.b.gradTensor! } : undefined,
+        };
+      }), dx, true);
     };
     try {
       // MLP: out = mid + down(swiglu(gate(m), up(m))), m = norm2(mid)
       // Each gradient buffer's first writer writes it (overwrite), so none is zeroed first.
       const dHidden = held.empty([n, inter]);
-      linearBack("down_proj", acts.hidden, dResidual, dHidden, true);
+      projectionsBack(["down_proj"], acts.hidden, [dResidual], dHidden);
       const dGate = held.empty([n, inter]);
       const dUp = held.empty([n, inter]);
       b.swigluBackward(acts.gateUp, dHidden, dGate, dUp, true);
       const dMlpInput = held.empty([n, d]);
-      linearBack("gate_proj", acts.mlpInput, dGate, dMlpInput, true);
-      linearBack("up_proj", acts.mlpInput, dUp, dMlpInput);
+      projectionsBack(["gate_proj", "up_proj"], acts.mlpInput, [dGate, dUp], dMlpInput);
       // dResidual becomes d(loss)/d(mid): the residual branch's gradient plus the MLP input norm's.
       b.rmsNormBackward(acts.mid, w.postAttentionNorm.tensor, acts.rstd2!, dMlpInput, dResidual, w.postAttentionNorm.gradTensor);
       for (const t of [dHidden, dGate, dUp, dMlpInput]) held.free(t);
       // attention: mid = input + o(attn(rope(norm?(q(a))), rope(norm?(k(a))), v(a))), a = norm1(input)
       const dAttn = held.empty([n, h * hd]);
-      linearBack("o_proj", acts.attn, dResidual, dAttn, true);
+      projectionsBack(["o_proj"], acts.attn, [dResidual], dAttn);
       const dq = held.zeros([n, h * hd]);
       const dk = held.zeros([n, kv * hd]);
       const dv = held.zeros([n, kv * hd]);
@@ -472,9 +517,7 @@ export class DifferentiableTransformer {
         held.free(dk);
       }
       const dAttnInput = held.empty([n, d]);
-      linearBack("q_proj", acts.attnInput, dqRaw, dAttnInput, true);
-      linearBack("k_proj", acts.attnInput, dkRaw, dAttnInput);
-      linearBack("v_proj", acts.attnInput, dv, dAttnInput);
+      projectionsBack(["q_proj", "k_proj", "v_proj"], acts.attnInput, [dqRaw, dkRaw, dv], dAttnInput);
       for (const t of [dqRaw, dkRaw, dv]) held.free(t);
       // And d(loss)/d(input): d(mid) plus the attention input norm's.
       b.rmsNormBackward(input, w.inputNorm.tensor, acts.rstd1!, dAttnInput, dResidual, w.inputNorm.gradTensor);
@@ -520,7 +563,7 @@ class Holdings {
 /** The tensors a layer's forward keeps for its backward, each once (qkv, attnOut and mlpOut went when the forward ended). */
 function activationTensors(acts: LayerActivations): Set<Tensor> {
   const { qkv: _qkv, attnOut: _attnOut, mlpOut: _mlpOut, loraDown, ...kept } = acts;
-  const tensors = new Set<Tensor>(Object.values(loraDown));
+  const tensors = new Set<Tensor>(Object.values(loraDown).map((down) => down.tensor));
   for (const tensor of Object.values(kept)) if (tensor) tensors.add(tensor);
   return tensors;
 }

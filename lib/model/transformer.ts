@@ -12,7 +12,7 @@
  * statistics).
  */
 import { ArtError } from "../core/errors.ts";
-import { type Backend, type DType, type KvCache, type LoraTarget, type RowPlacement, type Tensor, checkTokenIds } from "./backend.ts";
+import { type Backend, type DType, type KvCache, type LoraDown, type LoraTarget, type RowPlacement, type Tensor, checkTokenIds } from "./backend.ts";
 import { type ModelConfig, type RopeScaling, readConfig } from "./config.ts";
 import { type LayerLoras, PROJECTIONS, type Projection, projectionPath, projectionShape } from "./lora.ts";
 import { openSafetensors, type TensorStore } from "./safetensors.ts";
@@ -108,8 +108,8 @@ export interface LayerActivations {
   gateUp: Tensor;           // [n, 2I]  gate and up projections, side by side in each row
   hidden: Tensor;           // [n, I]   silu(gate) · up
   mlpOut: Tensor;           // [n, D]   down_proj output
-  /** x·Aᵀ of each projection with a LoRA, for its backward (training only). */
-  loraDown: Partial<Record<Projection, Tensor>>;
+  /** x·Aᵀ of each projection with a LoRA, for its backward (training only): a group's side by side (LoraDown). */
+  loraDown: Partial<Record<Projection, LoraDown>>;
 }
 
 /** How a layer's attention reads its keys and values: the KV cache (decoding) or the packed batch (training). */

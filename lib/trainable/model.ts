@@ -673,7 +673,7 @@ export class TrainableModel {
     return merged;
   }
 
-  /** Stops serving (HTTP servers too) and frees the weights and the past adapters it loaded. */
+  /** Stops serving (HTTP servers too) and frees the weights, the adapter it trains with its optimizer state, and the past adapters it loaded. */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
@@ -684,6 +684,11 @@ export class TrainableModel {
         this.lm.backend.free(w.a);
         this.lm.backend.free(w.b);
       }
+    }
+    this.network.free();
+    for (const moments of [this.optimizer.m, this.optimizer.v]) {
+      for (const tensor of moments.values()) this.lm.backend.free(tensor);
+      moments.clear();
     }
     this.lm.free();
   }

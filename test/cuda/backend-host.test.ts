@@ -6,6 +6,7 @@ import { type SamplingParams, allowedTokenMask } from "../../lib/model/backend.t
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { generate } from "../../lib/model/generate.ts";
 import { PROJECTIONS, projectionShape } from "../../lib/model/lora.ts";
+import { DifferentiableTransformer } from "../../lib/model/training.ts";
 import { loadTransformer } from "../../lib/model/transformer.ts";
 import { Batcher, MAX_MEMORY_SIZED_SLOTS } from "../../lib/serve/batcher.ts";
 import { tinyCheckpoint } from "../model/helpers.ts";
@@ -187,6 +188,35 @@ describe("CUDA backend host logic (recording device)", () => {
     // Decoding three slots: one lora_down and one lora_up per group (q/k/v, o, gate/up, down).
     expect(count(3, () => 80)).toEqual({ down: 4 * layers, up: 4 * layers, gemms: 4 * layers + 1 });
     cache.free();
+    model.free();
+    backend.dispose();
+    expect(device.outstandingBytes).toBe(0);
+  });
+
+  it("a training pass takes a group's LoRA down products, and their dA and dx, as one stacked GEMM each", () => {
+    const { device, backend } = recordingBackend();
+    const model = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 4 }), backend, "bf16");
+    const layers = model.config.numLayers, rank = 5;
+    const network = new DifferentiableTransformer(model, { lora: { rank, alpha: 10, targetModules: [...PROJECTIONS], useRslora: false } });
+    const n = 24;
+    const batch = { tokens: new Int32Array(n).fill(1), positions: Int32Array.from({ length: n }, (_, i) => i), segments: [{ start: 0, length: n }],
+      targets: Int32Array.from({ length: n }, (_, i) => (i >= n / 2 ? 2 : -1)) };
+    const gemms = () => device.gemms.splice(0);
+    gemms();
+    const pass = network.forward(batch);
+    const forward = gemms();
+    network.backward(pass, new Float32Array(pass.scoredRows.length).fill(1));
+    const backward = gemms();
+    // Recorded as the row-major product [rows, outF] over inF. Forward: x·Aᵀ of q/k/v (3 ranks wide) and of gate/up
+    // (2 ranks) in one GEMM each, o's and down's alone; then a GEMM per LoRA's up product.
+    const count = (list: typeof forward, key: "rows" | "inF" | "outF", value: number) => list.filter((g) => g[key] === value).length;
+    expect([3, 2, 1].map((k) => count(forward, "outF", k * rank))).toEqual([layers, layers, 2 * layers]);
+    expect(count(forward, "inF", rank)).toBe(7 * layers);
+    // Backward: dA of the stacked A ([3·rank, in] and [2·rank, in], over the rows) and dx += (dOut B) A over the
+    // stacked ranks, one GEMM each per group.
+    expect([3, 2].map((k) => count(backward, "rows", k * rank))).toEqual([layers, layers]);
+    expect([3, 2].map((k) => count(backward, "inF", k * rank))).toEqual([layers, layers]);
+    network.free();
     model.free();
     backend.dispose();
     expect(device.outstandingBytes).toBe(0);

@@ -165,12 +165,12 @@ class EmulatedDevice implements DeviceQueue {
   /** GEMMs with the arguments Blas gives cublasGemmEx, run by the emulator's column-major reference. */
   gemm(): GemmRunner {
     return {
-      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0, ldy = outF) => {
-        const args = linearGemmArguments(x, w, y, rows, inF, outF, type, ldy);
+      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0, ldy = outF, ldx = inF) => {
+        const args = linearGemmArguments(x, w, y, rows, inF, outF, type, ldy, ldx);
         this.#stream(() => this.#gemmEx(args, alpha, beta));
       },
-      gemm: (a, b, c, m, n, k, transA, transB, type, alpha = 1, beta = 0) => {
-        const args = gemmExArguments(a, b, c, m, n, k, transA, transB, type);
+      gemm: (a, b, c, m, n, k, transA, transB, type, alpha = 1, beta = 0, strides = {}) => {
+        const args = gemmExArguments(a, b, c, m, n, k, transA, transB, type, strides);
         this.#stream(() => this.#gemmEx(args, alpha, beta));
       },
       dispose: () => {},

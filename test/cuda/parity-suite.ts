@@ -127,7 +127,7 @@ describe.skipIf(skip)(title, () => {
       const a = both(random(rank * inF, 34, 0.1), [rank, inF]), up = both(random(inter * rank, 35, 0.1), [inter, rank]), down = zeros([n, rank]);
       run((b, i) => {
         b.linear(x[i], gateUp[i], null, product[i]);
-        b.addLoras(x[i], [{ lora: { a: a[i], b: up[i], scale: 0.5 }, out: product[i], column: inter, down: down[i] }]);
+        b.addLoras(x[i], [{ lora: { a: a[i], b: up[i], scale: 0.5 }, out: product[i], column: inter, down: { tensor: down[i], column: 0 } }]);
       });
       expect(error(product)).toBeLessThan(tolerance);
       expect(error(down)).toBeLessThan(1e-5);

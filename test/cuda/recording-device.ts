@@ -8,7 +8,7 @@
 // host copies or waits while capturing throw. `failCapture` makes the next capture fail at its start or end,
 // `failGraphLaunch` every graph launch.
 import type { DeviceQueue, GemmRunner } from "../../lib/cuda/backend.ts";
-import type { GemmType } from "../../lib/cuda/blas.ts";
+import { type GemmExArguments, type GemmType, gemmExArguments, gemmExtents, linearGemmArguments } from "../../lib/cuda/blas.ts";
 import type { KernelFunction, LaunchConfig } from "../../lib/cuda/driver.ts";
 import type { KernelArg } from "../../lib/cuda/kernel-args.ts";
 import { type KernelName, kernelModules } from "../../lib/cuda/kernel-build.ts";
@@ -158,18 +158,21 @@ export class RecordingDevice implements DeviceQueue {
 
   /** The GEMMs the backend asks for, with the same bounds checks. */
   gemm(): GemmRunner {
-    const gemm = (a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, type: GemmType, alpha: number, beta: number, ldc = n) => {
+    const gemm = (g: GemmExArguments, type: GemmType, alpha: number, beta: number) => {
       const size = type === "bf16" ? 2 : 4;
+      // What cublasGemmEx would touch of each operand, with its leading dimensions (in cuBLAS's terms, c is m × n).
+      const extents = gemmExtents(g);
       this.#stream(() => {
-        this.expectLive(a, m * k * size, "GEMM a");
-        this.expectLive(b, k * n * size, "GEMM b");
-        // c's rows are ldc apart: the last row ends (m - 1) · ldc + n values in.
-        this.expectLive(c, m === 0 ? 0 : ((m - 1) * ldc + n) * 4, "GEMM c");
-      }, () => this.gemms.push({ rows: m, inF: k, outF: n, type, alpha, beta }));
+        this.expectLive(g.a, extents.a * size, "GEMM a");
+        this.expectLive(g.b, extents.b * size, "GEMM b");
+        this.expectLive(g.c, extents.c * 4, "GEMM c");
+      }, () => this.gemms.push({ rows: g.n, inF: g.k, outF: g.m, type, alpha, beta }));
     };
     return {
-      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0, ldy = outF) => gemm(x, w, y, rows, outF, inF, type, alpha, beta, ldy),
-      gemm: (a, b, c, m, n, k, _transA, _transB, type, alpha = 1, beta = 0) => gemm(a, b, c, m, n, k, type, alpha, beta),
+      linear: (x, w, y, rows, inF, outF, type, alpha = 1, beta = 0, ldy = outF, ldx = inF) =>
+        gemm(linearGemmArguments(x, w, y, rows, inF, outF, type, ldy, ldx), type, alpha, beta),
+      gemm: (a, b, c, m, n, k, transA, transB, type, alpha = 1, beta = 0, strides = {}) =>
+        gemm(gemmExArguments(a, b, c, m, n, k, transA, transB, type, strides), type, alpha, beta),
       dispose: () => {},
     };
   }

@@ -128,7 +128,7 @@ describe.skipIf(skip)(title, () => {
     expect(error(back)).toBe(0);
   });
 
-  it("linear's input gradient (f32 and bf16 weights), LoRA forward keeping x·Aᵀ, LoRA backward", () => {
+  it("a projection's input gradient (f32 and bf16 weights), LoRA forward keeping x·Aᵀ, its backward", () => {
     const rows = 7, inF = 24, outF = 40, rank = 4;
     const x = both(random(rows * inF, 16), [rows, inF]), dOut = both(random(rows * outF, 17), [rows, outF]);
     for (const [dtype, tolerance] of [["f32", 1e-5], ["bf16", 1.5e-2]] as const) {
@@ -136,12 +136,13 @@ describe.skipIf(skip)(title, () => {
       const out = zeros([rows, outF]), dx = both(random(rows * inF, 20), [rows, inF]);
       run((b, i) => b.linear(x[i], w[i], bias[i], out[i]));
       expect(error(out)).toBeLessThan(tolerance);
-      run((b, i) => b.linearBackward(x[i], w[i], dOut[i], dx[i], null, null));
+      const base = (i: 0 | 1) => [{ weight: w[i], dOut: dOut[i], dWeight: null, dBias: null }];
+      run((b, i) => b.projectionsBackward(x[i], base(i), dx[i]));
       expect(error(dx)).toBeLessThan(tolerance);
       // Written, not added (overwriteDx): a fresh buffer gets dOut W alone, as a zeroed one would.
       const fresh = [cpu.empty([rows, inF]), gpu.empty([rows, inF])] as [Tensor, Tensor], zeroed = zeros([rows, inF]);
-      run((b, i) => b.linearBackward(x[i], w[i], dOut[i], fresh[i], null, null, true));
-      run((b, i) => b.linearBackward(x[i], w[i], dOut[i], zeroed[i], null, null));
+      run((b, i) => b.projectionsBackward(x[i], base(i), fresh[i], true));
+      run((b, i) => b.projectionsBackward(x[i], base(i), zeroed[i]));
       expect(error(fresh)).toBeLessThan(tolerance);
       expect(gpu.download(fresh[1])).toEqual(gpu.download(zeroed[1]));
     }
@@ -151,13 +152,47 @@ describe.skipIf(skip)(title, () => {
     const out = zeros([rows, outF]), down = zeros([rows, rank]);
     run((backend, i) => {
       backend.linear(x[i], w[i], null, out[i]);
-      backend.addLoras(x[i], [{ lora: lora(i), out: out[i], column: 0, down: down[i] }]);
+      backend.addLoras(x[i], [{ lora: lora(i), out: out[i], column: 0, down: { tensor: down[i], column: 0 } }]);
     });
     expect(error(out)).toBeLessThan(1e-5);
     expect(error(down)).toBeLessThan(1e-5);
     const dA = both(random(rank * inF, 24), [rank, inF]), dB = both(random(outF * rank, 25), [outF, rank]), dx = zeros([rows, inF]);
-    run((backend, i) => backend.loraBackward(x[i], lora(i), down[i], dOut[i], dx[i], dA[i], dB[i]));
+    run((backend, i) => backend.projectionsBackward(x[i], [{ weight: w[i], dOut: dOut[i], dWeight: null, dBias: null,
+      lora: { weights: lora(i), down: { tensor: down[i], column: 0 }, dA: dA[i], dB: dB[i] } }], dx[i]));
     for (const grad of [dA, dB, dx]) expect(error(grad)).toBeLessThan(1e-5);
+  });
+
+  // q/k/v's LoRAs as DifferentiableTransformer lays them out (A matrices and their gradients rows of one tensor, the
+  // x·Aᵀ side by side), which CUDA takes as stacked products, and the same LoRAs in tensors of their own, a LoRA at a
+  // time: both against the CPU, which always goes a projection at a time.
+  it("a group of projections reading one input: its LoRAs stacked and separate, forward and backward", () => {
+    const rows = 9, inF = 24, rank = 4, outs = [40, 16, 16], scales = [2, 0.5, 1];
+    const x = both(random(rows * inF, 40), [rows, inF]);
+    const weights = outs.map((outF, p) => both(random(outF * inF, 41 + p, 0.2), [outF, inF]));
+    const dOuts = outs.map((outF, p) => both(random(rows * outF, 44 + p), [rows, outF]));
+    const bs = outs.map((outF, p) => both(random(outF * rank, 47 + p, 0.2), [outF, rank]));
+    const aValues = random(outs.length * rank * inF, 50, 0.2), dAValues = random(outs.length * rank * inF, 51);
+    const dBs = () => outs.map((outF, p) => both(random(outF * rank, 52 + p), [outF, rank]));
+    for (const layout of ["stacked", "separate"] as const) {
+      const stackedA = both(aValues, [outs.length * rank, inF]), stackedDA = both(dAValues, [outs.length * rank, inF]);
+      const part = (stacked: Pair, values: Float32Array, p: number): Pair => layout === "stacked"
+        ? [cpu.view(stacked[0], p * rank, rank), gpu.view(stacked[1], p * rank, rank)]
+        : both(values.slice(p * rank * inF, (p + 1) * rank * inF), [rank, inF]);
+      const as = outs.map((_, p) => part(stackedA, aValues, p)), dAs = outs.map((_, p) => part(stackedDA, dAValues, p)), dB = dBs();
+      const lora = (p: number, i: 0 | 1) => ({ a: as[p][i], b: bs[p][i], scale: scales[p] });
+      const down = zeros([rows, outs.length * rank]), projected = outs.map((outF) => zeros([rows, outF]));
+      run((backend, i) => backend.addLoras(x[i], outs.map((_, p) => ({ lora: lora(p, i), out: projected[p][i], column: 0, down: { tensor: down[i], column: p * rank } }))));
+      for (const out of projected) expect(error(out)).toBeLessThan(1e-5);
+      expect(error(down)).toBeLessThan(1e-5);
+      const dx = [cpu.empty([rows, inF]), gpu.empty([rows, inF])] as Pair;
+      run((backend, i) => backend.projectionsBackward(x[i], outs.map((_, p) => ({ weight: weights[p][i], dOut: dOuts[p][i], dWeight: null, dBias: null,
+        lora: { weights: lora(p, i), down: { tensor: down[i], column: p * rank }, dA: dAs[p][i], dB: dB[p][i] } })), dx[i], true));
+      expect(error(dx)).toBeLessThan(1e-5);
+      for (const p of outs.keys()) {
+        expect(error(dAs[p])).toBeLessThan(1e-5);
+        expect(error(dB[p])).toBeLessThan(1e-5);
+      }
+    }
   });
 
   it("target logprobs and their backward (f32 and bf16 LM head, ragged chunks)", () => {

@@ -71,7 +71,7 @@ describe("CPU kernels", () => {
     const x = random(n * k, 1), w = random(m * k, 2), bias = random(m, 3), a = random(r * k, 4), lb = random(m * r, 5);
     const out = b.zeros([n, m]), xs = b.upload(x, [n, k]), down = b.zeros([n, r]);
     b.linear(xs, b.upload(w, [m, k]), b.upload(bias, [m]), out);
-    b.addLoras(xs, [{ lora: { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 0.5 }, out, column: 0, down }]);
+    b.addLoras(xs, [{ lora: { a: b.upload(a, [r, k]), b: b.upload(lb, [m, r]), scale: 0.5 }, out, column: 0, down: { tensor: down, column: 0 } }]);
     const base = naiveXWt(x, w, n, k, m);
     const downExpected = naiveXWt(x, a, n, k, r);
     const up = naiveXWt(Float32Array.from(downExpected), lb, n, r, m);

@@ -59,7 +59,7 @@ describe("the CPU backend's training ops match PyTorch autograd and finite diffe
       cpu.linear(t[0], t[1], t[2], out);
       return valuesOf(out, t);
     }, ({ x, weight, bias }, up) => gradients({ x: { data: x, shape: [rows, fin] }, weight: { data: weight, shape: [fout, fin] }, bias: { data: bias, shape: [fout] } },
-      (d) => cpu.linearBackward(tensor(x, [rows, fin]), tensor(weight, [fout, fin]), tensor(up, [rows, fout]), d.x, d.weight, d.bias)));
+      (d) => cpu.projectionsBackward(tensor(x, [rows, fin]), [{ weight: tensor(weight, [fout, fin]), dOut: tensor(up, [rows, fout]), dWeight: d.weight, dBias: d.bias }], d.x)));
   });
 
   it("LoRA (rsLoRA scale) on a frozen linear: dA, dB and dx", () => {
@@ -73,14 +73,11 @@ describe("the CPU backend's training ops match PyTorch autograd and finite diffe
       cpu.addLoras(t[0], [{ lora: lora(a, b), out, column: 0 }]);
       return valuesOf(out, t);
     }, ({ x, weight, a, b }, up) => {
-      const xs = tensor(x, [rows, fin]), w = tensor(weight, [fout, fin]), adapter = lora(a, b), down = cpu.zeros([rows, rank]);
+      const xs = tensor(x, [rows, fin]), w = tensor(weight, [fout, fin]), adapter = lora(a, b), down = { tensor: cpu.zeros([rows, rank]), column: 0 };
       cpu.addLoras(xs, [{ lora: adapter, out: cpu.zeros([rows, fout]), column: 0, down }]);
       const dOut = tensor(up, [rows, fout]);
       return gradients({ x: { data: x, shape: [rows, fin] }, weight: { data: weight, shape: [fout, fin] }, a: { data: a, shape: [rank, fin] }, b: { data: b, shape: [fout, rank] } },
-        (d) => {
-          cpu.linearBackward(xs, w, dOut, d.x, d.weight, null);
-          cpu.loraBackward(xs, adapter, down, dOut, d.x, d.a, d.b);
-        });
+        (d) => cpu.projectionsBackward(xs, [{ weight: w, dOut, dWeight: d.weight, dBias: null, lora: { weights: adapter, down, dA: d.a, dB: d.b } }], d.x));
     });
   });
 

@@ -9,8 +9,8 @@
 import { ArtError } from "../../core/errors.ts";
 import {
   type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget, type LoraWeights, type PackedSegment,
-  type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkSampled, checkTokenIds, columnBlocks,
-  loraTargetShape, shapeSize, swigluShape, viewShape,
+  type ProjectionGradient, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkSampled, checkTokenIds, columnBlocks,
+  loraTargetShape, projectionGradientShape, shapeSize, swigluShape, viewShape,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
 import {
@@ -340,9 +340,9 @@ export class CpuBackend implements Backend {
     for (const target of targets) {
       const { lora, out, column, down: kept } = target;
       const a = cpu(lora.a), b = cpu(lora.b), o = cpu(out);
-      const { rank, inFeatures, outFeatures, n, width } = loraTargetShape("cpu backend", xs, target);
-      const down = kept ? cpu(kept).data : new Float32Array(n * rank);
-      loraRows(this.gemm, xs.data, a.data, b.data, lora.scale, n, inFeatures, outFeatures, rank, o.data.subarray(column), width, down);
+      const { rank, inFeatures, outFeatures, n, width, downWidth } = loraTargetShape("cpu backend", xs, target);
+      const down = kept ? cpu(kept.tensor).data.subarray(kept.column) : new Float32Array(n * rank);
+      loraRows(this.gemm, xs.data, a.data, b.data, lora.scale, n, inFeatures, outFeatures, rank, o.data.subarray(column), width, down, downWidth);
     }
   }
 
@@ -535,17 +535,20 @@ export class CpuBackend implements Backend {
     if (!this.#elementwise?.rmsNormBackward(...operands)) rmsNormRowsBackward(...operands);
   }
 
-  linearBackward(x: Tensor, weight: Tensor, dOut: Tensor, dx: Tensor | null, dWeight: Tensor | null, dBias: Tensor | null, overwriteDx = false): void {
-    const w = cpu(weight);
-    const [outFeatures, inFeatures] = w.shape;
+  /** Each projection in turn: its base weight's gradients, then its LoRA's (the order the CPU's numbers were made in). */
+  projectionsBackward(x: Tensor, projections: readonly ProjectionGradient[], dx: Tensor | null, overwriteDx = false): void {
+    const xs = cpu(x).data;
+    const shapes = projections.map((projection) => projectionGradientShape("cpu backend", x, dx, projection));
     if (overwriteDx && dx) cpu(dx).data.fill(0); // then accumulated into: the same bits as into a zeroed buffer
-    linearRowsBackward(this.gemm, cpu(x).data, w.data, cpu(dOut).data, x.size / inFeatures, inFeatures, outFeatures, optional(dx), optional(dWeight), optional(dBias));
-  }
-
-  loraBackward(x: Tensor, lora: LoraWeights, loraDown: Tensor, dOut: Tensor, dx: Tensor | null, dA: Tensor, dB: Tensor): void {
-    const [rank, inFeatures] = lora.a.shape, outFeatures = lora.b.shape[0];
-    loraRowsBackward(this.gemm, cpu(x).data, cpu(lora.a).data, cpu(lora.b).data, lora.scale, cpu(loraDown).data, cpu(dOut).data,
-      x.size / inFeatures, inFeatures, outFeatures, rank, optional(dx), cpu(dA).data, cpu(dB).data);
+    projections.forEach(({ weight, dOut, dWeight, dBias, lora }, i) => {
+      const { n, inFeatures, outFeatures, rank, downWidth } = shapes[i];
+      const g = cpu(dOut).data;
+      linearRowsBackward(this.gemm, xs, cpu(weight).data, g, n, inFeatures, outFeatures, optional(dx), optional(dWeight), optional(dBias));
+      if (!lora) return;
+      const { weights: { a, b, scale }, down } = lora;
+      loraRowsBackward(this.gemm, xs, cpu(a).data, cpu(b).data, scale, cpu(down.tensor).data.subarray(down.column), downWidth, g,
+        n, inFeatures, outFeatures, rank, optional(dx), cpu(lora.dA).data, cpu(lora.dB).data);
+    });
   }
 
   ropeBackward(dq: Tensor, dk: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {

@@ -110,10 +110,10 @@ export function embeddingRowsBackward(ids: ArrayLike<number>, dOut: Float32Array
  */
 export function loraRows(
   gemm: Gemm, x: Float32Array, a: Float32Array, b: Float32Array, scale: number, rows: number, inFeatures: number, outFeatures: number,
-  rank: number, out: Float32Array, outStride: number, down: Float32Array,
+  rank: number, out: Float32Array, outStride: number, down: Float32Array, downStride = rank,
 ): void {
-  gemm.nt(x, a, rows, inFeatures, rank, down);
-  gemm.nt(down, b, rows, rank, outFeatures, out, { alpha: scale, accumulate: true, outStride });
+  gemm.nt(x, a, rows, inFeatures, rank, down, { outStride: downStride });
+  gemm.nt(down, b, rows, rank, outFeatures, out, { alpha: scale, accumulate: true, outStride, xStride: downStride });
 }
 
 /** Backward of out = x Wᵀ + b: dx += dOut · W; dWeight += dOutᵀ · x; dBias += Σ_rows dOut. */
@@ -128,14 +128,14 @@ export function linearRowsBackward(
   }
 }
 
-/** Backward of loraRows: dB += scale · dOutᵀ · down; g = scale · dOut B; dA += gᵀ · x; dx += g · A. */
+/** Backward of loraRows (down's rows `downStride` apart): dB += scale · dOutᵀ · down; g = scale · dOut B; dA += gᵀ · x; dx += g · A. */
 export function loraRowsBackward(
-  gemm: Gemm, x: Float32Array, a: Float32Array, b: Float32Array, scale: number, down: Float32Array, dOut: Float32Array, rows: number,
-  inFeatures: number, outFeatures: number, rank: number, dx: Float32Array | null, dA: Float32Array, dB: Float32Array,
+  gemm: Gemm, x: Float32Array, a: Float32Array, b: Float32Array, scale: number, down: Float32Array, downStride: number, dOut: Float32Array,
+  rows: number, inFeatures: number, outFeatures: number, rank: number, dx: Float32Array | null, dA: Float32Array, dB: Float32Array,
 ): void {
   // The scale rides on the [rows, rank] operands, the small ones.
-  const scaledDown = down.slice(0, rows * rank);
-  for (let i = 0; i < scaledDown.length; i++) scaledDown[i] *= scale;
+  const scaledDown = new Float32Array(rows * rank);
+  for (let r = 0; r < rows; r++) for (let j = 0; j < rank; j++) scaledDown[r * rank + j] = down[r * downStride + j] * scale;
   gemm.tnAccumulate(dB, dOut, scaledDown, rows, outFeatures, rank);
   const dDown = new Float32Array(rows * rank);
   gemm.nnAccumulate(dDown, dOut, b, rows, outFeatures, rank);
