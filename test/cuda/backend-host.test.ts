@@ -1,7 +1,7 @@
 // The CUDA backend's host logic on a recording device (no GPU): whole forward passes and batched generation of the
 // tiny checkpoints, launch by launch; shape and input errors; nothing left allocated.
 import { describe, expect, it } from "vitest";
-import { CudaBackend } from "../../lib/cuda/backend.ts";
+import { CudaBackend, type CudaTensor } from "../../lib/cuda/backend.ts";
 import { type SamplingParams, allowedTokenMask } from "../../lib/model/backend.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { generate } from "../../lib/model/generate.ts";
@@ -193,7 +193,7 @@ describe("CUDA backend host logic (recording device)", () => {
     expect(device.outstandingBytes).toBe(0);
   });
 
-  it("a training pass takes a group's LoRA down products, and their dA and dx, as one stacked GEMM each", () => {
+  it("a training pass takes a group's LoRA down products, and their dA and dx, as one stacked GEMM each; free() gives its tensors back", () => {
     const { device, backend } = recordingBackend();
     const model = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 4 }), backend, "bf16");
     const layers = model.config.numLayers, rank = 5;
@@ -216,7 +216,12 @@ describe("CUDA backend host logic (recording device)", () => {
     // stacked ranks, one GEMM each per group.
     expect([3, 2].map((k) => count(backward, "rows", k * rank))).toEqual([layers, layers]);
     expect([3, 2].map((k) => count(backward, "inF", k * rank))).toEqual([layers, layers]);
+    // free() gives back everything the network allocated: no parameter or gradient (views of the stacked A matrices
+    // included) lies in a live block afterwards.
+    const blocks = (network.parameterTensors().flatMap((p) => [p.value, p.grad]) as CudaTensor[]).map((t) => [t.address, t.bytes] as const);
+    expect(blocks.every(([address, bytes]) => device.pool.owns(address, bytes))).toBe(true);
     network.free();
+    expect(blocks.filter(([address, bytes]) => device.pool.owns(address, bytes))).toEqual([]);
     model.free();
     backend.dispose();
     expect(device.outstandingBytes).toBe(0);
