@@ -254,13 +254,9 @@ struct CacheKeys {
   template <int HD, int KEY_TILE, bool V_TRANSPOSED>
   __device__ void load(bf16* k_tile, bf16* v_tile, int key0) const {
     const int keys = count();
-    for (int i = threadIdx.x; i < KEY_TILE * HD; i += blockDim.x) {
-      const int r = i / HD, c = i % HD;
-      const bool real = key0 + r < keys && c < head_dim;
-      const long long at = (long long)(key0 + r) * head_dim + c;
-      k_tile[r * (HD + 8) + c] = real ? k[at] : __float2bfloat16_rn(0.0f);
-      v_tile[V_TRANSPOSED ? c * (KEY_TILE + 8) + r : r * (HD + 8) + c] = real ? v[at] : __float2bfloat16_rn(0.0f);
-    }
+    const auto row_of = [&](int r) { return key0 + r < keys ? (long long)(key0 + r) : -1LL; };
+    load_tile<HD, KEY_TILE>(k_tile, k, head_dim, 0, head_dim, row_of);
+    load_tile<HD, KEY_TILE, V_TRANSPOSED>(v_tile, v, head_dim, 0, head_dim, row_of);
   }
 };
 

@@ -95,38 +95,86 @@ __device__ __forceinline__ void for_each_accumulator(const float (&acc)[HD / 8][
   }
 }
 
-// Rows 0 .. TILE − 1 of a shared tile from one head's columns of an f32 tensor, rounded to bf16: row r is
-// source row row_of(r), or zeros where that is negative; columns past head_dim are zeros. TRANSPOSED stores element
-// (r, c) at tile[c · (TILE + 8) + r] instead of tile[r · (HD + 8) + c]. Four columns per thread, one 16-byte load,
-// when every row's columns start 16-byte aligned (the usual case: head_dim a multiple of 4); else one column at a
-// time. The loads are what the tensor cores wait for between barriers.
-template <int HD, int TILE, bool TRANSPOSED = false, typename RowOf>
-__device__ __forceinline__ void load_tile(bf16* tile, const float* source, long long row_stride, int column, int head_dim, RowOf row_of) {
-  const auto store = [&](int r, int c, float value) {
-    tile[TRANSPOSED ? c * (TILE + 8) + r : r * (HD + 8) + c] = __float2bfloat16_rn(value);
-  };
-  if (head_dim % 4 == 0 && reinterpret_cast<unsigned long long>(source) % 16 == 0) {
-    constexpr int QUADS = HD / 4;
-    for (int i = threadIdx.x; i < TILE * QUADS; i += blockDim.x) {
-      const int r = i / QUADS, c = i % QUADS * 4;
-      const long long row = row_of(r);
-      float4 x = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (row >= 0 && c < head_dim) x = *reinterpret_cast<const float4*>(source + row * row_stride + column + c);
-      if (TRANSPOSED) {
-        store(r, c, x.x), store(r, c + 1, x.y), store(r, c + 2, x.z), store(r, c + 3, x.w);
-      } else {
-        *reinterpret_cast<uint2*>(tile + r * (HD + 8) + c) = uint2{pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w)};
+// Every flash kernel's block: 4 warps of 16 query rows each.
+constexpr int FLASH_THREADS = 128;
+
+__device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ bf16 to_bf16(bf16 x) { return x; }
+
+// 16 bytes of a source row, read with one load: 4 f32 (rounded to bf16 on the way into the tile) or 8 bf16.
+template <typename T> struct SourceVector;
+template <> struct SourceVector<float> { static constexpr int WIDTH = 4; using Raw = float4; };
+template <> struct SourceVector<bf16> { static constexpr int WIDTH = 8; using Raw = uint4; };
+
+// A vector into a row of the tile as bf16: 4 f32 as two packed pairs (one 8-byte store), 8 bf16 as they are (16 bytes).
+__device__ __forceinline__ void store_row_vector(bf16* at, const float4& x) {
+  *reinterpret_cast<uint2*>(at) = uint2{pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w)};
+}
+__device__ __forceinline__ void store_row_vector(bf16* at, const uint4& x) { *reinterpret_cast<uint4*>(at) = x; }
+
+// A vector's elements one by one, as store(offset, value): a transposed tile scatters them over its rows. The bf16
+// pairs come out of each 32-bit word by shifts (reading the vector through a bf16 pointer would break C++'s aliasing rules).
+template <typename Store>
+__device__ __forceinline__ void for_each_element(const float4& x, Store store) {
+  store(0, to_bf16(x.x)), store(1, to_bf16(x.y)), store(2, to_bf16(x.z)), store(3, to_bf16(x.w));
+}
+template <typename Store>
+__device__ __forceinline__ void for_each_element(const uint4& x, Store store) {
+  const unsigned words[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int w = 0; w < 4; w++) {
+    store(2 * w, __ushort_as_bfloat16((unsigned short)(words[w] & 0xffffu)));
+    store(2 * w + 1, __ushort_as_bfloat16((unsigned short)(words[w] >> 16)));
+  }
+}
+
+// Rows 0 .. TILE − 1 of a shared tile from one head's columns of an f32 or bf16 tensor (f32 rounded to bf16): row r
+// is source row row_of(r), or zeros where that is negative; columns past head_dim are zeros. TRANSPOSED stores element
+// (r, c) at tile[c · (TILE + 8) + r] instead of tile[r · (HD + 8) + c]. When every row's columns start 16-byte aligned
+// (head_dim, the row stride and the column a multiple of the vector's width), each thread reads 16-byte vectors, a
+// batch of them issued back to back before any is stored: the loads are independent, so a batch waits for memory
+// once, not once per vector (a loop that stored each vector before loading the next waited once per vector). Else one
+// element at a time. The loads are what the tensor cores wait for between barriers.
+template <int HD, int TILE, bool TRANSPOSED = false, typename T, typename RowOf>
+__device__ __forceinline__ void load_tile(bf16* tile, const T* source, long long row_stride, int column, int head_dim, RowOf row_of) {
+  using Raw = typename SourceVector<T>::Raw;
+  constexpr int WIDTH = SourceVector<T>::WIDTH, VECTORS = HD / WIDTH, PER_THREAD = TILE * VECTORS / FLASH_THREADS;
+  static_assert(TILE * VECTORS % FLASH_THREADS == 0, "a tile's vectors spread evenly over the block");
+  // At most 4 vectors (16 registers) in flight per thread: more would crowd the accumulators.
+  constexpr int BATCH = PER_THREAD < 4 ? PER_THREAD : 4;
+  static_assert(PER_THREAD % BATCH == 0, "whole batches");
+  const auto store = [&](int r, int c, bf16 value) { tile[TRANSPOSED ? c * (TILE + 8) + r : r * (HD + 8) + c] = value; };
+  const bool aligned = head_dim % WIDTH == 0 && row_stride % WIDTH == 0 && column % WIDTH == 0
+                    && reinterpret_cast<unsigned long long>(source) % 16 == 0;
+  if (aligned) {
+    // One batch at a time (not unrolled): the registers of one batch, beside the accumulators.
+#pragma unroll 1
+    for (int batch = 0; batch < PER_THREAD; batch += BATCH) {
+      Raw x[BATCH];
+#pragma unroll
+      for (int j = 0; j < BATCH; j++) {
+        const int i = threadIdx.x + (batch + j) * FLASH_THREADS, r = i / VECTORS, c = i % VECTORS * WIDTH;
+        const long long row = row_of(r);
+        x[j] = row >= 0 && c < head_dim ? *reinterpret_cast<const Raw*>(source + row * row_stride + column + c) : Raw{};
+      }
+#pragma unroll
+      for (int j = 0; j < BATCH; j++) {
+        const int i = threadIdx.x + (batch + j) * FLASH_THREADS, r = i / VECTORS, c = i % VECTORS * WIDTH;
+        if (TRANSPOSED) {
+          for_each_element(x[j], [&](int e, bf16 value) { store(r, c + e, value); });
+        } else {
+          store_row_vector(tile + r * (HD + 8) + c, x[j]);
+        }
       }
     }
     return;
   }
-  for (int i = threadIdx.x; i < TILE * HD; i += blockDim.x) {
+  for (int i = threadIdx.x; i < TILE * HD; i += FLASH_THREADS) {
     const int r = i / HD, c = i % HD;
     const long long row = row_of(r);
-    store(r, c, row >= 0 && c < head_dim ? source[row * row_stride + column + c] : 0.0f);
+    store(r, c, row >= 0 && c < head_dim ? to_bf16(source[row * row_stride + column + c]) : to_bf16(0.0f));
   }
 }
-
 
 // ---- the forward -----------------------------------------------------------------------------------------------------
 // Keys: where a query tile's keys come from (packed training rows, or a slot of the KV cache). It provides

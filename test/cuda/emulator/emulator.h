@@ -25,6 +25,7 @@ struct __nv_bfloat16 { uint16_t bits; };
 // CUDA's vector types as the kernels use them: 16- and 8-byte aligned, read and written whole.
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 
 inline float __bfloat162float(__nv_bfloat16 h) {
   uint32_t u = uint32_t(h.bits) << 16;
@@ -34,6 +35,7 @@ inline float __bfloat162float(__nv_bfloat16 h) {
 }
 
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short bits) { return {bits}; }
 
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   uint32_t u;
