@@ -59,6 +59,60 @@ extern "C" __global__ void kv_copy_slot(bf16* cache, int planes, int slots, int 
   }
 }
 
+// Keys chunk .. chunk + ATTN_CHUNK − 1 of one slot's kv head into s_k (rows of HD + 1) and s_v (rows of HD) as f32,
+// zeros from key_end and past head_dim; the key at fresh_position (a decode row's own, maybe not in the cache yet)
+// from k_fresh / v_fresh, rounded to bf16 as the cache holds it. With head_dim a multiple of 8 each thread reads
+// 16-byte vectors of 8 bf16, a batch of K's and V's issued back to back before any is stored, so a chunk waits for
+// memory about once per batch (a loop that stored each element before loading the next waited once per element).
+template <int HD>
+__device__ __forceinline__ void load_key_chunk(float* s_k, float* s_v, const bf16* k_base, const bf16* v_base, int chunk, int key_end,
+                                               int head_dim, int fresh_position, const float* k_fresh, const float* v_fresh) {
+  const auto cached = [](float x) { return __bfloat162float(__float2bfloat16_rn(x)); };
+  const auto put = [&](int key, int j, float k_value, float v_value) {
+    if (chunk + key == fresh_position && j < head_dim) k_value = cached(k_fresh[j]), v_value = cached(v_fresh[j]);
+    s_k[key * (HD + 1) + j] = k_value;
+    s_v[key * HD + j] = v_value;
+  };
+  constexpr int THREADS = ATTN_WARPS * 32, VECTORS = HD / 8, PER_THREAD = ATTN_CHUNK * VECTORS / THREADS;
+  static_assert(ATTN_CHUNK * VECTORS % THREADS == 0, "a chunk's vectors spread evenly over the block");
+  // Two vectors of K and two of V in flight per thread at most: registers for more would crowd the accumulators.
+  constexpr int BATCH = PER_THREAD % 2 == 0 ? 2 : 1;
+  static_assert(PER_THREAD % BATCH == 0, "whole batches");
+  const bool aligned = head_dim % 8 == 0 && reinterpret_cast<unsigned long long>(k_base) % 16 == 0
+                    && reinterpret_cast<unsigned long long>(v_base) % 16 == 0;
+  if (aligned) {
+#pragma unroll 1
+    for (int batch = 0; batch < PER_THREAD; batch += BATCH) {
+      uint4 k[BATCH], v[BATCH];
+#pragma unroll
+      for (int b = 0; b < BATCH; b++) {
+        const int t = threadIdx.x + (batch + b) * THREADS, key = t / VECTORS, j = t % VECTORS * 8, position = chunk + key;
+        const bool load = position < key_end && j < head_dim && position != fresh_position;
+        k[b] = load ? *reinterpret_cast<const uint4*>(k_base + (long long)position * head_dim + j) : uint4{};
+        v[b] = load ? *reinterpret_cast<const uint4*>(v_base + (long long)position * head_dim + j) : uint4{};
+      }
+#pragma unroll
+      for (int b = 0; b < BATCH; b++) {
+        const int t = threadIdx.x + (batch + b) * THREADS, key = t / VECTORS, j = t % VECTORS * 8;
+        const unsigned kw[4] = {k[b].x, k[b].y, k[b].z, k[b].w}, vw[4] = {v[b].x, v[b].y, v[b].z, v[b].w};
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+          // A bf16's bits are the high half of the f32 it widens to.
+          put(key, j + 2 * w, __uint_as_float(kw[w] << 16), __uint_as_float(vw[w] << 16));
+          put(key, j + 2 * w + 1, __uint_as_float(kw[w] & 0xffff0000u), __uint_as_float(vw[w] & 0xffff0000u));
+        }
+      }
+    }
+    return;
+  }
+  for (int t = threadIdx.x; t < ATTN_CHUNK * HD; t += THREADS) {
+    const int key = t / HD, j = t % HD, position = chunk + key;
+    const bool load = position < key_end && j < head_dim && position != fresh_position;
+    put(key, j, load ? __bfloat162float(k_base[(long long)position * head_dim + j]) : 0.0f,
+        load ? __bfloat162float(v_base[(long long)position * head_dim + j]) : 0.0f);
+  }
+}
+
 // tile_start/tile_rows: the rows of each tile (consecutive batch rows of one slot). Grid: (tiles, kv_heads, splits).
 // split_len: keys per split (a multiple of ATTN_CHUNK). partial_* used only when gridDim.z > 1, over the tiles' rows
 // only (a pass's prefill rows go to the tensor-core kernel): partial_o [splits, partial_rows, heads, hd], partial_ml
@@ -128,21 +182,8 @@ __device__ void attention(const float* __restrict__ q, bf16* __restrict__ cache_
   }
   for (int chunk = key_begin; chunk < key_end; chunk += ATTN_CHUNK) {
     __syncthreads();  // the previous chunk (and the q load) is complete everywhere
-    for (int t = threadIdx.x; t < ATTN_CHUNK * HD; t += blockDim.x) {
-      const int key = t / HD, j = t % HD, position = chunk + key;
-      const bool valid = position < key_end && j < head_dim;
-      float k_value = 0.0f, v_value = 0.0f;
-      if (valid && position == fresh_position) {
-        // The row's own key, from k_new rounded as the cache holds it (another thread may be storing it there).
-        k_value = __bfloat162float(__float2bfloat16_rn(k_fresh[j]));
-        v_value = __bfloat162float(__float2bfloat16_rn(v_fresh[j]));
-      } else if (valid) {
-        k_value = __bfloat162float(k_base[(long long)position * head_dim + j]);
-        v_value = __bfloat162float(v_base[(long long)position * head_dim + j]);
-      }
-      s_k[key * (HD + 1) + j] = k_value;
-      s_v[key * HD + j] = v_value;
-    }
+    // The row's own key comes from k_new (another block's thread may be storing it in the cache meanwhile).
+    load_key_chunk<HD>(s_k, s_v, k_base, v_base, chunk, key_end, head_dim, fresh_position, k_fresh, v_fresh);
     __syncthreads();
     const int key = chunk + lane;
 #pragma unroll
