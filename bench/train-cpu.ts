@@ -2,8 +2,8 @@
  * CPU LoRA training step throughput: forward + backward + AdamW over one batch, tokens/s, beside PyTorch doing the
  * same step (bench/peers/torch_train_step.py: same checkpoint, same tokens, same loss, same optimiser) in the same run.
  *
- * Usage: node bench/train-cpu.ts [--size tiny|20m] [--seqs N] [--len T] [--rounds R]
- * Prints one JSON object and writes it to bench/results/train-cpu.json.
+ * Usage: node bench/train-cpu.ts [--size tiny|20m] [--seqs N] [--len T] [--rounds R] [--out FILE]
+ * Prints one JSON object and writes it to FILE (default bench/results/train-cpu.json).
  */
 import { execFileSync } from "node:child_process";
 import * as fs from "node:fs";
@@ -111,5 +111,6 @@ const result = {
     [side.name, ours[i].tokensPerSecond / (side.threads === 1 ? torchOne : torchAll).tokensPerSecond])),
 };
 console.log(JSON.stringify(result, null, 2));
-fs.mkdirSync(path.join(import.meta.dirname, "results"), { recursive: true });
-fs.writeFileSync(path.join(import.meta.dirname, "results", "train-cpu.json"), JSON.stringify(result, null, 2) + "\n");
+const out = arg("out", path.join(import.meta.dirname, "results", "train-cpu.json"));
+fs.mkdirSync(path.dirname(out), { recursive: true });
+fs.writeFileSync(out, JSON.stringify(result, null, 2) + "\n");

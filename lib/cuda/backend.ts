@@ -772,7 +772,6 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       [["ptr", xs.address], ["ptr", w.address], ["ptr", s.address], ["ptr", g.address], ["ptr", d.address], ["i32", w.size]]);
   }
 
-  /** dx += dOut · W (W [out, in], bf16 or f32; with overwriteDx, beta 0); the weight and bias are frozen here. */
   /**
    * dx (=|+=) Σ dOut · W over the projections (a bf16 weight takes dOut narrowed to bf16), then their LoRAs: dB +=
    * scale · dOutᵀ (x Aᵀ) and the [n, rank] scale · dOut B per LoRA; a stacked group (`stackable`: q/k/v, gate/up

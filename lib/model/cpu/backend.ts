@@ -8,7 +8,7 @@
  */
 import { ArtError } from "../../core/errors.ts";
 import {
-  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget, type LoraWeights, type PackedSegment,
+  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget, type PackedSegment,
   type ProjectionGradient, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkSampled, checkTokenIds, columnBlocks,
   loraTargetShape, projectionGradientShape, shapeSize, swigluShape, viewShape,
 } from "../backend.ts";
