@@ -773,7 +773,9 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   }
 
   /**
-   * dx (=|+=) Σ dOut · W over the projections (a bf16 weight takes dOut narrowed to bf16), then their LoRAs: dB +=
+   * dx (=|+=) Σ dOut · W over the projections (a bf16 weight takes dOut narrowed to bf16; bf16 weights that are rows
+   * of one stacked weight, q/k/v's or gate/up's, take their dOut side by side in one bf16 buffer, merge_columns_bf16,
+   * and one GEMM with the stacked weight), then their LoRAs: dB +=
    * scale · dOutᵀ (x Aᵀ) and the [n, rank] scale · dOut B per LoRA; a stacked group (`stackable`: q/k/v, gate/up
    * as DifferentiableTransformer lays them out) then takes dA += (dOut B)ᵀ x and dx += (dOut B) A as one GEMM each
    * over its stacked A, a lone LoRA as a GEMM of its own. Base weight and bias gradients are not implemented here.
@@ -801,10 +803,19 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       l.dA.version++;
       l.gradB.version++;
     }
-    if (d) {
-      projections.forEach(({ weight }, i) => {
+    const weights = projections.map(({ weight }) => cuda(weight));
+    if (d && weights.length > 1 && weights.length <= 3 && weights.every((w) => w.dtype === "bf16") && adjacent(weights)) {
+      const rows = shapes[0].n, widths = shapes.map((s) => s.outFeatures), stackedWidth = widths.reduce((sum, w) => sum + w, 0);
+      const merged = this.#transient().allocate(Math.max(1, rows * stackedWidth) * 2);
+      this.#launch("merge_columns_bf16", [gridFor(rows * stackedWidth)], [256], [
+        ...[0, 1, 2].map((j): KernelArg => ["ptr", gradients[j]?.address ?? 0n]), ["ptr", merged],
+        ...[0, 1, 2].map((j): KernelArg => ["i32", widths[j] ?? 0]), ["i64", rows]]);
+      this.blas.gemm(merged, weights[0].address, d.address, rows, shapes[0].inFeatures, stackedWidth, false, false, "bf16", 1, overwriteDx ? 0 : 1);
+      this.#release(merged);
+    } else if (d) {
+      projections.forEach((_, i) => {
         const { n, inFeatures, outFeatures } = shapes[i];
-        this.#product(gradients[i], cuda(weight), d, n, inFeatures, outFeatures, false, false, 1, overwriteDx && i === 0 ? 0 : 1);
+        this.#product(gradients[i], weights[i], d, n, inFeatures, outFeatures, false, false, 1, overwriteDx && i === 0 ? 0 : 1);
       });
     }
     if (loras.length === 0) return;

@@ -34,7 +34,7 @@ export const kernelModules = {
     add_bias_f32: [ptr, ptr, i64, i32], add_bias_bf16: [ptr, ptr, i64, i32],
     add: [ptr, ptr, ptr, i64], swiglu: [ptr, ptr, ptr, i32, i64], gather_rows: [ptr, ptr, ptr, i32],
     swiglu_backward: [ptr, ptr, ptr, ptr, i32, i32, i64], gather_rows_backward: [ptr, ptr, ptr, i32],
-    split_columns: [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i64],
+    split_columns: [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i64], merge_columns_bf16: [ptr, ptr, ptr, ptr, i32, i32, i32, i64],
   },
   rmsnorm: {
     rmsnorm_f32: [ptr, ptr, f32, ptr, ptr, ptr, i32], rmsnorm_bf16: [ptr, ptr, f32, ptr, ptr, ptr, i32],

@@ -216,6 +216,9 @@ describe("CUDA backend host logic (recording device)", () => {
     // stacked ranks, one GEMM each per group.
     expect([3, 2].map((k) => count(backward, "rows", k * rank))).toEqual([layers, layers]);
     expect([3, 2].map((k) => count(backward, "inF", k * rank))).toEqual([layers, layers]);
+    // The bf16 base weights' input gradients: q/k/v's and gate/up's output gradients merged into one bf16 operand each
+    // (a launch), then one GEMM with the stacked weight; o's and down's narrowed alone.
+    expect(device.launches.filter((l) => l.name === "merge_columns_bf16")).toHaveLength(2 * layers);
     // free() gives back everything the network allocated: no parameter or gradient (views of the stacked A matrices
     // included) lies in a live block afterwards.
     const blocks = (network.parameterTensors().flatMap((p) => [p.value, p.grad]) as CudaTensor[]).map((t) => [t.address, t.bytes] as const);

@@ -162,23 +162,28 @@ describe.skipIf(skip)(title, () => {
     for (const grad of [dA, dB, dx]) expect(error(grad)).toBeLessThan(1e-5);
   });
 
-  // q/k/v's LoRAs as DifferentiableTransformer lays them out (A matrices and their gradients rows of one tensor, the
-  // x·Aᵀ side by side), which CUDA takes as stacked products, and the same LoRAs in tensors of their own, a LoRA at a
-  // time: both against the CPU, which always goes a projection at a time.
-  it("a group of projections reading one input: its LoRAs stacked and separate, forward and backward", () => {
+  // q/k/v as the engine lays them out (the weights rows of one stacked weight; a LoRA's A matrices and their gradients
+  // rows of one tensor, the x·Aᵀ side by side), which CUDA takes as stacked products (with bf16 weights the output
+  // gradients side by side in one bf16 operand), and the same in tensors of their own, a projection at a time: both
+  // against the CPU, which always goes a projection at a time.
+  it("a group of projections reading one input: stacked and separate (f32 and bf16 weights), LoRAs forward and backward", () => {
     const rows = 9, inF = 24, rank = 4, outs = [40, 16, 16], scales = [2, 0.5, 1];
     const x = both(random(rows * inF, 40), [rows, inF]);
-    const weights = outs.map((outF, p) => both(random(outF * inF, 41 + p, 0.2), [outF, inF]));
+    const weightValues = random(40 * inF + 2 * 16 * inF, 41, 0.2), weightRows = outs.map((_, p) => outs.slice(0, p).reduce((a, b) => a + b, 0));
     const dOuts = outs.map((outF, p) => both(random(rows * outF, 44 + p), [rows, outF]));
     const bs = outs.map((outF, p) => both(random(outF * rank, 47 + p, 0.2), [outF, rank]));
     const aValues = random(outs.length * rank * inF, 50, 0.2), dAValues = random(outs.length * rank * inF, 51);
     const dBs = () => outs.map((outF, p) => both(random(outF * rank, 52 + p), [outF, rank]));
-    for (const layout of ["stacked", "separate"] as const) {
+    for (const [dtype, tolerance] of [["f32", 1e-5], ["bf16", 1.5e-2]] as const) for (const layout of ["stacked", "separate"] as const) {
+      /** Rows first .. first + count − 1 of values [·, inF]: views of one tensor (stacked), or a tensor of their own. */
+      const rowsOf = (stacked: Pair, values: Float32Array, first: number, count: number, type: "f32" | "bf16" = "f32"): Pair => layout === "stacked"
+        ? [cpu.view(stacked[0], first, count), gpu.view(stacked[1], first, count)]
+        : both(values.slice(first * inF, (first + count) * inF), [count, inF], type);
+      const stackedW = both(weightValues, [weightValues.length / inF, inF], dtype);
+      const weights = outs.map((outF, p) => rowsOf(stackedW, weightValues, weightRows[p], outF, dtype));
       const stackedA = both(aValues, [outs.length * rank, inF]), stackedDA = both(dAValues, [outs.length * rank, inF]);
-      const part = (stacked: Pair, values: Float32Array, p: number): Pair => layout === "stacked"
-        ? [cpu.view(stacked[0], p * rank, rank), gpu.view(stacked[1], p * rank, rank)]
-        : both(values.slice(p * rank * inF, (p + 1) * rank * inF), [rank, inF]);
-      const as = outs.map((_, p) => part(stackedA, aValues, p)), dAs = outs.map((_, p) => part(stackedDA, dAValues, p)), dB = dBs();
+      const as = outs.map((_, p) => rowsOf(stackedA, aValues, p * rank, rank)), dAs = outs.map((_, p) => rowsOf(stackedDA, dAValues, p * rank, rank));
+      const dB = dBs();
       const lora = (p: number, i: 0 | 1) => ({ a: as[p][i], b: bs[p][i], scale: scales[p] });
       const down = zeros([rows, outs.length * rank]), projected = outs.map((outF) => zeros([rows, outF]));
       run((backend, i) => backend.addLoras(x[i], outs.map((_, p) => ({ lora: lora(p, i), out: projected[p][i], column: 0, down: { tensor: down[i], column: p * rank } }))));
@@ -187,7 +192,7 @@ describe.skipIf(skip)(title, () => {
       const dx = [cpu.empty([rows, inF]), gpu.empty([rows, inF])] as Pair;
       run((backend, i) => backend.projectionsBackward(x[i], outs.map((_, p) => ({ weight: weights[p][i], dOut: dOuts[p][i], dWeight: null, dBias: null,
         lora: { weights: lora(p, i), down: { tensor: down[i], column: p * rank }, dA: dAs[p][i], dB: dB[p][i] } })), dx[i], true));
-      expect(error(dx)).toBeLessThan(1e-5);
+      expect(error(dx), `${dtype} ${layout} dx`).toBeLessThan(tolerance);
       for (const p of outs.keys()) {
         expect(error(dAs[p])).toBeLessThan(1e-5);
         expect(error(dB[p])).toBeLessThan(1e-5);

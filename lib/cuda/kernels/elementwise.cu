@@ -37,6 +37,21 @@ extern "C" __global__ void split_columns(const float* __restrict__ x, const floa
   }
 }
 
+// split_columns' inverse, rounded to bf16: out[r, c_j + c] = in_j[r, c] for the parts j of widths w0, w1, w2 (w2 = 0 for
+// two parts): the output gradients of q, k and v (or gate and up) side by side, the one bf16 operand of the product
+// with their stacked weight that gives the input's gradient.
+extern "C" __global__ void merge_columns_bf16(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2,
+                                              bf16* __restrict__ out, int w0, int w1, int w2, long long rows) {
+  const int width = w0 + w1 + w2;
+  const long long n = rows * width;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const long long r = i / width;
+    const int c = (int)(i - r * width);
+    const float v = c < w0 ? in0[r * w0 + c] : c < w0 + w1 ? in1[r * w1 + (c - w0)] : in2[r * w2 + (c - w0 - w1)];
+    out[i] = __float2bfloat16_rn(v);
+  }
+}
+
 // out = a + b; `out` may be `a` or `b` (each element is read before the same thread writes it).
 extern "C" __global__ void add(const float* a, const float* b, float* out, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
