@@ -768,8 +768,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const d = f32("rmsnorm input gradient", dx);
     expectSize("rmsnorm rstd", s, xs.size / w.size);
     d.version++;
+    // Its bf16 copy too (once a bf16 matrix is loaded): the residual stream's gradient is the output gradient of the
+    // next projection backward, o's or the layer below's down (projectionsBackward reads the cached copy).
     this.#launch(w.dtype === "bf16" ? "rmsnorm_backward_bf16" : "rmsnorm_backward_f32", [xs.size / w.size], [rowThreads(w.size)],
-      [["ptr", xs.address], ["ptr", w.address], ["ptr", s.address], ["ptr", g.address], ["ptr", d.address], ["i32", w.size]]);
+      [["ptr", xs.address], ["ptr", w.address], ["ptr", s.address], ["ptr", g.address], ["ptr", d.address], ["ptr", this.#bf16Output(d)], ["i32", w.size]]);
   }
 
   /**
@@ -814,8 +816,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       this.#release(merged);
     } else if (d) {
       projections.forEach((_, i) => {
-        const { n, inFeatures, outFeatures } = shapes[i];
-        this.#product(gradients[i], weights[i], d, n, inFeatures, outFeatures, false, false, 1, overwriteDx && i === 0 ? 0 : 1);
+        const { n, inFeatures, outFeatures } = shapes[i], w = weights[i];
+        // A bf16 weight's operand is dOut's cached bf16 copy (rmsNormBackward writes the residual stream's), else narrowed now.
+        this.blas.gemm(this.#operand(gradients[i], w.dtype), w.address, d.address, n, inFeatures, outFeatures, false, false, w.dtype, 1,
+          overwriteDx && i === 0 ? 0 : 1);
       });
     }
     if (loras.length === 0) return;

@@ -39,7 +39,7 @@ export const kernelModules = {
   rmsnorm: {
     rmsnorm_f32: [ptr, ptr, f32, ptr, ptr, ptr, i32], rmsnorm_bf16: [ptr, ptr, f32, ptr, ptr, ptr, i32],
     add_rmsnorm_f32: [ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, i32], add_rmsnorm_bf16: [ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, i32],
-    rmsnorm_backward_f32: [ptr, ptr, ptr, ptr, ptr, i32], rmsnorm_backward_bf16: [ptr, ptr, ptr, ptr, ptr, i32],
+    rmsnorm_backward_f32: [ptr, ptr, ptr, ptr, ptr, ptr, i32], rmsnorm_backward_bf16: [ptr, ptr, ptr, ptr, ptr, ptr, i32],
   },
   rope: { rope_f32: [ptr, ptr, ptr, ptr, i32, i32, i32, f32], rope_bf16: [ptr, ptr, ptr, ptr, i32, i32, i32, f32] },
   attention: {

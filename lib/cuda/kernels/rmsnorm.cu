@@ -56,10 +56,12 @@ extern "C" __global__ void add_rmsnorm_bf16(const float* a, const float* b, floa
 }
 
 // Backward: dx += s · (g − x̂ · mean(g · x̂)) with g = dout · w, x̂ = x · s, s the saved rstd. One block per group.
-// (The weight's own gradient exists only for full-parameter training, which runs on the CPU.)
+// dx_bf16 (when not null) gets the new dx rounded to bf16: the residual stream's gradient is the next projection's
+// output gradient, the operand of its product with a bf16 weight. (The weight's own gradient exists only for
+// full-parameter training, which runs on the CPU.)
 template <typename W>
 __device__ void rmsnorm_backward(const float* __restrict__ x, const W* __restrict__ weight, const float* __restrict__ rstd,
-                                 const float* __restrict__ dout, float* __restrict__ dx, int d) {
+                                 const float* __restrict__ dout, float* __restrict__ dx, bf16* __restrict__ dx_bf16, int d) {
   __shared__ float scratch[32];
   const long long base = (long long)blockIdx.x * d;
   const float s = rstd[blockIdx.x];
@@ -67,12 +69,14 @@ __device__ void rmsnorm_backward(const float* __restrict__ x, const W* __restric
   for (int j = threadIdx.x; j < d; j += blockDim.x) dot += dout[base + j] * to_f32(weight[j]) * x[base + j] * s;
   const float mean_dot = block_sum(dot, scratch) / d;
   for (int j = threadIdx.x; j < d; j += blockDim.x) {
-    dx[base + j] += s * (dout[base + j] * to_f32(weight[j]) - x[base + j] * s * mean_dot);
+    const float value = dx[base + j] + s * (dout[base + j] * to_f32(weight[j]) - x[base + j] * s * mean_dot);
+    dx[base + j] = value;
+    if (dx_bf16) dx_bf16[base + j] = __float2bfloat16_rn(value);
   }
 }
-extern "C" __global__ void rmsnorm_backward_f32(const float* x, const float* w, const float* rstd, const float* dout, float* dx, int d) {
-  rmsnorm_backward(x, w, rstd, dout, dx, d);
+extern "C" __global__ void rmsnorm_backward_f32(const float* x, const float* w, const float* rstd, const float* dout, float* dx, bf16* dx_bf16, int d) {
+  rmsnorm_backward(x, w, rstd, dout, dx, dx_bf16, d);
 }
-extern "C" __global__ void rmsnorm_backward_bf16(const float* x, const bf16* w, const float* rstd, const float* dout, float* dx, int d) {
-  rmsnorm_backward(x, w, rstd, dout, dx, d);
+extern "C" __global__ void rmsnorm_backward_bf16(const float* x, const bf16* w, const float* rstd, const float* dout, float* dx, bf16* dx_bf16, int d) {
+  rmsnorm_backward(x, w, rstd, dout, dx, dx_bf16, d);
 }
