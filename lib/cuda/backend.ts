@@ -17,7 +17,7 @@ import { ArtError } from "../core/errors.ts";
 import {
   type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget,
   type PackedSegment, type ProjectionGradient, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
-  checkSampled, checkSamplingParams, checkTokenIds, columnBlocks, loraTargetShape, projectionGradientShape, shapeSize, swigluShape, viewShape,
+  checkSampled, checkSamplingParams, checkTokenIds, columnBlocks, loraTargetShape, projectionGradientShape, segmentsCoverRows, shapeSize, swigluShape, viewShape,
 } from "../model/backend.ts";
 import {
   attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkPackedHeadDim,
@@ -711,9 +711,12 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const lse = cuda(this.zeros([rows, heads]));
     const tiles = packedQueryTiles(segments);
     if (tiles.length === 0) return lse;
+    // o_proj's bf16 operand too, written beside out, when the segments cover every row (else rows outside them would
+    // have an unwritten copy; their f32 rows are the caller's zeros).
+    const covered = segmentsCoverRows(segments, rows);
     this.#withIndices(tiles, (index) => this.#launch(`packed_attention_forward_hd${hd}`, [tiles.length / 5, heads], [2 * tensorCoreTileRows],
-      [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", index], ["ptr", o.address], ["ptr", lse.address],
-        ["i32", heads], ["i32", kvHeads], ["i32", headDim]], forwardBytes));
+      [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", index], ["ptr", o.address],
+        ["ptr", covered ? this.#bf16Output(o) : 0n], ["ptr", lse.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim]], forwardBytes));
     return lse;
   }
 

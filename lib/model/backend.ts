@@ -225,6 +225,21 @@ export interface SampleResult {
  */
 export interface PackedSegment { start: number; length: number; prefix?: { start: number; length: number } }
 
+/**
+ * Whether the segments hold each of the `rows` rows exactly once (toBatch's always do): packed attention then writes
+ * every row of its output, which needs no zeroing first.
+ */
+export function segmentsCoverRows(segments: readonly PackedSegment[], rows: number): boolean {
+  const seen = new Uint8Array(rows);
+  for (const { start, length } of segments) {
+    for (let r = start; r < start + length; r++) {
+      if (r < 0 || r >= rows || seen[r]) return false;
+      seen[r] = 1;
+    }
+  }
+  return seen.every((s) => s === 1);
+}
+
 /** The logits block targetLogprobs works on: `rowChunk` rows by `vocabChunk` vocabulary entries at a time. */
 export interface ChunkSizes { rowChunk: number; vocabChunk: number }
 

@@ -16,7 +16,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import { seededRandom } from "../core/random.ts";
-import { type Backend, type ChunkSizes, type PackedSegment, type ProjectionGradient, type Tensor, checkTokenIds } from "./backend.ts";
+import { type Backend, type ChunkSizes, type PackedSegment, type ProjectionGradient, type Tensor, checkTokenIds, segmentsCoverRows } from "./backend.ts";
 import type { ModelConfig } from "./config.ts";
 import { type LayerLoras, type LoraConfig, loraScale, PROJECTION_GROUPS, PROJECTIONS, type Projection, projectionPath } from "./lora.ts";
 import { type Adapter, writeAdapter } from "./peft.ts";
@@ -373,8 +373,10 @@ export class DifferentiableTransformer {
     const held = new Holdings(b);
     try {
       // Every activation is written whole by the op that produces it (a product, a norm, SwiGLU, the residual adds),
-      // so none is zeroed first; the attention output is, since packed attention writes only the rows of segments.
+      // so none is zeroed first; packed attention writes only the rows of segments, so its output is zeroed unless they
+      // cover every row (as toBatch's always do).
       const z = (width: number) => held.empty([n, width]);
+      const covered = segmentsCoverRows(batch.segments, n);
       const loras = useAdapter ? this.engineLorasOf(l) : undefined;
       // A group's x·Aᵀ side by side in one tensor, in the order of its stacked A matrices (initLora).
       const loraDown: LayerActivations["loraDown"] = {};
@@ -394,7 +396,7 @@ export class DifferentiableTransformer {
       const acts: LayerActivations = {
         attnInput: z(d), rstd1: held.empty([n]), qkv: z((h + 2 * kv) * hd), qRaw, kRaw, qRstd: qkNorm ? held.empty([n * h]) : null,
         kRstd: qkNorm ? held.empty([n * kv]) : null, q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: z(kv * hd),
-        attn: held.zeros([n, h * hd]), attnSaved: null, attnOut: z(d), mid: z(d), mlpInput: z(d), rstd2: held.empty([n]), gateUp: z(2 * inter),
+        attn: covered ? z(h * hd) : held.zeros([n, h * hd]), attnSaved: null, attnOut: z(d), mid: z(d), mlpInput: z(d), rstd2: held.empty([n]), gateUp: z(2 * inter),
         hidden: z(inter), mlpOut: z(d), loraDown,
       };
       const output = z(d);

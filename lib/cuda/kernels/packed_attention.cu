@@ -35,14 +35,15 @@ struct PackedKeys {
   }
 };
 
-// Forward. Grid: (query tiles, heads). Block: 128. Dynamic shared memory: flash_forward's.
+// Forward. out_bf16 (when not null) gets out rounded to bf16, o_proj's GEMM operand. Grid: (query tiles, heads).
+// Block: 128. Dynamic shared memory: flash_forward's.
 template <int HD>
 __device__ void packed_attention_forward(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                                         const int* __restrict__ tiles, float* __restrict__ out, float* __restrict__ lse,
-                                         int heads, int kv_heads, int head_dim) {
+                                         const int* __restrict__ tiles, float* __restrict__ out, bf16* __restrict__ out_bf16,
+                                         float* __restrict__ lse, int heads, int kv_heads, int head_dim) {
   const int head = blockIdx.y;
   const PackedKeys keys(k, v, tiles, head / (heads / kv_heads), kv_heads, head_dim);
-  flash_forward<HD, FLASH_TILE_ROWS>(q, keys, keys.first_row, keys.rows, head, heads, head_dim, out, nullptr, lse);
+  flash_forward<HD, FLASH_TILE_ROWS>(q, keys, keys.first_row, keys.rows, head, heads, head_dim, out, out_bf16, lse);
 }
 
 // Backward, first pass: dq, per query tile and head as the forward. With p = exp(q·k/√d − lse), dP = dout·vᵀ and
@@ -227,9 +228,9 @@ extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ 
 // 16 × 128 accumulators per warp take 128 registers per thread.
 #define PACKED_ATTENTION(HD, QUERY_CHUNK)                                                                               \
   extern "C" __global__ void __launch_bounds__(128) packed_attention_forward_hd##HD(                                    \
-      const float* q, const float* k, const float* v, const int* tiles, float* out, float* lse, int heads, int kv_heads, \
-      int head_dim) {                                                                                                    \
-    packed_attention_forward<HD>(q, k, v, tiles, out, lse, heads, kv_heads, head_dim);                                  \
+      const float* q, const float* k, const float* v, const int* tiles, float* out, bf16* out_bf16, float* lse, int heads, \
+      int kv_heads, int head_dim) {                                                                                      \
+    packed_attention_forward<HD>(q, k, v, tiles, out, out_bf16, lse, heads, kv_heads, head_dim);                        \
   }                                                                                                                      \
   extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dq_hd##HD(                                \
       const float* q, const float* k, const float* v, const float* out, const float* dout, const float* lse,            \
