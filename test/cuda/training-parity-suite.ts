@@ -13,7 +13,7 @@ import { PROJECTIONS } from "../../lib/model/lora.ts";
 import { f32ToBf16 } from "../../lib/model/safetensors.ts";
 import { readAdapter } from "../../lib/model/peft.ts";
 import { DifferentiableTransformer } from "../../lib/model/training.ts";
-import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
+import { loadTransformer, sequenceLogits, type Transformer } from "../../lib/model/transformer.ts";
 import { adamwStep, createAdamWState } from "../../lib/grpo/adamw.ts";
 import { Trainer } from "../../lib/grpo/train.ts";
 import type { TrainingSequence } from "../../lib/grpo/tokenize.ts";
@@ -238,18 +238,23 @@ describe.skipIf(skip)(title, () => {
     expect(gpu.download(params[1]!.value[1]).some((x) => x !== 0)).toBe(true); // not in the list: untouched
   });
 
+  /** The same rank-2 LoRA on all projections of the CPU's and the device's model, B ≠ 0 (seeded from `seed`) so that every A gradient is nonzero too. */
+  function loraPair(onCpu: Transformer, onGpu: Transformer, seed: number): [DifferentiableTransformer, DifferentiableTransformer] {
+    const lora = { rank: 2, alpha: 4, targetModules: [...PROJECTIONS], useRslora: false };
+    const models: [DifferentiableTransformer, DifferentiableTransformer] = [new DifferentiableTransformer(onCpu, { lora, seed: 3 }), new DifferentiableTransformer(onGpu, { lora, seed: 3 })];
+    models[0].loras.forEach((p, i) => {
+      const b = Float32Array.from(random(p.b.tensor.size, seed + i, 0.3));
+      cpu.write(p.b.tensor, b);
+      gpu.write(models[1].loras[i].b.tensor, b);
+    });
+    return models;
+  }
+
   for (const arch of ARCHITECTURES) {
     it(`${arch} tiny checkpoint: the whole LoRA pass (logprobs, every gradient), an AdamW step, the sampler's view and a PEFT save/load equal the CPU's`, () => {
       const { transformer: onCpu, dir } = loadTinyModel(arch);
       const onGpu = loadTransformer(dir, gpu, "f32");
-      const lora = { rank: 2, alpha: 4, targetModules: [...PROJECTIONS], useRslora: false };
-      const models = [new DifferentiableTransformer(onCpu, { lora, seed: 3 }), new DifferentiableTransformer(onGpu, { lora, seed: 3 })];
-      // B ≠ 0 so that every A gradient is nonzero too
-      models[0].loras.forEach((p, i) => {
-        const b = Float32Array.from(random(p.b.tensor.size, 40 + i, 0.3));
-        cpu.write(p.b.tensor, b);
-        gpu.write(models[1].loras[i].b.tensor, b);
-      });
+      const models = loraPair(onCpu, onGpu, 40);
       // two completions sharing a prompt (packed once) and a plain sequence; advantages of both signs
       const sequence = (tokens: number[], promptLength: number, advantage: number, trajectory: number): TrainingSequence => ({
         tokens, trainable: Uint8Array.from(tokens, (_, t) => (t >= promptLength ? 1 : 0)), logprobs: new Float32Array(tokens.length).fill(NaN), advantage, trajectory,
@@ -299,13 +304,7 @@ describe.skipIf(skip)(title, () => {
   it("qwen2 tiny checkpoint with bf16 weights: the whole LoRA pass's loss and every LoRA gradient near the CPU's", () => {
     const { dir } = loadTinyModel("qwen2");
     const [onCpu, onGpu] = [loadTransformer(dir, cpu, "bf16"), loadTransformer(dir, gpu, "bf16")];
-    const lora = { rank: 2, alpha: 4, targetModules: [...PROJECTIONS], useRslora: false };
-    const models = [new DifferentiableTransformer(onCpu, { lora, seed: 3 }), new DifferentiableTransformer(onGpu, { lora, seed: 3 })];
-    models[0].loras.forEach((p, i) => {
-      const b = Float32Array.from(random(p.b.tensor.size, 60 + i, 0.3));
-      cpu.write(p.b.tensor, b);
-      gpu.write(models[1].loras[i].b.tensor, b);
-    });
+    const models = loraPair(onCpu, onGpu, 60);
     const tokens = [1, 5, 9, 2, 7, 3, 11, 4, 8, 6, 2, 9];
     const sequences: TrainingSequence[] = [0, 1].map((s) => ({ tokens: tokens.map((t) => (t + 3 * s) % 20), trainable: Uint8Array.from(tokens, (_, t) => (t >= 4 ? 1 : 0)),
       logprobs: new Float32Array(tokens.length).fill(NaN), advantage: s === 0 ? 1 : -0.5, trajectory: s }));
