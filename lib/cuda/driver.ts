@@ -300,8 +300,9 @@ export class CudaContext {
     this.#memory.write(this.#argBlock, packKernelArgs(args, this.#argBlock));
     const [gx, gy = 1, gz = 1] = config.grid;
     const [bx, by = 1, bz = 1] = config.block;
-    this.check(this.#c.cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, shared, this.stream, this.#argBlock, 0n),
-      `cuLaunchKernel(${kernel.name}, grid ${gx}x${gy}x${gz}, block ${bx}x${by}x${bz})`);
+    const status = this.#c.cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, shared, this.stream, this.#argBlock, 0n);
+    // The message only on failure: a training pass launches thousands of kernels.
+    if (status !== 0) this.check(status, `cuLaunchKernel(${kernel.name}, grid ${gx}x${gy}x${gz}, block ${bx}x${by}x${bz})`);
   }
 
   /**
