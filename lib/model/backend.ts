@@ -230,14 +230,15 @@ export interface PackedSegment { start: number; length: number; prefix?: { start
  * every row of its output, which needs no zeroing first.
  */
 export function segmentsCoverRows(segments: readonly PackedSegment[], rows: number): boolean {
-  const seen = new Uint8Array(rows);
-  for (const { start, length } of segments) {
-    for (let r = start; r < start + length; r++) {
-      if (r < 0 || r >= rows || seen[r]) return false;
-      seen[r] = 1;
-    }
+  // In order of their first rows, each non-empty segment starts where the one before it ends (a few segments per
+  // batch: cheaper than marking the rows, and it runs once per layer).
+  const ordered = segments.filter((s) => s.length !== 0).sort((a, b) => a.start - b.start);
+  let end = 0;
+  for (const { start, length } of ordered) {
+    if (start !== end || !(length > 0)) return false;
+    end = start + length;
   }
-  return seen.every((s) => s === 1);
+  return end === rows;
 }
 
 /** The logits block targetLogprobs works on: `rowChunk` rows by `vocabChunk` vocabulary entries at a time. */

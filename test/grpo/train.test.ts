@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { join } from "node:path";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
+import { segmentsCoverRows } from "../../lib/model/backend.ts";
 import { loadCausalLM } from "../../lib/load/causal-lm.ts";
 import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
 import { groupAdvantages } from "../../lib/grpo/loss.ts";
@@ -96,6 +97,8 @@ describe("Trainer: loss and gradients", () => {
     ];
     const packed = toBatch(sequences, true);
     expect(packed.tokens.length).toBe(sequences.reduce((a, s) => a + s.tokens.length, 0) - 2 * (promptA.length - 1) - (promptB.length - 1));
+    // Its segments (prompts stored once among them) hold every row once: packed attention writes its whole output.
+    for (const batch of [packed, toBatch(sequences)]) expect(segmentsCoverRows(batch.segments, batch.tokens.length)).toBe(true);
     const results = [true, false].map((sharePrompts) => {
       const model = new DifferentiableTransformer(transformer, { lora: { rank: 2, alpha: 4, targetModules: ["q_proj", "k_proj", "v_proj", "down_proj"], useRslora: false }, seed: 4 });
       setLoraB(model, (i) => Math.cos(i));
