@@ -708,12 +708,12 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     expectSize("attention out", o, qs.size);
     const { hd, forwardBytes } = packedAttentionKernels(headDim);
     o.version++;
-    const lse = cuda(this.zeros([rows, heads]));
+    // Segments that cover every row (a training batch's do) get every row of lse written, and o_proj's bf16 operand
+    // too, beside out; otherwise rows outside them keep zeros (lse here, out the caller's) and there is no copy.
+    const covered = segmentsCoverRows(segments, rows);
+    const lse = cuda(covered ? this.empty([rows, heads]) : this.zeros([rows, heads]));
     const tiles = packedQueryTiles(segments);
     if (tiles.length === 0) return lse;
-    // o_proj's bf16 operand too, written beside out, when the segments cover every row (else rows outside them would
-    // have an unwritten copy; their f32 rows are the caller's zeros).
-    const covered = segmentsCoverRows(segments, rows);
     this.#withIndices(tiles, (index) => this.#launch(`packed_attention_forward_hd${hd}`, [tiles.length / 5, heads], [2 * tensorCoreTileRows],
       [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", index], ["ptr", o.address],
         ["ptr", covered ? this.#bf16Output(o) : 0n], ["ptr", lse.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim]], forwardBytes));
@@ -734,11 +734,13 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     dqs.version++;
     dks.version++;
     dvs.version++;
-    // Δ = Σ dOut·out per (row, head), written by the dq pass for the dk/dv pass; each query head's share of dk and dv
-    // (zeros where no segment has a row), summed over each kv head's group at the end.
+    // Δ = Σ dOut·out per (row, head), written by the dq pass for the dk/dv pass; each query head's share of dk and dv,
+    // summed over each kv head's group at the end. The passes write every row of them when the segments cover every
+    // row; otherwise the rows outside them are zeros.
+    const covered = segmentsCoverRows(segments, rows);
     const scratch: CudaTensor[] = [];
     const allocate = (shape: number[]) => {
-      scratch.push(cuda(this.zeros(shape)));
+      scratch.push(cuda(covered ? this.empty(shape) : this.zeros(shape)));
       return scratch.at(-1)!;
     };
     try {
