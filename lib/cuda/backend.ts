@@ -800,15 +800,15 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const loras = projections.flatMap(({ lora }, i) => {
       if (!lora) return [];
       const { weights, down, dA, dB } = lora;
-      const a = f32("LoRA A", weights.a), gradA = f32("LoRA A gradient", dA), gradB = f32("LoRA B gradient", dB);
       const { n, inFeatures, outFeatures, rank, downWidth } = shapes[i];
       const kept = { tensor: f32("LoRA x·Aᵀ", down.tensor), column: down.column, width: downWidth };
-      return [{ a, b: f32("LoRA B", weights.b), dA: gradA, gradB, kept, rank, n, inFeatures, outFeatures, scale: weights.scale, g: gradients[i] }];
+      return [{ a: f32("LoRA A", weights.a), b: f32("LoRA B", weights.b), dA: f32("LoRA A gradient", dA), dB: f32("LoRA B gradient", dB), kept,
+        rank, n, inFeatures, outFeatures, scale: weights.scale, g: gradients[i] }];
     });
     if (d) d.version++;
     for (const l of loras) {
       l.dA.version++;
-      l.gradB.version++;
+      l.dB.version++;
     }
     const weights = projections.map(({ weight }) => cuda(weight));
     if (d && weights.length > 1 && weights.length <= 3 && weights.every((w) => w.dtype === "bf16") && adjacent(weights)) {
@@ -836,7 +836,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     try {
       let column = 0;
       for (const l of loras) {
-        this.blas.gemm(l.g.address, keptAddress(l.kept), l.gradB.address, l.outFeatures, l.rank, rows, true, false, "f32", l.scale, 1, { b: l.kept.width });
+        this.blas.gemm(l.g.address, keptAddress(l.kept), l.dB.address, l.outFeatures, l.rank, rows, true, false, "f32", l.scale, 1, { b: l.kept.width });
         const at = grouped ? dDown + BigInt(column * 4) : dDown, width = grouped ? stackedRank : l.rank;
         this.blas.gemm(l.g.address, l.b.address, at, rows, l.rank, l.outFeatures, false, false, "f32", l.scale, 0, { c: width });
         column += l.rank;

@@ -452,6 +452,21 @@ export function shapeSize(shape: readonly number[]): number {
   return size;
 }
 
+/**
+ * The parts of a tensor stacked from several, `rows[i]` rows each in order, as views of it (Backend.view); a lone part
+ * is the tensor itself. What stacked weights (loadWeights) and stacked LoRA A matrices (DifferentiableTransformer)
+ * hand out per projection.
+ */
+export function stackedParts(backend: Backend, tensor: Tensor, rows: readonly number[]): Tensor[] {
+  if (rows.length === 1) return [tensor];
+  let start = 0;
+  return rows.map((count) => {
+    const part = backend.view(tensor, start, count);
+    start += count;
+    return part;
+  });
+}
+
 /** The shape of `backend`.view(tensor, start, rows), or ArtError when those rows are not all the tensor's. */
 export function viewShape(backend: string, tensor: Tensor, start: number, rows: number): number[] {
   const total = tensor.shape[0];

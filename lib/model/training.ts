@@ -16,7 +16,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import { seededRandom } from "../core/random.ts";
-import { type Backend, type ChunkSizes, type PackedSegment, type ProjectionGradient, type Tensor, checkTokenIds, segmentsCoverRows } from "./backend.ts";
+import { type Backend, type ChunkSizes, type PackedSegment, type ProjectionGradient, type Tensor, checkTokenIds, segmentsCoverRows, stackedParts } from "./backend.ts";
 import type { ModelConfig } from "./config.ts";
 import { type LayerLoras, type LoraConfig, loraScale, PROJECTION_GROUPS, PROJECTIONS, type Projection, projectionPath } from "./lora.ts";
 import { type Adapter, writeAdapter } from "./peft.ts";
@@ -219,15 +219,16 @@ export class DifferentiableTransformer {
         const stackedShape = [targets.length * lora.rank, inFeatures];
         const values = new Float32Array(targets.length * lora.rank * inFeatures);
         targets.forEach((proj, t) => values.set(initial.get(proj)!, t * lora.rank * inFeatures));
-        const stackedA = this.own(backend.upload(values, stackedShape)), stackedGrad = this.own(backend.zeros(stackedShape));
+        const ranks = targets.map(() => lora.rank);
+        const as = stackedParts(backend, this.own(backend.upload(values, stackedShape)), ranks);
+        const grads = stackedParts(backend, this.own(backend.zeros(stackedShape)), ranks);
         targets.forEach((proj, t) => {
           const outFeatures = this.layers[l].linears[proj].weight.shape[0];
-          const view = (tensor: Tensor) => (targets.length === 1 ? tensor : backend.view(tensor, t * lora.rank, lora.rank));
           const prefix = `base_model.model.${projectionPath(l, proj)}`;
           const aShape = [lora.rank, inFeatures], bShape = [outFeatures, lora.rank];
           created.set(proj, {
             projection: proj, layer: l, rank: lora.rank, scale,
-            a: new Param(`${prefix}.lora_A.weight`, aShape, view(stackedA), view(stackedGrad)),
+            a: new Param(`${prefix}.lora_A.weight`, aShape, as[t], grads[t]),
             b: new Param(`${prefix}.lora_B.weight`, bShape, this.own(backend.zeros(bShape)), this.own(backend.zeros(bShape))),
           });
         });

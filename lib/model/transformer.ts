@@ -12,7 +12,7 @@
  * statistics).
  */
 import { ArtError } from "../core/errors.ts";
-import { type Backend, type DType, type KvCache, type LoraDown, type LoraTarget, type RowPlacement, type Tensor, checkTokenIds } from "./backend.ts";
+import { type Backend, type DType, type KvCache, type LoraDown, type LoraTarget, type RowPlacement, type Tensor, checkTokenIds, stackedParts } from "./backend.ts";
 import { type ModelConfig, type RopeScaling, readConfig } from "./config.ts";
 import { type LayerLoras, PROJECTIONS, type Projection, projectionPath, projectionShape } from "./lora.ts";
 import { openSafetensors, type TensorStore } from "./safetensors.ts";
@@ -177,12 +177,11 @@ export function loadWeights(backend: Backend, config: ModelConfig, store: Tensor
           weight: stacked(paths.map((path) => `${path}.weight`), shapes.map(({ outFeatures, inFeatures }) => [outFeatures, inFeatures])),
           bias: biased ? stacked(paths.map((path) => `${path}.bias`), shapes.map(({ outFeatures }) => [outFeatures])) : null,
         };
-        let row = 0;
+        const rows = shapes.map(({ outFeatures }) => outFeatures);
+        const weights = stackedParts(backend, stackedLinear.weight, rows);
+        const biases = stackedLinear.bias && stackedParts(backend, stackedLinear.bias, rows);
         parts.forEach((projection, i) => {
-          const rows = shapes[i].outFeatures;
-          const view = (tensor: Tensor) => (parts.length === 1 ? tensor : backend.view(tensor, row, rows));
-          projections[projection] = { weight: view(stackedLinear.weight), bias: stackedLinear.bias && view(stackedLinear.bias) };
-          row += rows;
+          projections[projection] = { weight: weights[i], bias: biases && biases[i] };
         });
         return stackedLinear;
       };
