@@ -9,7 +9,7 @@ import { describe, expect, it } from "vitest";
 import { ArtError } from "../../lib/core/errors.ts";
 import { seededRandom } from "../../lib/core/random.ts";
 import { CpuBackend, type CpuTensor } from "../../lib/model/cpu/backend.ts";
-import { matmulNNAccumulate, matmulNT } from "../../lib/model/cpu/matmul.ts";
+import { matmulNNAccumulate, matmulNT, matmulTNAccumulate } from "../../lib/model/cpu/matmul.ts";
 import { MatmulWorkers } from "../../lib/model/cpu/matmul-workers.ts";
 import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
 import { generatedModuleSource, generatedPath, WASM_MODULES } from "../../scripts/build-wasm.ts";
@@ -164,35 +164,71 @@ describe("WASM SIMD matmul", () => {
 
   it("CpuBackend's portable products run on its thread count", () => {
     const backend = new CpuBackend({ blas: "portable", threads: 3 });
-    expect(backend.gemm.description).toBe("portable (WebAssembly SIMD for linear layers and dOut·W on 3 threads, JavaScript for the rest)");
+    expect(backend.gemm.description).toBe("portable (WebAssembly SIMD on 3 threads)");
     const w = backend.upload(new Float32Array(8), [2, 4]) as CpuTensor;
     backend.linear(backend.zeros([1, 4]), w, null, backend.zeros([1, 2]));
     expect(w.resident!.kernel.threads).toBe(3);
   });
 
-  it("matmulNNAccumulate gives the JavaScript reference's bits on every tile and leftover, on one thread and on three", async () => {
+  it("the float64 products give the JavaScript reference's bits (x·Wᵀ, dOut·W, aᵀ·b) on every tile and leftover, on one thread and on three", async () => {
     const one = WasmMatmul.create(1)!, three = WasmMatmul.create(3)!;
     try {
       expect(await three.startWorkers()).toBe(2);
       const rng = seededRandom(23);
-      // Zeros (and negative zeros) in a take the reference's skip on leftover rows; the last three shapes are large
-      // enough to split: bands of rows (with leftover rows in the last), then of columns.
+      // Zeros (and negative zeros) take the reference's skip on leftover rows; the last shapes are large enough to
+      // split: bands of rows (with leftover rows in the last), then of columns.
       const value = () => (rng() < 0.2 ? (rng() < 0.5 ? 0 : -0) : rng() * 2 - 1);
+      const values = (count: number) => Float32Array.from({ length: count }, value);
+      const bits = (x: Float32Array) => new Uint32Array(x.slice().buffer);
       const shapes: [number, number, number][] = [];
       for (const n of [1, 2, 3, 4, 5, 7, 8, 13]) for (const k of [1, 3, 16, 33]) for (const m of [1, 2, 3, 4, 5, 9, 30]) shapes.push([n, k, m]);
-      shapes.push([64, 256, 200], [37, 300, 200], [3, 1024, 1000]);
+      shapes.push([64, 256, 200], [37, 300, 200], [3, 1024, 1000], [200, 300, 40]);
+      let ntInWasm = 0;
       for (const [n, k, m] of shapes) {
-        const a = Float32Array.from({ length: n * k }, value), b = Float32Array.from({ length: k * m }, value);
-        const before = Float32Array.from({ length: n * m }, () => rng() * 4 - 2);
+        const what = (name: string, kernel: WasmMatmul) => `${name} n=${n} k=${k} m=${m} on ${kernel.threads} thread(s)`;
+        // dOut·W, W copied in and W already in the memory (a resident weight, used where it lies).
+        const a = values(n * k), b = values(k * m), before = values(n * m).map((v) => v * 3);
         const expected = before.slice();
         matmulNNAccumulate(expected, a, b, n, k, m);
         for (const kernel of [one, three]) {
-          const out = before.slice();
-          expect(kernel.nnAccumulateArrays(out, a, b, n, k, m)).toBe(true);
-          expect(new Uint32Array(out.buffer), `n=${n} k=${k} m=${m} on ${kernel.threads} thread(s)`).toEqual(new Uint32Array(expected.buffer));
+          const at = kernel.allocate(b.byteLength)! / 4;
+          const resident = kernel.heap.subarray(at, at + b.length);
+          resident.set(b);
+          for (const operand of [b, resident]) {
+            const out = before.slice();
+            expect(kernel.nnAccumulateArrays(out, a, operand, n, k, m)).toBe(true);
+            expect(bits(out), what(operand === b ? "nn" : "nn, resident b", kernel)).toEqual(bits(expected));
+          }
+          kernel.release(resident.byteOffset);
+        }
+        // aᵀ·b (a [n, m], b [n, k]) with each operand a slice of wider rows.
+        const strides = { aStride: m + 3, bStride: k + 1, outStride: k + 2 };
+        const ta = values(n * strides.aStride), tb = values(n * strides.bStride), tBefore = values(m * strides.outStride);
+        const tExpected = tBefore.slice();
+        matmulTNAccumulate(tExpected, ta, tb, n, m, k, strides);
+        for (const kernel of [one, three]) {
+          const out = tBefore.slice();
+          expect(kernel.tnAccumulateArrays(out, ta, tb, n, m, k, strides)).toBe(true);
+          expect(bits(out), what("tn", kernel)).toEqual(bits(tExpected));
+        }
+        // x·Wᵀ with strides, a scale and accumulation; each orientation (n ≥ m transposes W, n < m transposes x).
+        for (const options of [{}, { alpha: 1 / Math.sqrt(7), accumulate: true, xStride: k + 2, wStride: k + 1, outStride: m + 5 }]) {
+          const x = values(n * (options.xStride ?? k)), w = values(m * (options.wStride ?? k)), ntBefore = values(n * (options.outStride ?? m));
+          const ntExpected = ntBefore.slice();
+          matmulNT(x, w, n, k, m, ntExpected, options);
+          for (const kernel of [one, three]) {
+            const out = ntBefore.slice();
+            if (!kernel.ntArrays(x, w, n, k, m, out, options)) {
+              expect(n, "only decoding's rows stay in JavaScript").toBeLessThan(4);
+              continue;
+            }
+            ntInWasm++;
+            expect(bits(out), what(`nt ${JSON.stringify(options)}`, kernel)).toEqual(bits(ntExpected));
+          }
         }
       }
-      expect(three.blocksOnWorkers).toBe(6);
+      expect(ntInWasm).toBeGreaterThan(400);
+      expect(three.blocksOnWorkers, "blocks the workers computed").toBeGreaterThan(12);
     } finally {
       three.close();
     }

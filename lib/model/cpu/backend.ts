@@ -1,8 +1,8 @@
 /**
  * The CPU backend: every Backend op over Float32Array, the bodies in kernels.ts, attention.ts and logprobs.ts, their
  * matrix products through a `Gemm` (gemm.ts): the machine's optimised BLAS on all cores when one is installed, else
- * the portable products (matmul.ts, and the WASM SIMD kernel for linear layers). Everything else runs on the calling
- * thread. "bf16" tensors are rounded to bf16 values and kept in f32 storage, so the CPU reproduces the numbers
+ * the portable products (the WASM SIMD kernels of matmul.wat on all cores, matmul.ts's bits). Everything else runs on
+ * the calling thread. "bf16" tensors are rounded to bf16 values and kept in f32 storage, so the CPU reproduces the numbers
  * of a GPU that stores bf16 weights. Every training op exists here, full-parameter gradients included: this is the
  * reference the CUDA backend is checked against.
  */

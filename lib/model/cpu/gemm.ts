@@ -36,23 +36,25 @@ export interface Gemm {
 }
 
 /**
- * The portable products. With the WebAssembly kernel (CpuBackend passes its own), the backward's `dOut · W` runs
- * there, on `threads` threads, with the JavaScript reference's bits; the rest run in JavaScript on one.
+ * The portable products. With the WebAssembly kernel (CpuBackend passes its own), every product of 4 rows or more runs
+ * there, on `threads` threads, with the JavaScript reference's bits (matmul.wat's float64 sums); decoding's 1–3 rows
+ * stay in JavaScript, where copying a cache's keys into the kernel's memory would cost more than the product.
  */
 export function portableGemm(threads = 1, kernel: WasmMatmul | null = null): Gemm {
+  if (!kernel) return { description: "portable (JavaScript)", library: null, threads, nt: matmulNT, nnAccumulate: matmulNNAccumulate, tnAccumulate: matmulTNAccumulate, weightedRowSum };
   return {
-    description: kernel
-      ? `portable (WebAssembly SIMD for linear layers and dOut·W on ${threads} thread${threads === 1 ? "" : "s"}, JavaScript for the rest)`
-      : "portable (JavaScript)",
+    description: `portable (WebAssembly SIMD on ${threads} thread${threads === 1 ? "" : "s"})`,
     library: null,
     threads,
-    nt: matmulNT,
-    nnAccumulate: kernel
-      ? (out, a, b, n, k, m) => {
-        if (!kernel.nnAccumulateArrays(out, a, b, n, k, m)) matmulNNAccumulate(out, a, b, n, k, m);
-      }
-      : matmulNNAccumulate,
-    tnAccumulate: matmulTNAccumulate,
+    nt: (x, w, n, k, m, out, options) => {
+      if (!kernel.ntArrays(x, w, n, k, m, out, options)) matmulNT(x, w, n, k, m, out, options);
+    },
+    nnAccumulate: (out, a, b, n, k, m) => {
+      if (!kernel.nnAccumulateArrays(out, a, b, n, k, m)) matmulNNAccumulate(out, a, b, n, k, m);
+    },
+    tnAccumulate: (out, a, b, n, m, k, strides) => {
+      if (!kernel.tnAccumulateArrays(out, a, b, n, m, k, strides)) matmulTNAccumulate(out, a, b, n, m, k, strides);
+    },
     weightedRowSum,
   };
 }

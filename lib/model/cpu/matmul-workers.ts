@@ -1,7 +1,7 @@
 /**
  * Worker threads for the WebAssembly matmul: each runs its own instance of the module on the same shared memory,
- * so a product (`x Wᵀ`, or the backward's `a · b`) is split into blocks of its output and every thread computes one,
- * with no copies. The caller's thread computes a block too and then waits (Atomics.wait; the backend's API is
+ * so a product (`x Wᵀ` in f32, or one of the float64-summed ones) is split into blocks of its output and every
+ * thread computes one, with no copies. The caller's thread computes a block too and then waits (Atomics.wait; the backend's API is
  * synchronous). Every output is one dot product in the kernel's fixed order, whichever tile or thread computes it, so
  * the result is the same bits on any number of threads.
  *
@@ -19,12 +19,15 @@ export function checkThreadCount(threads: number): void {
 }
 
 /**
- * One kernel call: "nt" takes x, w, out (byte offsets), n, k, m, ldOut, alpha, accumulate (0/1); "nn" takes a, b,
- * out, n, k, m, ldB, ldOut.
+ * One kernel call: its integer arguments in order with alpha taken out (alpha is a float64 for "f64", rounded to f32
+ * by the call for "nt"). "nt" is matmulNT's x, w, out, n, k, m, ldOut, accumulate (0/1); "f64" is matmulF64's a, b,
+ * out, n, k, m, aRow, aCol, bRow, outRow, outCol, flags.
  */
-export type MatmulCall =
-  | { kernel: "nt"; args: readonly [number, number, number, number, number, number, number, number, number] }
-  | { kernel: "nn"; args: readonly [number, number, number, number, number, number, number, number] };
+export interface MatmulCall {
+  kernel: "nt" | "f64";
+  ints: readonly number[];
+  alpha: number;
+}
 
 /**
  * Below this many multiply-adds a product stays on one thread: waking a worker and waiting for it costs about 60 µs
@@ -52,10 +55,10 @@ function bands(length: number, parts: number): [number, number][] {
 
 // The control block (Int32 words of a SharedArrayBuffer): the count of blocks still running, an error flag, then a
 // slot per worker: its job generation (the word it waits on; -1 tells it to stop), ready (1, or -1 if it failed to
-// start), which kernel (0 "nt", 1 "nn"), the call's arguments (nt's alpha as f32 bits).
+// start), which kernel (0 "nt", 1 "f64"), a word of padding, alpha as a float64 (two words, 8-byte aligned: HEADER and
+// SLOT are even), the call's integer arguments.
 const PENDING = 0, FAILED = 1, HEADER = 2;
-const GENERATION = 0, READY = 1, KERNEL = 2, ARGUMENTS = 3, SLOT = ARGUMENTS + 9;
-const ALPHA = ARGUMENTS + 7;
+const GENERATION = 0, READY = 1, KERNEL = 2, ALPHA = 4, ARGUMENTS = 6, SLOT = ARGUMENTS + 12;
 
 // The worker's program, evaluated as CommonJS by node:worker_threads (Deno runs it too; the worker gets no execArgv,
 // since --input-type=module would make it ESM). It only waits, calls the kernel with its slot's arguments, and counts
@@ -63,7 +66,7 @@ const ALPHA = ARGUMENTS + 7;
 const WORKER_SOURCE = `
 const { workerData } = require("node:worker_threads");
 const { bytes, memory, control, base } = workerData;
-const words = new Int32Array(control), floats = new Float32Array(control);
+const words = new Int32Array(control), doubles = new Float64Array(control);
 let kernels;
 try {
   kernels = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { memory } }).exports;
@@ -78,12 +81,13 @@ for (let seen = 0; ;) {
   if (generation < 0) break;
   if (generation === seen) continue;
   seen = generation;
-  const a = base + ${ARGUMENTS};
+  const a = base + ${ARGUMENTS}, alpha = doubles[(base + ${ALPHA}) / 2];
   try {
     if (words[base + ${KERNEL}] === 0) {
-      kernels.matmulNT(words[a], words[a + 1], words[a + 2], words[a + 3], words[a + 4], words[a + 5], words[a + 6], floats[a + 7], words[a + 8]);
+      kernels.matmulNT(words[a], words[a + 1], words[a + 2], words[a + 3], words[a + 4], words[a + 5], words[a + 6], alpha, words[a + 7]);
     } else {
-      kernels.matmulNNAccumulate(words[a], words[a + 1], words[a + 2], words[a + 3], words[a + 4], words[a + 5], words[a + 6], words[a + 7]);
+      kernels.matmulF64(words[a], words[a + 1], words[a + 2], words[a + 3], words[a + 4], words[a + 5], words[a + 6], words[a + 7],
+        words[a + 8], words[a + 9], words[a + 10], alpha, words[a + 11]);
     }
   } catch {
     Atomics.store(words, ${FAILED}, 1);
@@ -94,7 +98,7 @@ for (let seen = 0; ;) {
 
 export class MatmulWorkers {
   readonly #words: Int32Array;
-  readonly #floats: Float32Array;
+  readonly #doubles: Float64Array;
   readonly #workers: Worker[] = [];
   #generation = 0;
   #closed = false;
@@ -109,7 +113,7 @@ export class MatmulWorkers {
   constructor(bytes: Uint8Array, memory: object, count: number, warn: (message: string) => void = console.warn) {
     const control = new SharedArrayBuffer((HEADER + count * SLOT) * 4);
     this.#words = new Int32Array(control);
-    this.#floats = new Float32Array(control);
+    this.#doubles = new Float64Array(control);
     let warned = false;
     for (let i = 0; i < count; i++) {
       const worker = new Worker(WORKER_SOURCE, { eval: true, execArgv: [], workerData: { bytes, memory, control, base: HEADER + i * SLOT } });
@@ -145,13 +149,11 @@ export class MatmulWorkers {
     Atomics.store(words, PENDING, slots.length);
     this.#generation++;
     slots.forEach((slot, i) => {
-      const { kernel, args } = calls[i + 1]!;
+      const { kernel, ints, alpha } = calls[i + 1]!;
       words[slot + KERNEL] = kernel === "nt" ? 0 : 1;
+      this.#doubles[(slot + ALPHA) / 2] = alpha;
       // Offsets past 2 GiB wrap to negative: the same i32 bits.
-      args.forEach((value, a) => {
-        if (kernel === "nt" && a === ALPHA - ARGUMENTS) this.#floats[slot + ALPHA] = value;
-        else words[slot + ARGUMENTS + a] = value;
-      });
+      ints.forEach((value, a) => (words[slot + ARGUMENTS + a] = value));
       Atomics.store(words, slot + GENERATION, this.#generation);
       Atomics.notify(words, slot + GENERATION);
     });

@@ -239,108 +239,155 @@
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $nextRow))))
 
-  ;; ---- out[n, m] += a[n, k] · b[k, m], bit for bit the JavaScript matmulNNAccumulate (matmul.ts) ----------------
-  ;; The backward's dx = dOut · W. The reference sums each output in float64 over k in order, then adds the sum to the
-  ;; f32 output; its leftover rows (n % 4) instead add each product straight into the f32 output, skipping zero
-  ;; activations. Every lane here does exactly that arithmetic for one output (f64x2 across neighbouring columns, never
-  ;; across the sum), so the results are the reference's bits, and any band of rows or columns gives the same.
+  ;; ---- out(i, j) = alpha · Σ_p a(i, p) · b(p, j) (+ out(i, j)), each sum in float64: the JavaScript products' bits ----
+  ;; matmul.ts's products (matmulNT, matmulNNAccumulate, matmulTNAccumulate) sum each output in float64 over p in
+  ;; order, then store alpha·sum (or out + alpha·sum) rounded to f32; matmulNNAccumulate and matmulTNAccumulate instead
+  ;; add each product of their leftover rows (the last n % 4) straight into the f32 output, skipping zero factors
+  ;; ("stepwise" below). Every lane here does exactly one output's arithmetic (f64x2 across neighbouring columns j,
+  ;; never across the sum), so the results are the reference's bits whatever the tile, band or thread.
+  ;; a(i, p) sits at a + i·aRow + p·aCol and out(i, j) at out + i·outRow + j·outCol (byte strides), so one body serves
+  ;; x·Wᵀ (a = x; b = W transposed, or a = W and b = x transposed, writing out transposed), dOut·W and aᵀ·b; b's
+  ;; rows (p) are $bRow bytes apart and contiguous along j, which is what the pairs load.
 
   ;; A float64 pair from the two f32 at $at.
   (func $pair (param $at i32) (result v128)
     (f64x2.promote_low_f32x4 (v128.load64_zero (local.get $at))))
+
+  ;; The f32 at $at as a float64 in both lanes.
+  (func $splat (param $at i32) (result v128)
+    (f64x2.splat (f64.promote_f32 (f32.load (local.get $at)))))
+
+  ;; The reference's store: alpha·sum, or out + alpha·sum when accumulating, rounded to f32 at $at.
+  (func $store_sum (param $at i32) (param $sum f64) (param $alpha f64) (param $accumulate i32)
+    (local.set $sum (f64.mul (local.get $alpha) (local.get $sum)))
+    (if (local.get $accumulate)
+      (then (local.set $sum (f64.add (f64.promote_f32 (f32.load (local.get $at))) (local.get $sum)))))
+    (f32.store (local.get $at) (f32.demote_f64 (local.get $sum))))
+
+  ;; A pair of sums: lane 0 at $at, lane 1 $step bytes further.
+  (func $store_pair (param $at i32) (param $step i32) (param $sums v128) (param $alpha f64) (param $accumulate i32)
+    (call $store_sum (local.get $at) (f64x2.extract_lane 0 (local.get $sums)) (local.get $alpha) (local.get $accumulate))
+    (call $store_sum (i32.add (local.get $at) (local.get $step)) (f64x2.extract_lane 1 (local.get $sums))
+      (local.get $alpha) (local.get $accumulate)))
+
+  ;; Rows a0..a3 ($aRow bytes apart) times columns j..j+3 of b (from $b0): 16 sums over $k values of p.
+  (func $sums_4x4 (param $a0 i32) (param $aRow i32) (param $aCol i32) (param $b0 i32) (param $bRow i32) (param $k i32)
+                  (param $out i32) (param $outRow i32) (param $outCol i32) (param $alpha f64) (param $accumulate i32)
+    (local $a1 i32) (local $a2 i32) (local $a3 i32) (local $p i32) (local $lo v128) (local $hi v128) (local $x v128)
+    (local $s0l v128) (local $s0h v128) (local $s1l v128) (local $s1h v128)
+    (local $s2l v128) (local $s2h v128) (local $s3l v128) (local $s3h v128)
+    (local.set $a1 (i32.add (local.get $a0) (local.get $aRow)))
+    (local.set $a2 (i32.add (local.get $a1) (local.get $aRow)))
+    (local.set $a3 (i32.add (local.get $a2) (local.get $aRow)))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $p) (local.get $k)))
+        (local.set $lo (call $pair (local.get $b0)))
+        (local.set $hi (call $pair (i32.add (local.get $b0) (i32.const 8))))
+        (local.set $x (call $splat (local.get $a0)))
+        (local.set $s0l (f64x2.add (local.get $s0l) (f64x2.mul (local.get $x) (local.get $lo))))
+        (local.set $s0h (f64x2.add (local.get $s0h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $x (call $splat (local.get $a1)))
+        (local.set $s1l (f64x2.add (local.get $s1l) (f64x2.mul (local.get $x) (local.get $lo))))
+        (local.set $s1h (f64x2.add (local.get $s1h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $x (call $splat (local.get $a2)))
+        (local.set $s2l (f64x2.add (local.get $s2l) (f64x2.mul (local.get $x) (local.get $lo))))
+        (local.set $s2h (f64x2.add (local.get $s2h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $x (call $splat (local.get $a3)))
+        (local.set $s3l (f64x2.add (local.get $s3l) (f64x2.mul (local.get $x) (local.get $lo))))
+        (local.set $s3h (f64x2.add (local.get $s3h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $a0 (i32.add (local.get $a0) (local.get $aCol)))
+        (local.set $a1 (i32.add (local.get $a1) (local.get $aCol)))
+        (local.set $a2 (i32.add (local.get $a2) (local.get $aCol)))
+        (local.set $a3 (i32.add (local.get $a3) (local.get $aCol)))
+        (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
+        (local.set $p (i32.add (local.get $p) (i32.const 1)))
+        (br $next)))
+    (call $store_pair (local.get $out) (local.get $outCol) (local.get $s0l) (local.get $alpha) (local.get $accumulate))
+    (call $store_pair (i32.add (local.get $out) (i32.shl (local.get $outCol) (i32.const 1))) (local.get $outCol) (local.get $s0h)
+      (local.get $alpha) (local.get $accumulate))
+    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
+    (call $store_pair (local.get $out) (local.get $outCol) (local.get $s1l) (local.get $alpha) (local.get $accumulate))
+    (call $store_pair (i32.add (local.get $out) (i32.shl (local.get $outCol) (i32.const 1))) (local.get $outCol) (local.get $s1h)
+      (local.get $alpha) (local.get $accumulate))
+    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
+    (call $store_pair (local.get $out) (local.get $outCol) (local.get $s2l) (local.get $alpha) (local.get $accumulate))
+    (call $store_pair (i32.add (local.get $out) (i32.shl (local.get $outCol) (i32.const 1))) (local.get $outCol) (local.get $s2h)
+      (local.get $alpha) (local.get $accumulate))
+    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
+    (call $store_pair (local.get $out) (local.get $outCol) (local.get $s3l) (local.get $alpha) (local.get $accumulate))
+    (call $store_pair (i32.add (local.get $out) (i32.shl (local.get $outCol) (i32.const 1))) (local.get $outCol) (local.get $s3h)
+      (local.get $alpha) (local.get $accumulate)))
+
+  ;; Rows a0..a3 times one column of b: 4 sums (rows a0, a1 in one pair, a2, a3 in the other).
+  (func $sums_4x1 (param $a0 i32) (param $aRow i32) (param $aCol i32) (param $b0 i32) (param $bRow i32) (param $k i32)
+                  (param $out i32) (param $outRow i32) (param $alpha f64) (param $accumulate i32)
+    (local $a1 i32) (local $a2 i32) (local $a3 i32) (local $p i32) (local $b v128) (local $s01 v128) (local $s23 v128)
+    (local.set $a1 (i32.add (local.get $a0) (local.get $aRow)))
+    (local.set $a2 (i32.add (local.get $a1) (local.get $aRow)))
+    (local.set $a3 (i32.add (local.get $a2) (local.get $aRow)))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $p) (local.get $k)))
+        (local.set $b (call $splat (local.get $b0)))
+        (local.set $s01 (f64x2.add (local.get $s01) (f64x2.mul (local.get $b)
+          (f64x2.replace_lane 1 (call $splat (local.get $a0)) (f64.promote_f32 (f32.load (local.get $a1)))))))
+        (local.set $s23 (f64x2.add (local.get $s23) (f64x2.mul (local.get $b)
+          (f64x2.replace_lane 1 (call $splat (local.get $a2)) (f64.promote_f32 (f32.load (local.get $a3)))))))
+        (local.set $a0 (i32.add (local.get $a0) (local.get $aCol)))
+        (local.set $a1 (i32.add (local.get $a1) (local.get $aCol)))
+        (local.set $a2 (i32.add (local.get $a2) (local.get $aCol)))
+        (local.set $a3 (i32.add (local.get $a3) (local.get $aCol)))
+        (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
+        (local.set $p (i32.add (local.get $p) (i32.const 1)))
+        (br $next)))
+    (call $store_pair (local.get $out) (local.get $outRow) (local.get $s01) (local.get $alpha) (local.get $accumulate))
+    (call $store_pair (i32.add (local.get $out) (i32.shl (local.get $outRow) (i32.const 1))) (local.get $outRow) (local.get $s23)
+      (local.get $alpha) (local.get $accumulate)))
+
+  ;; One row a0 times columns j..j+1 of b: 2 sums in one pair.
+  (func $sums_1x2 (param $a0 i32) (param $aCol i32) (param $b0 i32) (param $bRow i32) (param $k i32)
+                  (param $out i32) (param $outCol i32) (param $alpha f64) (param $accumulate i32)
+    (local $p i32) (local $s v128)
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $p) (local.get $k)))
+        (local.set $s (f64x2.add (local.get $s) (f64x2.mul (call $splat (local.get $a0)) (call $pair (local.get $b0)))))
+        (local.set $a0 (i32.add (local.get $a0) (local.get $aCol)))
+        (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
+        (local.set $p (i32.add (local.get $p) (i32.const 1)))
+        (br $next)))
+    (call $store_pair (local.get $out) (local.get $outCol) (local.get $s) (local.get $alpha) (local.get $accumulate)))
+
+  ;; One row a0 times one column of b: 1 sum.
+  (func $sums_1x1 (param $a0 i32) (param $aCol i32) (param $b0 i32) (param $bRow i32) (param $k i32)
+                  (param $out i32) (param $alpha f64) (param $accumulate i32)
+    (local $p i32) (local $s f64)
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $p) (local.get $k)))
+        (local.set $s (f64.add (local.get $s)
+          (f64.mul (f64.promote_f32 (f32.load (local.get $a0))) (f64.promote_f32 (f32.load (local.get $b0))))))
+        (local.set $a0 (i32.add (local.get $a0) (local.get $aCol)))
+        (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
+        (local.set $p (i32.add (local.get $p) (i32.const 1)))
+        (br $next)))
+    (call $store_sum (local.get $out) (local.get $s) (local.get $alpha) (local.get $accumulate)))
 
   ;; The f32 pair at $at plus the float64 pair $sum, rounded to f32 and stored back.
   (func $add_pair (param $at i32) (param $sum v128)
     (v128.store64_lane 0 (local.get $at)
       (f32x4.demote_f64x2_zero (f64x2.add (call $pair (local.get $at)) (local.get $sum)))))
 
-  ;; Rows a0..a3 ($aRow bytes apart) times columns j..j+3 of b (rows $bRow apart, from $b0): 16 float64 sums over k.
-  (func $nn_tile_4x4 (param $a0 i32) (param $aRow i32) (param $b0 i32) (param $bRow i32) (param $out i32) (param $outRow i32)
-                     (param $k i32)
-    (local $a1 i32) (local $a2 i32) (local $a3 i32) (local $end i32) (local $lo v128) (local $hi v128) (local $x v128)
-    (local $s0l v128) (local $s0h v128) (local $s1l v128) (local $s1h v128)
-    (local $s2l v128) (local $s2h v128) (local $s3l v128) (local $s3h v128)
-    (local.set $a1 (i32.add (local.get $a0) (local.get $aRow)))
-    (local.set $a2 (i32.add (local.get $a1) (local.get $aRow)))
-    (local.set $a3 (i32.add (local.get $a2) (local.get $aRow)))
-    (local.set $end (i32.add (local.get $a0) (i32.shl (local.get $k) (i32.const 2))))
-    (block $done
-      (loop $next
-        (br_if $done (i32.ge_u (local.get $a0) (local.get $end)))
-        (local.set $lo (call $pair (local.get $b0)))
-        (local.set $hi (call $pair (i32.add (local.get $b0) (i32.const 8))))
-        (local.set $x (f64x2.splat (f64.promote_f32 (f32.load (local.get $a0)))))
-        (local.set $s0l (f64x2.add (local.get $s0l) (f64x2.mul (local.get $x) (local.get $lo))))
-        (local.set $s0h (f64x2.add (local.get $s0h) (f64x2.mul (local.get $x) (local.get $hi))))
-        (local.set $x (f64x2.splat (f64.promote_f32 (f32.load (local.get $a1)))))
-        (local.set $s1l (f64x2.add (local.get $s1l) (f64x2.mul (local.get $x) (local.get $lo))))
-        (local.set $s1h (f64x2.add (local.get $s1h) (f64x2.mul (local.get $x) (local.get $hi))))
-        (local.set $x (f64x2.splat (f64.promote_f32 (f32.load (local.get $a2)))))
-        (local.set $s2l (f64x2.add (local.get $s2l) (f64x2.mul (local.get $x) (local.get $lo))))
-        (local.set $s2h (f64x2.add (local.get $s2h) (f64x2.mul (local.get $x) (local.get $hi))))
-        (local.set $x (f64x2.splat (f64.promote_f32 (f32.load (local.get $a3)))))
-        (local.set $s3l (f64x2.add (local.get $s3l) (f64x2.mul (local.get $x) (local.get $lo))))
-        (local.set $s3h (f64x2.add (local.get $s3h) (f64x2.mul (local.get $x) (local.get $hi))))
-        (local.set $a0 (i32.add (local.get $a0) (i32.const 4)))
-        (local.set $a1 (i32.add (local.get $a1) (i32.const 4)))
-        (local.set $a2 (i32.add (local.get $a2) (i32.const 4)))
-        (local.set $a3 (i32.add (local.get $a3) (i32.const 4)))
-        (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
-        (br $next)))
-    (call $add_pair (local.get $out) (local.get $s0l))
-    (call $add_pair (i32.add (local.get $out) (i32.const 8)) (local.get $s0h))
-    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
-    (call $add_pair (local.get $out) (local.get $s1l))
-    (call $add_pair (i32.add (local.get $out) (i32.const 8)) (local.get $s1h))
-    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
-    (call $add_pair (local.get $out) (local.get $s2l))
-    (call $add_pair (i32.add (local.get $out) (i32.const 8)) (local.get $s2h))
-    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
-    (call $add_pair (local.get $out) (local.get $s3l))
-    (call $add_pair (i32.add (local.get $out) (i32.const 8)) (local.get $s3h)))
-
-  ;; Rows a0..a3 times one column of b: 4 float64 sums over k (rows a0, a1 in one pair, a2, a3 in the other).
-  (func $nn_tile_4x1 (param $a0 i32) (param $aRow i32) (param $b0 i32) (param $bRow i32) (param $out i32) (param $outRow i32)
-                     (param $k i32)
-    (local $a1 i32) (local $a2 i32) (local $a3 i32) (local $end i32) (local $b v128) (local $s01 v128) (local $s23 v128)
-    (local.set $a1 (i32.add (local.get $a0) (local.get $aRow)))
-    (local.set $a2 (i32.add (local.get $a1) (local.get $aRow)))
-    (local.set $a3 (i32.add (local.get $a2) (local.get $aRow)))
-    (local.set $end (i32.add (local.get $a0) (i32.shl (local.get $k) (i32.const 2))))
-    (block $done
-      (loop $next
-        (br_if $done (i32.ge_u (local.get $a0) (local.get $end)))
-        (local.set $b (f64x2.splat (f64.promote_f32 (f32.load (local.get $b0)))))
-        (local.set $s01 (f64x2.add (local.get $s01) (f64x2.mul (local.get $b)
-          (f64x2.replace_lane 1 (f64x2.splat (f64.promote_f32 (f32.load (local.get $a0)))) (f64.promote_f32 (f32.load (local.get $a1)))))))
-        (local.set $s23 (f64x2.add (local.get $s23) (f64x2.mul (local.get $b)
-          (f64x2.replace_lane 1 (f64x2.splat (f64.promote_f32 (f32.load (local.get $a2)))) (f64.promote_f32 (f32.load (local.get $a3)))))))
-        (local.set $a0 (i32.add (local.get $a0) (i32.const 4)))
-        (local.set $a1 (i32.add (local.get $a1) (i32.const 4)))
-        (local.set $a2 (i32.add (local.get $a2) (i32.const 4)))
-        (local.set $a3 (i32.add (local.get $a3) (i32.const 4)))
-        (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
-        (br $next)))
-    (call $add_one (local.get $out) (f64x2.extract_lane 0 (local.get $s01)))
-    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
-    (call $add_one (local.get $out) (f64x2.extract_lane 1 (local.get $s01)))
-    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
-    (call $add_one (local.get $out) (f64x2.extract_lane 0 (local.get $s23)))
-    (local.set $out (i32.add (local.get $out) (local.get $outRow)))
-    (call $add_one (local.get $out) (f64x2.extract_lane 1 (local.get $s23))))
-
-  ;; The f32 at $at plus $sum, rounded to f32 and stored back.
-  (func $add_one (param $at i32) (param $sum f64)
-    (f32.store (local.get $at) (f32.demote_f64 (f64.add (f64.promote_f32 (f32.load (local.get $at))) (local.get $sum)))))
-
-  ;; One leftover row: for each k, out[j] += x · b[k, j] straight into f32 (x = 0 skipped), as the reference does.
-  (func $nn_row (param $a0 i32) (param $b0 i32) (param $bRow i32) (param $out i32) (param $k i32) (param $m i32)
-    (local $end i32) (local $x f32) (local $xx v128) (local $j i32) (local $pairs i32)
-    (local.set $end (i32.add (local.get $a0) (i32.shl (local.get $k) (i32.const 2))))
+  ;; One stepwise row: for each p, out[j] += x · b[p, j] straight into f32 (x = 0 skipped), as the reference's leftover
+  ;; rows do; out contiguous along j.
+  (func $stepwise_row (param $a0 i32) (param $aCol i32) (param $b0 i32) (param $bRow i32) (param $k i32) (param $m i32)
+                      (param $out i32)
+    (local $p i32) (local $x f32) (local $xx v128) (local $j i32) (local $pairs i32)
     (local.set $pairs (i32.shl (i32.and (local.get $m) (i32.const -2)) (i32.const 2)))
     (block $done
       (loop $next
-        (br_if $done (i32.ge_u (local.get $a0) (local.get $end)))
+        (br_if $done (i32.ge_u (local.get $p) (local.get $k)))
         (local.set $x (f32.load (local.get $a0)))
         (if (f32.ne (local.get $x) (f32.const 0))
           (then
@@ -355,20 +402,27 @@
                 (br $nextPair)))
             (if (i32.and (local.get $m) (i32.const 1))
               (then
-                (call $add_one (i32.add (local.get $out) (local.get $j))
-                  (f64.mul (f64.promote_f32 (local.get $x)) (f64.promote_f32 (f32.load (i32.add (local.get $b0) (local.get $j))))))))))
-        (local.set $a0 (i32.add (local.get $a0) (i32.const 4)))
+                (call $store_sum (i32.add (local.get $out) (local.get $j))
+                  (f64.mul (f64.promote_f32 (local.get $x)) (f64.promote_f32 (f32.load (i32.add (local.get $b0) (local.get $j)))))
+                  (f64.const 1) (i32.const 1))))))
+        (local.set $a0 (i32.add (local.get $a0) (local.get $aCol)))
         (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
+        (local.set $p (i32.add (local.get $p) (i32.const 1)))
         (br $next))))
 
-  ;; The entry point: a at byte offset $a ([n, k] row-major), b at $b ([k, m] in rows of $ldB elements), out at $out
-  ;; ([n, m] in rows of $ldOut), so a band of columns can be computed inside wider operands.
-  (func (export "matmulNNAccumulate") (param $a i32) (param $b i32) (param $out i32) (param $n i32) (param $k i32) (param $m i32)
-                                      (param $ldB i32) (param $ldOut i32)
-    (local $aRow i32) (local $bRow i32) (local $outRow i32) (local $i i32) (local $j i32) (local $rowA i32) (local $rowOut i32)
-    (local.set $aRow (i32.shl (local.get $k) (i32.const 2)))
-    (local.set $bRow (i32.shl (local.get $ldB) (i32.const 2)))
-    (local.set $outRow (i32.shl (local.get $ldOut) (i32.const 2)))
+  ;; The entry point: out(i, j) for i < n, j < m over p < k, strides in elements. $flags: 1 accumulate, 2 stepwise
+  ;; leftover rows (which the reference only has with alpha 1 and accumulation, and out contiguous along j).
+  (func (export "matmulF64") (param $a i32) (param $b i32) (param $out i32) (param $n i32) (param $k i32) (param $m i32)
+                             (param $aRow i32) (param $aCol i32) (param $bRow i32) (param $outRow i32) (param $outCol i32)
+                             (param $alpha f64) (param $flags i32)
+    (local $accumulate i32) (local $i i32) (local $j i32) (local $rowA i32) (local $rowOut i32)
+    (local.set $accumulate (i32.and (local.get $flags) (i32.const 1)))
+    (local.set $aRow (i32.shl (local.get $aRow) (i32.const 2)))
+    (local.set $aCol (i32.shl (local.get $aCol) (i32.const 2)))
+    (local.set $bRow (i32.shl (local.get $bRow) (i32.const 2)))
+    (local.set $outRow (i32.shl (local.get $outRow) (i32.const 2)))
+    (local.set $outCol (i32.shl (local.get $outCol) (i32.const 2)))
+    ;; Rows in fours: 4 × 4 tiles, then the last m % 4 columns one by one.
     (block $tilesDone
       (loop $nextRows
         (br_if $tilesDone (i32.ge_u (i32.add (local.get $i) (i32.const 3)) (local.get $n)))
@@ -378,24 +432,48 @@
         (block $columnsDone
           (loop $nextColumns
             (br_if $columnsDone (i32.ge_u (i32.add (local.get $j) (i32.const 3)) (local.get $m)))
-            (call $nn_tile_4x4 (local.get $rowA) (local.get $aRow) (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2)))
-              (local.get $bRow) (i32.add (local.get $rowOut) (i32.shl (local.get $j) (i32.const 2))) (local.get $outRow) (local.get $k))
+            (call $sums_4x4 (local.get $rowA) (local.get $aRow) (local.get $aCol)
+              (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2))) (local.get $bRow) (local.get $k)
+              (i32.add (local.get $rowOut) (i32.mul (local.get $j) (local.get $outCol))) (local.get $outRow) (local.get $outCol)
+              (local.get $alpha) (local.get $accumulate))
             (local.set $j (i32.add (local.get $j) (i32.const 4)))
             (br $nextColumns)))
         (block $lastDone
           (loop $nextLast
             (br_if $lastDone (i32.ge_u (local.get $j) (local.get $m)))
-            (call $nn_tile_4x1 (local.get $rowA) (local.get $aRow) (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2)))
-              (local.get $bRow) (i32.add (local.get $rowOut) (i32.shl (local.get $j) (i32.const 2))) (local.get $outRow) (local.get $k))
+            (call $sums_4x1 (local.get $rowA) (local.get $aRow) (local.get $aCol)
+              (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2))) (local.get $bRow) (local.get $k)
+              (i32.add (local.get $rowOut) (i32.mul (local.get $j) (local.get $outCol))) (local.get $outRow)
+              (local.get $alpha) (local.get $accumulate))
             (local.set $j (i32.add (local.get $j) (i32.const 1)))
             (br $nextLast)))
         (local.set $i (i32.add (local.get $i) (i32.const 4)))
         (br $nextRows)))
+    ;; The last n % 4 rows: stepwise, or sums in pairs of columns and a last odd column.
     (block $rowsDone
       (loop $nextRow
         (br_if $rowsDone (i32.ge_u (local.get $i) (local.get $n)))
-        (call $nn_row (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $aRow))) (local.get $b) (local.get $bRow)
-          (i32.add (local.get $out) (i32.mul (local.get $i) (local.get $outRow))) (local.get $k) (local.get $m))
+        (local.set $rowA (i32.add (local.get $a) (i32.mul (local.get $i) (local.get $aRow))))
+        (local.set $rowOut (i32.add (local.get $out) (i32.mul (local.get $i) (local.get $outRow))))
+        (if (i32.and (local.get $flags) (i32.const 2))
+          (then
+            (call $stepwise_row (local.get $rowA) (local.get $aCol) (local.get $b) (local.get $bRow) (local.get $k) (local.get $m)
+              (local.get $rowOut)))
+          (else
+            (local.set $j (i32.const 0))
+            (block $pairsDone
+              (loop $nextPair
+                (br_if $pairsDone (i32.ge_u (i32.add (local.get $j) (i32.const 1)) (local.get $m)))
+                (call $sums_1x2 (local.get $rowA) (local.get $aCol) (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2)))
+                  (local.get $bRow) (local.get $k) (i32.add (local.get $rowOut) (i32.mul (local.get $j) (local.get $outCol)))
+                  (local.get $outCol) (local.get $alpha) (local.get $accumulate))
+                (local.set $j (i32.add (local.get $j) (i32.const 2)))
+                (br $nextPair)))
+            (if (i32.lt_u (local.get $j) (local.get $m))
+              (then
+                (call $sums_1x1 (local.get $rowA) (local.get $aCol) (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2)))
+                  (local.get $bRow) (local.get $k) (i32.add (local.get $rowOut) (i32.mul (local.get $j) (local.get $outCol)))
+                  (local.get $alpha) (local.get $accumulate))))))
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $nextRow))))
 )

@@ -1,13 +1,15 @@
 /**
- * The WebAssembly SIMD matmul (matmul.wat, assembled into matmul-wasm-bytes.ts by scripts/build-wasm.ts): the same
- * `out = alpha · x Wᵀ (+ out)` as kernels.ts `matmulNT`, f32x4 register-tiled. It computes on a shared linear memory,
- * so operands live at byte offsets there, and a large product is split over worker threads (matmul-workers.ts) with
- * the same bits as on one. This class owns an instance and its memory, whose blocks an explicit allocator hands out
- * (first fit over a free list, above it a bump pointer `top`): the CPU backend keeps each linear weight in a block
- * and copies activations into the scratch space above `top` per call.
+ * The WebAssembly SIMD matmuls (matmul.wat, assembled into matmul-wasm-bytes.ts by scripts/build-wasm.ts): `matmulNT`,
+ * `out = alpha · x Wᵀ (+ out)` in f32x4 register tiles, what the portable `linear` runs; and `matmulF64`, every other
+ * portable product with matmul.ts's bits (float64 sums). They compute on a shared linear memory, so operands live at
+ * byte offsets there, and a large product is split over worker threads (matmul-workers.ts) with the same bits as on
+ * one. This class owns an instance and its memory, whose blocks an explicit allocator hands out (first fit over a
+ * free list, above it a bump pointer `top`): the CPU backend keeps each linear weight in a block and copies
+ * activations into the scratch space above `top` per call.
  */
 import { ArtError } from "../../core/errors.ts";
 import { matmulWasmBase64 } from "./matmul-wasm-bytes.ts";
+import type { MatmulOptions, TNStrides } from "./matmul.ts";
 import { checkThreadCount, MatmulWorkers, MIN_PARALLEL_MULTIPLY_ADDS, outputBlocks, type MatmulCall } from "./matmul-workers.ts";
 
 // The slice of the WebAssembly JS API used here: TypeScript declares it only in its DOM libs, which this project's
@@ -24,8 +26,30 @@ declare const WebAssembly: {
 
 interface MatmulExports {
   matmulNT(x: number, w: number, out: number, n: number, k: number, m: number, ldOut: number, alpha: number, accumulate: number): void;
-  matmulNNAccumulate(a: number, b: number, out: number, n: number, k: number, m: number, ldB: number, ldOut: number): void;
+  matmulF64(a: number, b: number, out: number, n: number, k: number, m: number, aRow: number, aCol: number, bRow: number,
+    outRow: number, outCol: number, alpha: number, flags: number): void;
 }
+
+/**
+ * Where matmulF64's operands sit, in elements: a(i, p) at a + i·aRow + p·aCol, b(p, j) at b + p·bRow + j, out(i, j) at
+ * out + i·outRow + j·outCol.
+ */
+export interface F64Layout {
+  aRow: number;
+  aCol: number;
+  bRow: number;
+  outRow: number;
+  outCol: number;
+}
+
+/** matmulF64's flags: add to out rather than overwrite it; leftover rows (n % 4) added product by product. */
+const ACCUMULATE = 1, STEPWISE = 2;
+
+/**
+ * Below this many output rows a JavaScript product stays in JavaScript: copying a cache's keys (or transposing an
+ * operand) into the memory would cost as much as a decoding row's product.
+ */
+const MIN_ARRAY_ROWS = 4;
 
 const PAGE_BYTES = 65536;
 /** A 32-bit memory addresses 4 GiB: 65536 pages. */
@@ -57,6 +81,11 @@ export class WasmMatmul {
   #workers: MatmulWorkers | null = null;
   #closed = false;
   #heap: Float32Array;
+  /**
+   * Every buffer object `heap` has been over: a shared memory hands out a new one per growth, and views made before
+   * stay valid, so this is how an array is known to live in the memory (a resident weight).
+   */
+  readonly #buffers = new WeakSet<ArrayBufferLike>();
   /** Free blocks below `top`, sorted by offset, never adjacent (released neighbours merge). */
   readonly #free: { offset: number; bytes: number }[] = [];
   readonly #blockBytes = new Map<number, number>();
@@ -86,11 +115,15 @@ export class WasmMatmul {
     this.#bytes = bytes;
     this.#threads = threads;
     this.#heap = new Float32Array(memory.buffer);
+    this.#buffers.add(memory.buffer);
   }
 
   /** The memory as f32s: take this again after `ensureBytes` to reach what a growth added. */
   get heap(): Float32Array {
-    if (this.#heap.buffer !== this.#memory.buffer) this.#heap = new Float32Array(this.#memory.buffer);
+    if (this.#heap.buffer !== this.#memory.buffer) {
+      this.#heap = new Float32Array(this.#memory.buffer);
+      this.#buffers.add(this.#memory.buffer);
+    }
     return this.#heap;
   }
 
@@ -210,29 +243,96 @@ export class WasmMatmul {
     this.#checkOperands([[x, n * k], [w, m * k], [out, n * m]], `WASM matmul operands at ${x}, ${w}, ${out} (n=${n}, k=${k}, m=${m})`);
     this.#run(n, k, m, (b) => ({
       kernel: "nt",
-      args: [x + b.row * k * 4, w + b.column * k * 4, out + (b.row * m + b.column) * 4, b.rows, k, b.columns, m, alpha, accumulate ? 1 : 0],
+      ints: [x + b.row * k * 4, w + b.column * k * 4, out + (b.row * m + b.column) * 4, b.rows, k, b.columns, m, accumulate ? 1 : 0],
+      alpha,
     }));
   }
 
   /**
-   * out[n, m] += a[n, k] · b[k, m] with a, b, out at these byte offsets: bit for bit the JavaScript
-   * `matmulNNAccumulate` (matmul.ts), which it replaces for the portable products' backward.
+   * out(i, j) = alpha · Σ_p a(i, p) · b(p, j) (+ out(i, j) with `accumulate`) for i < n, j < m, p < k, each sum in
+   * float64 in p order (matmul.wat): with a, b, out at these byte offsets and `layout`'s strides, the bits of
+   * matmul.ts's products. `stepwise` gives the leftover rows matmulNNAccumulate's and matmulTNAccumulate's arithmetic
+   * (alpha 1, accumulating, out contiguous along j).
    */
-  matmulNNAccumulate(a: number, b: number, out: number, n: number, k: number, m: number): void {
-    this.#checkOperands([[a, n * k], [b, k * m], [out, n * m]], `WASM matmulNNAccumulate operands at ${a}, ${b}, ${out} (n=${n}, k=${k}, m=${m})`);
+  matmulF64(a: number, b: number, out: number, n: number, k: number, m: number, layout: F64Layout, alpha: number, accumulate: boolean, stepwise = false): void {
+    const { aRow, aCol, bRow, outRow, outCol } = layout;
+    if (stepwise && (alpha !== 1 || !accumulate || outCol !== 1)) {
+      throw new ArtError("bad_matmul_operands", "stepwise leftover rows need alpha 1, accumulation and out contiguous along its columns");
+    }
+    const last = (at: number, rows: number, rowStride: number, columns: number, columnStride: number) =>
+      [at, rows * columns === 0 ? 0 : (rows - 1) * rowStride + (columns - 1) * columnStride + 1] as [number, number];
+    this.#checkOperands([last(a, n, aRow, k, aCol), last(b, k, bRow, m, 1), last(out, n, outRow, m, outCol)],
+      `WASM matmulF64 operands at ${a}, ${b}, ${out} (n=${n}, k=${k}, m=${m})`);
+    const flags = (accumulate ? ACCUMULATE : 0) | (stepwise ? STEPWISE : 0);
     this.#run(n, k, m, (block) => ({
-      kernel: "nn",
-      args: [a + block.row * k * 4, b + block.column * 4, out + (block.row * m + block.column) * 4, block.rows, k, block.columns, m, m],
+      kernel: "f64",
+      ints: [a + block.row * aRow * 4, b + block.column * 4, out + (block.row * outRow + block.column * outCol) * 4, block.rows, k, block.columns,
+        aRow, aCol, bRow, outRow, outCol, flags],
+      alpha,
     }));
   }
 
   /**
-   * out[n, m] += a[n, k] · b[k, m] for arrays outside the memory: copied into its scratch space above `top`, the
-   * product taken there, out copied back. False when the memory cannot hold them (the caller then runs the reference).
+   * matmul.ts `matmulNT` (options as there), bit for bit, through the memory: the smaller operand is transposed into it
+   * (W when x has more rows, else x, with the product written transposed), the other copied. False, with nothing
+   * done, for fewer than 4 rows (decoding: JavaScript is faster there) or when the memory cannot hold them.
+   */
+  ntArrays(x: Float32Array, w: Float32Array, n: number, k: number, m: number, out: Float32Array, options: MatmulOptions = {}): boolean {
+    const { alpha = 1, accumulate = false, columnStart = 0, columnEnd = m, xStride = k, wStride = k, outStride = m } = options;
+    const columns = columnEnd - columnStart;
+    if (n < MIN_ARRAY_ROWS || columns <= 0) return false;
+    const at = this.#scratch([n * k, columns * k, n * columns]);
+    if (!at) return false;
+    const [xAt, wAt, outAt] = at, heap = this.heap;
+    const wFirst = columnStart * wStride;
+    if (accumulate) copyRows(out.subarray(columnStart), outStride, heap, outAt! / 4, columns, n, columns);
+    if (n >= columns) {
+      // out(i, o) = Σ_j x(i, j) · Wᵀ(j, o): x copied as it is, W transposed.
+      copyRows(x, xStride, heap, xAt! / 4, k, n, k);
+      transposeInto(w.subarray(wFirst), wStride, heap, wAt! / 4, columns, k);
+      this.matmulF64(xAt!, wAt!, outAt!, n, k, columns, { aRow: k, aCol: 1, bRow: columns, outRow: columns, outCol: 1 }, alpha, accumulate);
+    } else {
+      // outᵀ(o, i) = Σ_j W(o, j) · xᵀ(j, i): W copied as it is, x transposed, the result stored transposed.
+      copyRows(w.subarray(wFirst), wStride, heap, wAt! / 4, k, columns, k);
+      transposeInto(x, xStride, heap, xAt! / 4, n, k);
+      this.matmulF64(wAt!, xAt!, outAt!, columns, k, n, { aRow: k, aCol: 1, bRow: n, outRow: 1, outCol: columns }, alpha, accumulate);
+    }
+    copyRowsBack(heap, outAt! / 4, columns, out.subarray(columnStart), outStride, n, columns);
+    return true;
+  }
+
+  /**
+   * matmul.ts `matmulNNAccumulate` (out[n, m] += a[n, k] · b[k, m]) bit for bit through the memory; b is used where
+   * it lies when it already lives there (a resident weight), else copied. False when the memory cannot hold them.
    */
   nnAccumulateArrays(out: Float32Array, a: Float32Array, b: Float32Array, n: number, k: number, m: number): boolean {
-    return this.#inScratch([a.subarray(0, n * k), b.subarray(0, k * m)], out.subarray(0, n * m), true,
-      ([aAt, bAt], outAt) => this.matmulNNAccumulate(aAt!, bAt!, outAt, n, k, m));
+    const bHere = this.#buffers.has(b.buffer);
+    const at = this.#scratch([n * k, bHere ? 0 : k * m, n * m]);
+    if (!at) return false;
+    const [aAt, bCopyAt, outAt] = at, heap = this.heap;
+    heap.set(a.subarray(0, n * k), aAt! / 4);
+    if (!bHere) heap.set(b.subarray(0, k * m), bCopyAt! / 4);
+    heap.set(out.subarray(0, n * m), outAt! / 4);
+    this.matmulF64(aAt!, bHere ? b.byteOffset : bCopyAt!, outAt!, n, k, m, { aRow: k, aCol: 1, bRow: m, outRow: m, outCol: 1 }, 1, true, true);
+    out.set(heap.subarray(outAt! / 4, outAt! / 4 + n * m));
+    return true;
+  }
+
+  /**
+   * matmul.ts `matmulTNAccumulate` (out[m, k] += a[n, m]ᵀ · b[n, k], strides as there) bit for bit through the
+   * memory. False when the memory cannot hold them.
+   */
+  tnAccumulateArrays(out: Float32Array, a: Float32Array, b: Float32Array, n: number, m: number, k: number, strides: TNStrides = {}): boolean {
+    const { aStride = m, bStride = k, outStride = k } = strides;
+    const at = this.#scratch([n * m, n * k, m * k]);
+    if (!at) return false;
+    const [aAt, bAt, outAt] = at, heap = this.heap;
+    copyRows(a, aStride, heap, aAt! / 4, m, n, m);
+    copyRows(b, bStride, heap, bAt! / 4, k, n, k);
+    copyRows(out, outStride, heap, outAt! / 4, k, m, k);
+    this.matmulF64(aAt!, bAt!, outAt!, m, n, k, { aRow: 1, aCol: m, bRow: k, outRow: k, outCol: 1 }, 1, true, true);
+    copyRowsBack(heap, outAt! / 4, k, out, outStride, m, k);
+    return true;
   }
 
   /**
@@ -240,28 +340,27 @@ export class WasmMatmul {
    * outside it, copied through the scratch space. False when the memory cannot hold them.
    */
   linearArrays(x: Float32Array, w: number, out: Float32Array, n: number, k: number, m: number): boolean {
-    return this.#inScratch([x.subarray(0, n * k)], out.subarray(0, n * m), false, ([xAt], outAt) => this.matmulNT(xAt!, w, outAt, n, k, m));
+    const at = this.#scratch([n * k, n * m]);
+    if (!at) return false;
+    const [xAt, outAt] = at, heap = this.heap;
+    heap.set(x.subarray(0, n * k), xAt! / 4);
+    this.matmulNT(xAt!, w, outAt!, n, k, m);
+    out.set(heap.subarray(outAt! / 4, outAt! / 4 + n * m));
+    return true;
   }
 
   /**
-   * Places `inputs` one after another in the scratch space above `top`, then `out` (its values copied in only when
-   * the product `accumulate`s into it), runs `compute` on their byte offsets and copies `out` back; false, with
-   * nothing run, when the memory cannot grow to hold them.
+   * Byte offsets of blocks of these many floats, one after another in the scratch space above `top` (16-byte
+   * aligned), valid until the next product; null when the memory cannot grow to hold them.
    */
-  #inScratch(inputs: Float32Array[], out: Float32Array, accumulate: boolean, compute: (inputsAt: number[], outAt: number) => void): boolean {
-    const inputsAt: number[] = [];
-    let outAt = this.#top;
-    for (const input of inputs) {
-      inputsAt.push(outAt);
-      outAt += input.length * 4;
+  #scratch(floats: number[]): number[] | null {
+    const offsets: number[] = [];
+    let end = this.#top;
+    for (const count of floats) {
+      offsets.push(end);
+      end += Math.ceil(count / 4) * 16;
     }
-    if (!this.ensureBytes(outAt + out.length * 4)) return false;
-    const heap = this.heap;
-    inputs.forEach((input, i) => heap.set(input, inputsAt[i]! / 4));
-    if (accumulate) heap.set(out, outAt / 4);
-    compute(inputsAt, outAt);
-    out.set(heap.subarray(outAt / 4, outAt / 4 + out.length));
-    return true;
+    return this.ensureBytes(end) ? offsets : null;
   }
 
   #checkOperands(operands: [number, number][], what: string): void {
@@ -276,11 +375,37 @@ export class WasmMatmul {
   #run(n: number, k: number, m: number, call: (block: { row: number; rows: number; column: number; columns: number }) => MatmulCall): void {
     const workers = n * k * m >= MIN_PARALLEL_MULTIPLY_ADDS ? this.#startedWorkers() : null;
     const calls = outputBlocks(n, k, m, 1 + (workers?.ready ?? 0)).map(call);
-    const own = (c: MatmulCall) => {
-      if (c.kernel === "nt") this.#exports.matmulNT(...c.args);
-      else this.#exports.matmulNNAccumulate(...c.args);
+    const own = ({ kernel, ints: i, alpha }: MatmulCall) => {
+      if (kernel === "nt") this.#exports.matmulNT(i[0]!, i[1]!, i[2]!, i[3]!, i[4]!, i[5]!, i[6]!, alpha, i[7]!);
+      else this.#exports.matmulF64(i[0]!, i[1]!, i[2]!, i[3]!, i[4]!, i[5]!, i[6]!, i[7]!, i[8]!, i[9]!, i[10]!, alpha, i[11]!);
     };
     if (calls.length === 1) own(calls[0]!);
     else workers!.run(calls, own);
+  }
+}
+
+/** `rows` rows of `width` floats, `stride` apart in `from`, packed `packed` apart into `heap` from float `at`. */
+function copyRows(from: Float32Array, stride: number, heap: Float32Array, at: number, packed: number, rows: number, width: number): void {
+  if (stride === width && packed === width) {
+    heap.set(from.subarray(0, rows * width), at);
+    return;
+  }
+  for (let r = 0; r < rows; r++) heap.set(from.subarray(r * stride, r * stride + width), at + r * packed);
+}
+
+/** copyRows' inverse: packed rows in `heap` back to rows `stride` apart in `to`. */
+function copyRowsBack(heap: Float32Array, at: number, packed: number, to: Float32Array, stride: number, rows: number, width: number): void {
+  if (stride === width && packed === width) {
+    to.set(heap.subarray(at, at + rows * width));
+    return;
+  }
+  for (let r = 0; r < rows; r++) to.set(heap.subarray(at + r * packed, at + r * packed + width), r * stride);
+}
+
+/** [rows, width] rows `stride` apart in `from`, transposed into `heap` from float `at` as [width, rows]. */
+function transposeInto(from: Float32Array, stride: number, heap: Float32Array, at: number, rows: number, width: number): void {
+  for (let r = 0; r < rows; r++) {
+    const source = r * stride;
+    for (let j = 0; j < width; j++) heap[at + j * rows + r] = from[source + j];
   }
 }
