@@ -12,38 +12,42 @@ const cpuDirectory = join(resolve(dirname(fileURLToPath(import.meta.url)), "..")
 
 /**
  * The kernels: each .wat and the name of the base64 constant its generated module exports. A kernel written with
- * relaxed SIMD's fused multiply-add (`f32x4.relaxed_madd`) also gets `unfused`: the same module with each of them
- * spelled as a product then a sum, for runtimes without relaxed SIMD (its loader picks one at start-up).
+ * relaxed SIMD's fused multiply-adds (`f32x4.relaxed_madd`, `f64x2.relaxed_madd`) also gets `unfused`: the same module
+ * with each of them spelled as a product then a sum, for runtimes without relaxed SIMD (its loader picks one at
+ * start-up).
  */
 export const WASM_MODULES: readonly { name: string; constant: string; unfused?: string }[] = [
-  { name: "matmul", constant: "matmulWasmBase64" },
+  { name: "matmul", constant: "matmulWasmBase64", unfused: "matmulUnfusedWasmBase64" },
   { name: "elementwise", constant: "elementwiseWasmBase64", unfused: "elementwiseUnfusedWasmBase64" },
 ];
 
 export const generatedPath = (name: string) => join(cpuDirectory, `${name}-wasm-bytes.ts`);
 
-const MADD = "(f32x4.relaxed_madd";
+const MADD_SHAPES = ["f32x4", "f64x2"] as const;
 
 /** Index just past the balanced s-expression (or atom) starting at or after `from`. */
 function pastOperand(text: string, from: number): number {
   let i = from;
   while (/\s/.test(text[i])) i++;
-  if (text[i] !== "(") throw new Error(`${MADD} expects parenthesised operands (at ${i})`);
+  if (text[i] !== "(") throw new Error(`relaxed_madd expects parenthesised operands (at ${i})`);
   for (let depth = 0; ; i++) {
     if (text[i] === "(") depth++;
     else if (text[i] === ")" && --depth === 0) return i + 1;
-    if (i >= text.length) throw new Error(`unbalanced ${MADD} operand`);
+    if (i >= text.length) throw new Error("unbalanced relaxed_madd operand");
   }
 }
 
-/** The .wat with every (f32x4.relaxed_madd a b c) written (f32x4.add (f32x4.mul a b) c), innermost first. */
+/** The .wat with every (<shape>.relaxed_madd a b c) written (<shape>.add (<shape>.mul a b) c), innermost first. */
 export function unfusedWat(wat: string): string {
-  for (let at = wat.lastIndexOf(MADD); at >= 0; at = wat.lastIndexOf(MADD)) {
-    const a0 = at + MADD.length, a1 = pastOperand(wat, a0), b1 = pastOperand(wat, a1), c1 = pastOperand(wat, b1);
-    const close = wat.indexOf(")", c1);
-    if (wat.slice(c1, close).trim() !== "") throw new Error(`${MADD} takes three operands (at ${at})`);
-    const [a, b, c] = [wat.slice(a0, a1), wat.slice(a1, b1), wat.slice(b1, c1)].map((operand) => operand.trim());
-    wat = `${wat.slice(0, at)}(f32x4.add (f32x4.mul ${a} ${b}) ${c})${wat.slice(close + 1)}`;
+  for (const shape of MADD_SHAPES) {
+    const madd = `(${shape}.relaxed_madd`;
+    for (let at = wat.lastIndexOf(madd); at >= 0; at = wat.lastIndexOf(madd)) {
+      const a0 = at + madd.length, a1 = pastOperand(wat, a0), b1 = pastOperand(wat, a1), c1 = pastOperand(wat, b1);
+      const close = wat.indexOf(")", c1);
+      if (wat.slice(c1, close).trim() !== "") throw new Error(`${madd} takes three operands (at ${at})`);
+      const [a, b, c] = [wat.slice(a0, a1), wat.slice(a1, b1), wat.slice(b1, c1)].map((operand) => operand.trim());
+      wat = `${wat.slice(0, at)}(${shape}.add (${shape}.mul ${a} ${b}) ${c})${wat.slice(close + 1)}`;
+    }
   }
   return wat;
 }

@@ -1,8 +1,10 @@
 // Smoke test of both public entries under Deno: `art-ts` and `art-ts/engine` resolve through deno.json's import map
 // to lib/mod.ts and lib/engine.ts. The engine entry loads the embedded model on the CPU and generates with it. The
-// portable matmul's worker threads run under Deno too, with the same bits as one thread, and let the process exit.
+// portable matmul's worker threads run under Deno too, with the same bits as one thread (and, for the float64-summed
+// products, as the JavaScript reference), and let the process exit.
 import * as art from "art-ts";
 import * as engine from "art-ts/engine";
+import { matmulNT } from "../../lib/model/cpu/matmul.ts";
 import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
 
 const t = new art.Trajectory({ messagesAndChoices: [{ role: "user", content: "hi" }], reward: 1 });
@@ -20,7 +22,13 @@ const outputs = await Promise.all([1, 2].map(async (threads) => {
   kernel.heap.set(Float32Array.from({ length: n * k + m * k }, (_, i) => Math.sin(i)));
   kernel.matmulNT(0, n * k * 4, (n * k + m * k) * 4, n, k, m);
   if (kernel.blocksOnWorkers !== threads - 1) throw new Error(`WASM matmul under Deno: ${kernel.blocksOnWorkers} blocks on workers`);
-  return new Uint32Array(kernel.heap.slice(n * k + m * k, n * k + m * k + n * m).buffer);
+  const f32 = new Uint32Array(kernel.heap.slice(n * k + m * k, n * k + m * k + n * m).buffer);
+  const x = Float32Array.from({ length: n * k }, (_, i) => Math.cos(i)), w = Float32Array.from({ length: m * k }, (_, i) => Math.sin(3 * i));
+  const f64 = new Float32Array(n * m), reference = new Float32Array(n * m);
+  kernel.ntArrays(x, w, n, k, m, f64, { alpha: 1 / Math.sqrt(k + 1) });
+  matmulNT(x, w, n, k, m, reference, { alpha: 1 / Math.sqrt(k + 1) });
+  if (f64.some((value, i) => !Object.is(value, reference[i]))) throw new Error(`WASM float64 products under Deno on ${threads} thread(s) differ from matmul.ts`);
+  return f32;
 }));
 if (outputs[0]!.some((bits, i) => bits !== outputs[1]![i])) throw new Error("WASM matmul under Deno: 2 threads differ from 1");
 console.log(`deno smoke: ok (art-ts: ${Object.keys(art).length} names, art-ts/engine: ${Object.keys(engine).length}; the embedded model answers ${out.text}; the WASM matmul on 2 threads)`);

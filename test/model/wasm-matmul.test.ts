@@ -170,8 +170,9 @@ describe("WASM SIMD matmul", () => {
     expect(w.resident!.kernel.threads).toBe(3);
   });
 
-  it("the float64 products give the JavaScript reference's bits (x·Wᵀ, dOut·W, aᵀ·b) on every tile and leftover, on one thread and on three", async () => {
-    const one = WasmMatmul.create(1)!, three = WasmMatmul.create(3)!;
+  it("the float64 products give the JavaScript reference's bits (x·Wᵀ, dOut·W, aᵀ·b) on every tile and leftover, on one thread and on three, fused or not", async () => {
+    // The default module fuses its multiply-adds where the runtime has relaxed SIMD; `plain` never does.
+    const one = WasmMatmul.create(1)!, three = WasmMatmul.create(3)!, plain = WasmMatmul.create(1, { fusedMultiplyAdd: false })!;
     try {
       expect(await three.startWorkers()).toBe(2);
       const rng = seededRandom(23);
@@ -185,12 +186,13 @@ describe("WASM SIMD matmul", () => {
       shapes.push([64, 256, 200], [37, 300, 200], [3, 1024, 1000], [200, 300, 40]);
       let ntInWasm = 0;
       for (const [n, k, m] of shapes) {
-        const what = (name: string, kernel: WasmMatmul) => `${name} n=${n} k=${k} m=${m} on ${kernel.threads} thread(s)`;
+        const what = (name: string, kernel: WasmMatmul) =>
+          `${name} n=${n} k=${k} m=${m} on ${kernel.threads} thread(s)${kernel === plain ? ", unfused" : ""}`;
         // dOut·W, W copied in and W already in the memory (a resident weight, used where it lies).
         const a = values(n * k), b = values(k * m), before = values(n * m).map((v) => v * 3);
         const expected = before.slice();
         matmulNNAccumulate(expected, a, b, n, k, m);
-        for (const kernel of [one, three]) {
+        for (const kernel of [one, three, plain]) {
           const at = kernel.allocate(b.byteLength)! / 4;
           const resident = kernel.heap.subarray(at, at + b.length);
           resident.set(b);
@@ -206,7 +208,7 @@ describe("WASM SIMD matmul", () => {
         const ta = values(n * strides.aStride), tb = values(n * strides.bStride), tBefore = values(m * strides.outStride);
         const tExpected = tBefore.slice();
         matmulTNAccumulate(tExpected, ta, tb, n, m, k, strides);
-        for (const kernel of [one, three]) {
+        for (const kernel of [one, three, plain]) {
           const out = tBefore.slice();
           expect(kernel.tnAccumulateArrays(out, ta, tb, n, m, k, strides)).toBe(true);
           expect(bits(out), what("tn", kernel)).toEqual(bits(tExpected));
@@ -216,7 +218,7 @@ describe("WASM SIMD matmul", () => {
           const x = values(n * (options.xStride ?? k)), w = values(m * (options.wStride ?? k)), ntBefore = values(n * (options.outStride ?? m));
           const ntExpected = ntBefore.slice();
           matmulNT(x, w, n, k, m, ntExpected, options);
-          for (const kernel of [one, three]) {
+          for (const kernel of [one, three, plain]) {
             const out = ntBefore.slice();
             if (!kernel.ntArrays(x, w, n, k, m, out, options)) {
               expect(n, "only decoding's rows stay in JavaScript").toBeLessThan(4);

@@ -245,6 +245,9 @@
   ;; add each product of their leftover rows (the last n % 4) straight into the f32 output, skipping zero factors
   ;; ("stepwise" below). Every lane here does exactly one output's arithmetic (f64x2 across neighbouring columns j,
   ;; never across the sum), so the results are the reference's bits whatever the tile, band or thread.
+  ;; The sums use relaxed SIMD's fused multiply-add where the runtime has it (scripts/build-wasm.ts also assembles the
+  ;; module with each written as a product then a sum): a product of two f32 values is exact in float64, so rounding
+  ;; once after the add gives the same bits as the reference's separate multiply and add.
   ;; a(i, p) sits at a + i·aRow + p·aCol and out(i, j) at out + i·outRow + j·outCol (byte strides), so one body serves
   ;; x·Wᵀ (a = x; b = W transposed, or a = W and b = x transposed, writing out transposed), dOut·W and aᵀ·b; b's
   ;; rows (p) are $bRow bytes apart and contiguous along j, which is what the pairs load.
@@ -285,17 +288,17 @@
         (local.set $lo (call $pair (local.get $b0)))
         (local.set $hi (call $pair (i32.add (local.get $b0) (i32.const 8))))
         (local.set $x (call $splat (local.get $a0)))
-        (local.set $s0l (f64x2.add (local.get $s0l) (f64x2.mul (local.get $x) (local.get $lo))))
-        (local.set $s0h (f64x2.add (local.get $s0h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $s0l (f64x2.relaxed_madd (local.get $x) (local.get $lo) (local.get $s0l)))
+        (local.set $s0h (f64x2.relaxed_madd (local.get $x) (local.get $hi) (local.get $s0h)))
         (local.set $x (call $splat (local.get $a1)))
-        (local.set $s1l (f64x2.add (local.get $s1l) (f64x2.mul (local.get $x) (local.get $lo))))
-        (local.set $s1h (f64x2.add (local.get $s1h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $s1l (f64x2.relaxed_madd (local.get $x) (local.get $lo) (local.get $s1l)))
+        (local.set $s1h (f64x2.relaxed_madd (local.get $x) (local.get $hi) (local.get $s1h)))
         (local.set $x (call $splat (local.get $a2)))
-        (local.set $s2l (f64x2.add (local.get $s2l) (f64x2.mul (local.get $x) (local.get $lo))))
-        (local.set $s2h (f64x2.add (local.get $s2h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $s2l (f64x2.relaxed_madd (local.get $x) (local.get $lo) (local.get $s2l)))
+        (local.set $s2h (f64x2.relaxed_madd (local.get $x) (local.get $hi) (local.get $s2h)))
         (local.set $x (call $splat (local.get $a3)))
-        (local.set $s3l (f64x2.add (local.get $s3l) (f64x2.mul (local.get $x) (local.get $lo))))
-        (local.set $s3h (f64x2.add (local.get $s3h) (f64x2.mul (local.get $x) (local.get $hi))))
+        (local.set $s3l (f64x2.relaxed_madd (local.get $x) (local.get $lo) (local.get $s3l)))
+        (local.set $s3h (f64x2.relaxed_madd (local.get $x) (local.get $hi) (local.get $s3h)))
         (local.set $a0 (i32.add (local.get $a0) (local.get $aCol)))
         (local.set $a1 (i32.add (local.get $a1) (local.get $aCol)))
         (local.set $a2 (i32.add (local.get $a2) (local.get $aCol)))
@@ -330,10 +333,10 @@
       (loop $next
         (br_if $done (i32.ge_u (local.get $p) (local.get $k)))
         (local.set $b (call $splat (local.get $b0)))
-        (local.set $s01 (f64x2.add (local.get $s01) (f64x2.mul (local.get $b)
-          (f64x2.replace_lane 1 (call $splat (local.get $a0)) (f64.promote_f32 (f32.load (local.get $a1)))))))
-        (local.set $s23 (f64x2.add (local.get $s23) (f64x2.mul (local.get $b)
-          (f64x2.replace_lane 1 (call $splat (local.get $a2)) (f64.promote_f32 (f32.load (local.get $a3)))))))
+        (local.set $s01 (f64x2.relaxed_madd (local.get $b)
+          (f64x2.replace_lane 1 (call $splat (local.get $a0)) (f64.promote_f32 (f32.load (local.get $a1)))) (local.get $s01)))
+        (local.set $s23 (f64x2.relaxed_madd (local.get $b)
+          (f64x2.replace_lane 1 (call $splat (local.get $a2)) (f64.promote_f32 (f32.load (local.get $a3)))) (local.get $s23)))
         (local.set $a0 (i32.add (local.get $a0) (local.get $aCol)))
         (local.set $a1 (i32.add (local.get $a1) (local.get $aCol)))
         (local.set $a2 (i32.add (local.get $a2) (local.get $aCol)))
@@ -352,7 +355,7 @@
     (block $done
       (loop $next
         (br_if $done (i32.ge_u (local.get $p) (local.get $k)))
-        (local.set $s (f64x2.add (local.get $s) (f64x2.mul (call $splat (local.get $a0)) (call $pair (local.get $b0)))))
+        (local.set $s (f64x2.relaxed_madd (call $splat (local.get $a0)) (call $pair (local.get $b0)) (local.get $s)))
         (local.set $a0 (i32.add (local.get $a0) (local.get $aCol)))
         (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
         (local.set $p (i32.add (local.get $p) (i32.const 1)))

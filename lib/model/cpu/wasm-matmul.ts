@@ -8,7 +8,7 @@
  * activations into the scratch space above `top` per call.
  */
 import { ArtError } from "../../core/errors.ts";
-import { matmulWasmBase64 } from "./matmul-wasm-bytes.ts";
+import { matmulUnfusedWasmBase64, matmulWasmBase64 } from "./matmul-wasm-bytes.ts";
 import type { MatmulOptions, TNStrides } from "./matmul.ts";
 import { checkThreadCount, MatmulWorkers, MIN_PARALLEL_MULTIPLY_ADDS, outputBlocks, type MatmulCall } from "./matmul-workers.ts";
 
@@ -55,19 +55,24 @@ const PAGE_BYTES = 65536;
 /** A 32-bit memory addresses 4 GiB: 65536 pages. */
 const MAX_PAGES = 65536;
 
-let compiled: { bytes: Uint8Array; module: object } | null | undefined;
+/** Each variant's compiled module and its bytes (for workers), or null where the runtime rejects it. */
+const compiled = new Map<boolean, { bytes: Uint8Array; module: object } | null>();
 
-/** The compiled module and its bytes (for workers), or null where the runtime has no WebAssembly SIMD or shared memory. */
-function compiledModule(): { bytes: Uint8Array; module: object } | null {
-  if (compiled === undefined) {
-    const bytes = Uint8Array.from(atob(matmulWasmBase64), (c) => c.charCodeAt(0));
+/**
+ * The module with relaxed SIMD's fused multiply-adds (`fused`) or without, or null where the runtime lacks WebAssembly
+ * SIMD, shared memory or (for the fused one) relaxed SIMD. Both give the same bits: matmulF64's products of two f32
+ * values are exact in float64, so fusing the add rounds once, as the separate add does; matmulNT has none.
+ */
+function compiledModule(fused: boolean): { bytes: Uint8Array; module: object } | null {
+  if (!compiled.has(fused)) {
+    const bytes = Uint8Array.from(atob(fused ? matmulWasmBase64 : matmulUnfusedWasmBase64), (c) => c.charCodeAt(0));
     try {
-      compiled = { bytes, module: new WebAssembly.Module(bytes) };
+      compiled.set(fused, { bytes, module: new WebAssembly.Module(bytes) });
     } catch {
-      compiled = null;
+      compiled.set(fused, null);
     }
   }
-  return compiled;
+  return compiled.get(fused)!;
 }
 
 // Workers of a collected WasmMatmul stop with it (a test suite makes hundreds of backends).
@@ -93,11 +98,14 @@ export class WasmMatmul {
 
   /**
    * A fresh instance with its own memory, computing large products on `threads` threads (this one and
-   * `threads - 1` workers); null without WebAssembly SIMD or shared memory.
+   * `threads - 1` workers); null without WebAssembly SIMD or shared memory. By default the module with relaxed SIMD's
+   * fused multiply-adds where the runtime compiles it, else the plain one; `fusedMultiplyAdd` asks for one.
    */
-  static create(threads = 1): WasmMatmul | null {
+  static create(threads = 1, options: { fusedMultiplyAdd?: boolean } = {}): WasmMatmul | null {
     checkThreadCount(threads);
-    const compiledKernel = compiledModule();
+    const compiledKernel = options.fusedMultiplyAdd === undefined
+      ? compiledModule(true) ?? compiledModule(false)
+      : compiledModule(options.fusedMultiplyAdd);
     if (!compiledKernel) return null;
     let memory: WasmMemory;
     try {
