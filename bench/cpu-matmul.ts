@@ -1,9 +1,12 @@
 /**
  * The CPU's matrix products side by side: `x Wᵀ` on the 20M bench config's linear shapes (decode: 1 and 4 rows,
  * prefill: 256 rows) by the JavaScript kernel, the WASM SIMD kernel on 1 thread and on all cores (weight resident,
- * activations copied in and out as CpuBackend.linear does) and the system BLAS at 1 thread and at all cores (what CpuBackend uses by default), beside
- * the machine's measured peak: the system BLAS on a 1024³ product, where packing and call costs vanish. Variants
- * alternate in short windows so outside load hits them alike. Prints JSON.
+ * activations copied in and out as CpuBackend.linear does) and the system BLAS at 1 thread and at all cores (what
+ * CpuBackend uses by default), beside the machine's measured peak: the system BLAS on a 1024³ product, where packing
+ * and call costs vanish. Then the portable products with the JavaScript reference's bits at the prefill shapes: the
+ * backward's `dOut · W` and `x Wᵀ` as LoRA, attention and the logit blocks call it, by the JavaScript kernels and by
+ * the WASM kernel's float64 sums on 1 thread and on all cores. Variants alternate in short windows so outside load
+ * hits them alike. Prints JSON.
  *
  * usage: node bench/cpu-matmul.ts [--out bench/results/cpu-matmul.json]
  */
@@ -11,7 +14,7 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import { seededRandom } from "../lib/core/random.ts";
 import { chooseGemm, type Gemm, systemGemm } from "../lib/model/cpu/gemm.ts";
-import { matmulNT } from "../lib/model/cpu/matmul.ts";
+import { matmulNNAccumulate, matmulNT } from "../lib/model/cpu/matmul.ts";
 import { WasmMatmul } from "../lib/model/cpu/wasm-matmul.ts";
 import { compare } from "./timing.ts";
 
@@ -72,15 +75,41 @@ async function main(argv: string[]): Promise<void> {
       });
     }
   }
+  // The float64-summed products at the prefill shapes: dx = dOut · W (W resident, as after the forward's linear)
+  // and x Wᵀ through the memory (W transposed in), each beside the JavaScript it replaces.
+  const exact = [];
+  for (const { name, k, m } of projections.filter((p) => p.name !== "lm_head")) {
+    const n = 256, dOut = fill(n * m), x = fill(n * k), w = fill(m * k), dx = new Float32Array(n * k), out = new Float32Array(n * m);
+    const resident = kernels.map((kernel) => {
+      const at = kernel!.allocate(w.byteLength)! / 4;
+      const view = kernel!.heap.subarray(at, at + w.length);
+      view.set(w);
+      return view;
+    });
+    const times = compare([
+      () => matmulNNAccumulate(dx, dOut, w, n, m, k),
+      ...kernels.map((kernel, i) => () => kernel!.nnAccumulateArrays(dx, dOut, resident[i]!, n, m, k)),
+      () => matmulNT(x, w, n, k, m, out),
+      ...kernels.map((kernel) => () => kernel!.ntArrays(x, w, n, k, m, out)),
+    ], 5);
+    const sides = ["javascript", "wasmF64_1Thread", `wasmF64_${cores}Threads`];
+    exact.push(
+      { shape: `prefill dOut·W ${name}`, n, k: m, m: k, gflops: Object.fromEntries(sides.map((side, i) => [side, gflops(n, k, m, times[i])])) },
+      { shape: `prefill x·Wᵀ ${name}`, n, k, m, gflops: Object.fromEntries(sides.map((side, i) => [side, gflops(n, k, m, times[3 + i])])) },
+    );
+    resident.forEach((view, i) => kernels[i]!.release(view.byteOffset));
+  }
   const report = {
     benchmark: "cpu-matmul", command: "node bench/cpu-matmul.ts",
     machine: `${os.cpus()[0]?.model ?? "cpu"} × ${cores}`, node: process.version, systemBlas: library,
     loadAverageAtEnd: os.loadavg().map((l) => Number(l.toFixed(2))),
     note: "GFLOP/s = 2·n·k·m / best of 5 alternating 300 ms windows; javascript is single-threaded; the WASM kernel " +
       "splits a product of at least 2M multiply-adds over its threads (smaller ones run on one); " +
-      "peak = the system BLAS on a 1024 × 1024 × 1024 product",
+      "peak = the system BLAS on a 1024 × 1024 × 1024 product; float64Sums = the portable products with the " +
+      "JavaScript reference's bits (matmulF64), operands copied (and W transposed for x·Wᵀ) through the WASM memory",
     peak,
     results,
+    float64Sums: exact,
   };
   const json = JSON.stringify(report, null, 2);
   console.log(json);
