@@ -9,7 +9,7 @@ import { describe, expect, it } from "vitest";
 import { ArtError } from "../../lib/core/errors.ts";
 import { seededRandom } from "../../lib/core/random.ts";
 import { CpuBackend, type CpuTensor } from "../../lib/model/cpu/backend.ts";
-import { matmulNNAccumulate, matmulNT, matmulTNAccumulate } from "../../lib/model/cpu/matmul.ts";
+import { type MatmulOptions, matmulNNAccumulate, matmulNT, matmulTNAccumulate } from "../../lib/model/cpu/matmul.ts";
 import { MatmulWorkers } from "../../lib/model/cpu/matmul-workers.ts";
 import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
 import { generatedModuleSource, generatedPath, WASM_MODULES } from "../../scripts/build-wasm.ts";
@@ -215,7 +215,8 @@ describe("WASM SIMD matmul", () => {
         }
         // x·Wᵀ with strides, a scale and accumulation; each orientation (n ≥ m transposes W, n < m transposes x).
         const someColumns = { columnStart: Math.floor(m / 3), columnEnd: m - Math.floor(m / 4), accumulate: true };
-        for (const options of [{}, { alpha: 1 / Math.sqrt(7), accumulate: true, xStride: k + 2, wStride: k + 1, outStride: m + 5 }, someColumns]) {
+        const cases: MatmulOptions[] = [{}, { alpha: 1 / Math.sqrt(7), accumulate: true, xStride: k + 2, wStride: k + 1, outStride: m + 5 }, someColumns];
+        for (const options of cases) {
           const x = values(n * (options.xStride ?? k)), w = values(m * (options.wStride ?? k)), ntBefore = values(n * (options.outStride ?? m));
           const ntExpected = ntBefore.slice();
           matmulNT(x, w, n, k, m, ntExpected, options);
