@@ -9,7 +9,7 @@ import { describe, expect, it } from "vitest";
 import { ArtError } from "../../lib/core/errors.ts";
 import { seededRandom } from "../../lib/core/random.ts";
 import { CpuBackend, type CpuTensor } from "../../lib/model/cpu/backend.ts";
-import { type MatmulOptions, matmulNNAccumulate, matmulNT, matmulTNAccumulate } from "../../lib/model/cpu/matmul.ts";
+import { type MatmulOptions, matmulNNAccumulate, matmulNT, matmulTNAccumulate, weightedRowSum } from "../../lib/model/cpu/matmul.ts";
 import { MatmulWorkers } from "../../lib/model/cpu/matmul-workers.ts";
 import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
 import { generatedModuleSource, generatedPath, WASM_MODULES } from "../../scripts/build-wasm.ts";
@@ -221,20 +221,65 @@ describe("WASM SIMD matmul", () => {
           const ntExpected = ntBefore.slice();
           matmulNT(x, w, n, k, m, ntExpected, options);
           for (const kernel of [one, three, plain]) {
-            const out = ntBefore.slice();
-            if (!kernel.ntArrays(x, w, n, k, m, out, options)) {
-              expect(n < 4 || (options === someColumns && someColumns.columnEnd <= someColumns.columnStart), "only decoding's rows (or no columns) stay in JavaScript").toBe(true);
-              continue;
+            // W outside the memory (copied or transposed in), and W in it (a KV cache there: read in place).
+            const at = kernel.allocate(w.byteLength)! / 4;
+            const resident = kernel.heap.subarray(at, at + w.length);
+            resident.set(w);
+            for (const operand of [w, resident]) {
+              const out = ntBefore.slice();
+              if (!kernel.ntArrays(x, operand, n, k, m, out, options)) {
+                expect((n < 4 && (operand === w || n * k * m < 16_384)) || (options === someColumns && someColumns.columnEnd <= someColumns.columnStart),
+                  "only decoding's rows with W outside the memory or a small product (or no columns) stay in JavaScript").toBe(true);
+                continue;
+              }
+              ntInWasm++;
+              expect(bits(out), what(`nt ${JSON.stringify(options)}${operand === w ? "" : ", W in the memory"}`, kernel)).toEqual(bits(ntExpected));
             }
-            ntInWasm++;
-            expect(bits(out), what(`nt ${JSON.stringify(options)}`, kernel)).toEqual(bits(ntExpected));
+            kernel.release(resident.byteOffset);
           }
         }
       }
-      expect(ntInWasm).toBeGreaterThan(600);
+      expect(ntInWasm).toBeGreaterThan(1400);
       expect(three.blocksOnWorkers, "blocks the workers computed").toBeGreaterThan(12);
     } finally {
       three.close();
+    }
+  });
+
+  it("CpuBackend keeps a portable KV cache in the WASM memory, where decoding reads it in place, and frees it", () => {
+    const spec = { numLayers: 2, numKvHeads: 2, headDim: 16, numSlots: 3, maxPositions: 40 };
+    const layers = (cache: object) => (cache as { keys: Float32Array[]; values: Float32Array[] });
+    const portable = new CpuBackend({ blas: "portable" });
+    const cache = portable.createKvCache(spec);
+    const [keys, values] = [layers(cache).keys[0]!, layers(cache).values[1]!];
+    expect(keys.buffer).toBeInstanceOf(SharedArrayBuffer);
+    expect(keys.every((x) => x === 0) && values.every((x) => x === 0)).toBe(true);
+    const offset = keys.byteOffset;
+    cache.free();
+    // The blocks went back: the next cache of the same size gets the same place.
+    expect(layers(portable.createKvCache(spec)).keys[0]!.byteOffset).toBe(offset);
+  });
+
+  it("a decoding row's p·v over rows in the memory gives matmul.ts weightedRowSum's bits, fused or not", () => {
+    const kernels = [WasmMatmul.create(1)!, WasmMatmul.create(1, { fusedMultiplyAdd: false })!];
+    const rng = seededRandom(29);
+    // Below 16K multiply-adds the row stays in JavaScript (the first three); the rest run in the kernel.
+    for (const [count, width, stride] of [[1, 1, 1], [5, 3, 4], [17, 64, 128], [300, 64, 64], [1040, 128, 256], [1300, 13, 13], [257, 67, 70]]) {
+      const weights = Float32Array.from({ length: count }, () => rng());
+      const rows = Float32Array.from({ length: (count - 1) * stride + width }, () => rng() * 2 - 1);
+      const expected = new Float32Array(width);
+      weightedRowSum(weights, rows, count, width, stride, expected);
+      for (const kernel of kernels) {
+        const out = new Float32Array(width);
+        expect(kernel.weightedRowSumArrays(weights, rows, count, width, stride, out), "rows outside the memory stay in JavaScript").toBe(false);
+        const at = kernel.allocate(rows.byteLength)! / 4;
+        const resident = kernel.heap.subarray(at, at + rows.length);
+        resident.set(rows);
+        expect(kernel.weightedRowSumArrays(weights, resident, count, width, stride, out)).toBe(count * width >= 16_384);
+        if (count * width < 16_384) weightedRowSum(weights, resident, count, width, stride, out);
+        expect(new Uint32Array(out.buffer), `count=${count} width=${width} stride=${stride}`).toEqual(new Uint32Array(expected.buffer));
+        kernel.release(at * 4);
+      }
     }
   });
 

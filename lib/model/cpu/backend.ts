@@ -84,15 +84,38 @@ class CpuKvCache implements KvCache {
   keys: Float32Array[];
   values: Float32Array[];
   readonly spec: KvCacheSpec;
-  constructor(spec: KvCacheSpec) {
+  /** The WASM matmul whose memory holds keys and values, and their blocks; null when they are plain arrays. */
+  #blocks: { kernel: WasmMatmul; offsets: number[] } | null = null;
+  /**
+   * With `kernel` (the portable products), keys and values live in its memory, where decoding's attention reads them
+   * in place; plain arrays without one, or when it cannot hold them (past 4 GiB).
+   */
+  constructor(spec: KvCacheSpec, kernel: WasmMatmul | null) {
     this.spec = spec;
     const perLayer = spec.numSlots * spec.maxPositions * spec.numKvHeads * spec.headDim;
+    const offsets: number[] = [];
+    for (let i = 0; kernel && i < 2 * spec.numLayers; i++) {
+      const offset = kernel.allocate(perLayer * 4);
+      if (offset === null) break;
+      offsets.push(offset);
+    }
+    if (kernel && offsets.length === 2 * spec.numLayers) {
+      const heap = kernel.heap;
+      const layers = offsets.map((offset) => heap.subarray(offset / 4, offset / 4 + perLayer).fill(0));
+      this.keys = layers.slice(0, spec.numLayers);
+      this.values = layers.slice(spec.numLayers);
+      this.#blocks = { kernel, offsets };
+      return;
+    }
+    for (const offset of offsets) kernel!.release(offset);
     this.keys = Array.from({ length: spec.numLayers }, () => new Float32Array(perLayer));
     this.values = Array.from({ length: spec.numLayers }, () => new Float32Array(perLayer));
   }
   free(): void {
     this.keys = [];
     this.values = [];
+    for (const offset of this.#blocks?.offsets ?? []) this.#blocks!.kernel.release(offset);
+    this.#blocks = null;
   }
 }
 
@@ -402,7 +425,7 @@ export class CpuBackend implements Backend {
   // ---- inference: KV cache, attention over it, sampling -------------------------------------------------------
 
   createKvCache(spec: KvCacheSpec): KvCache {
-    return new CpuKvCache({ ...spec });
+    return new CpuKvCache({ ...spec }, this.#kernel);
   }
 
   kvCacheBytes(spec: KvCacheSpec): number {

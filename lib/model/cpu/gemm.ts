@@ -37,8 +37,9 @@ export interface Gemm {
 
 /**
  * The portable products. With the WebAssembly kernel (CpuBackend passes its own), every product of 4 rows or more runs
- * there, on `threads` threads, with the JavaScript reference's bits (matmul.wat's float64 sums); decoding's 1–3 rows
- * stay in JavaScript, where copying a cache's keys into the kernel's memory would cost more than the product.
+ * there, on `threads` threads, with the JavaScript reference's bits (matmul.wat's float64 sums), and so does decoding's
+ * attention over a KV cache kept in the kernel's memory; other products of 1–3 rows stay in JavaScript, where copying
+ * an operand into the kernel's memory would cost more than the product.
  */
 export function portableGemm(threads = 1, kernel: WasmMatmul | null = null): Gemm {
   if (!kernel) return { description: "portable (JavaScript)", library: null, threads, nt: matmulNT, nnAccumulate: matmulNNAccumulate, tnAccumulate: matmulTNAccumulate, weightedRowSum };
@@ -55,7 +56,9 @@ export function portableGemm(threads = 1, kernel: WasmMatmul | null = null): Gem
     tnAccumulate: (out, a, b, n, m, k, strides) => {
       if (!kernel.tnAccumulateArrays(out, a, b, n, m, k, strides)) matmulTNAccumulate(out, a, b, n, m, k, strides);
     },
-    weightedRowSum,
+    weightedRowSum: (weights, rows, count, width, stride, out) => {
+      if (!kernel.weightedRowSumArrays(weights, rows, count, width, stride, out)) weightedRowSum(weights, rows, count, width, stride, out);
+    },
   };
 }
 

@@ -1,7 +1,7 @@
 /**
  * The CPU's JavaScript matmuls over Float32Array: the readable reference of every product, what the WASM SIMD kernels
  * (matmul.wat) are checked against (its matmulF64 bit for bit: every output a float64 sum in order, as here), and what
- * runs where they do not (decoding's 1–3 rows, operands past its 4 GiB memory, runtimes without WebAssembly SIMD).
+ * runs where they do not (small decoding products, operands past its 4 GiB memory, runtimes without WebAssembly SIMD).
  *
  * `matmulNT` is `x Wᵀ` with W stored [out, in] as checkpoints store it, so both operands are read along contiguous
  * rows (no transpose). It computes a 4-row × 2-column register tile per pass over k: each loaded weight feeds four

@@ -362,6 +362,30 @@
         (br $next)))
     (call $store_pair (local.get $out) (local.get $outCol) (local.get $s) (local.get $alpha) (local.get $accumulate)))
 
+  ;; One row a0 times columns j..j+7 of b: 8 sums in four pairs.
+  (func $sums_1x8 (param $a0 i32) (param $aCol i32) (param $b0 i32) (param $bRow i32) (param $k i32)
+                  (param $out i32) (param $outCol i32) (param $alpha f64) (param $accumulate i32)
+    (local $p i32) (local $x v128) (local $s0 v128) (local $s1 v128) (local $s2 v128) (local $s3 v128)
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $p) (local.get $k)))
+        (local.set $x (call $splat (local.get $a0)))
+        (local.set $s0 (f64x2.relaxed_madd (local.get $x) (call $pair (local.get $b0)) (local.get $s0)))
+        (local.set $s1 (f64x2.relaxed_madd (local.get $x) (call $pair (i32.add (local.get $b0) (i32.const 8))) (local.get $s1)))
+        (local.set $s2 (f64x2.relaxed_madd (local.get $x) (call $pair (i32.add (local.get $b0) (i32.const 16))) (local.get $s2)))
+        (local.set $s3 (f64x2.relaxed_madd (local.get $x) (call $pair (i32.add (local.get $b0) (i32.const 24))) (local.get $s3)))
+        (local.set $a0 (i32.add (local.get $a0) (local.get $aCol)))
+        (local.set $b0 (i32.add (local.get $b0) (local.get $bRow)))
+        (local.set $p (i32.add (local.get $p) (i32.const 1)))
+        (br $next)))
+    (call $store_pair (local.get $out) (local.get $outCol) (local.get $s0) (local.get $alpha) (local.get $accumulate))
+    (local.set $out (i32.add (local.get $out) (i32.shl (local.get $outCol) (i32.const 1))))
+    (call $store_pair (local.get $out) (local.get $outCol) (local.get $s1) (local.get $alpha) (local.get $accumulate))
+    (local.set $out (i32.add (local.get $out) (i32.shl (local.get $outCol) (i32.const 1))))
+    (call $store_pair (local.get $out) (local.get $outCol) (local.get $s2) (local.get $alpha) (local.get $accumulate))
+    (local.set $out (i32.add (local.get $out) (i32.shl (local.get $outCol) (i32.const 1))))
+    (call $store_pair (local.get $out) (local.get $outCol) (local.get $s3) (local.get $alpha) (local.get $accumulate)))
+
   ;; One row a0 times one column of b: 1 sum.
   (func $sums_1x1 (param $a0 i32) (param $aCol i32) (param $b0 i32) (param $bRow i32) (param $k i32)
                   (param $out i32) (param $alpha f64) (param $accumulate i32)
@@ -452,7 +476,7 @@
             (br $nextLast)))
         (local.set $i (i32.add (local.get $i) (i32.const 4)))
         (br $nextRows)))
-    ;; The last n % 4 rows: stepwise, or sums in pairs of columns and a last odd column.
+    ;; The last n % 4 rows: stepwise, or sums eight columns at a time, then in pairs, then a last odd column.
     (block $rowsDone
       (loop $nextRow
         (br_if $rowsDone (i32.ge_u (local.get $i) (local.get $n)))
@@ -464,6 +488,14 @@
               (local.get $rowOut)))
           (else
             (local.set $j (i32.const 0))
+            (block $eightsDone
+              (loop $nextEight
+                (br_if $eightsDone (i32.ge_u (i32.add (local.get $j) (i32.const 7)) (local.get $m)))
+                (call $sums_1x8 (local.get $rowA) (local.get $aCol) (i32.add (local.get $b) (i32.shl (local.get $j) (i32.const 2)))
+                  (local.get $bRow) (local.get $k) (i32.add (local.get $rowOut) (i32.mul (local.get $j) (local.get $outCol)))
+                  (local.get $outCol) (local.get $alpha) (local.get $accumulate))
+                (local.set $j (i32.add (local.get $j) (i32.const 8)))
+                (br $nextEight)))
             (block $pairsDone
               (loop $nextPair
                 (br_if $pairsDone (i32.ge_u (i32.add (local.get $j) (i32.const 1)) (local.get $m)))

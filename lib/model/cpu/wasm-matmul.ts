@@ -46,10 +46,16 @@ export interface F64Layout {
 const ACCUMULATE = 1, STEPWISE = 2;
 
 /**
- * Below this many output rows a JavaScript product stays in JavaScript: copying a cache's keys (or transposing an
- * operand) into the memory would cost as much as a decoding row's product.
+ * Below this many output rows a product whose W lies outside the memory stays in JavaScript: copying a cache's keys
+ * (or transposing an operand) into the memory would cost as much as a decoding row's product.
  */
 const MIN_ARRAY_ROWS = 4;
+/**
+ * Below this many multiply-adds a decoding row's product over a cache in the memory stays in JavaScript: the call's
+ * own cost (placing operands, copying the result back) is a few microseconds, what JavaScript takes for ~16K
+ * (measured: the tiny demo model's decoding, 16-wide heads over tens of keys, was slower through the kernel).
+ */
+const MIN_ROW_MULTIPLY_ADDS = 16_384;
 
 const PAGE_BYTES = 65536;
 /** A 32-bit memory addresses 4 GiB: 65536 pages. */
@@ -282,30 +288,51 @@ export class WasmMatmul {
 
   /**
    * matmul.ts `matmulNT` (options as there), bit for bit, through the memory: the smaller operand is transposed into it
-   * (W when x has more rows, else x, with the product written transposed), the other copied. False, with nothing
-   * done, for fewer than 4 rows (decoding: JavaScript is faster there) or when the memory cannot hold them.
+   * (W when x has more rows, else x, with the product written transposed), the other copied, or W used where it lies
+   * when it already lives there (a KV cache in the memory). False, with nothing done, for fewer than 4 rows of x with
+   * W outside the memory (decoding: copying a cache's keys in would cost as much as the product) or a small product,
+   * or when the memory cannot hold them.
    */
   ntArrays(x: Float32Array, w: Float32Array, n: number, k: number, m: number, out: Float32Array, options: MatmulOptions = {}): boolean {
     const { alpha = 1, accumulate = false, columnStart = 0, columnEnd = m, xStride = k, wStride = k, outStride = m } = options;
-    const columns = columnEnd - columnStart;
-    if (n < MIN_ARRAY_ROWS || columns <= 0) return false;
-    const at = this.#scratch([n * k, columns * k, n * columns]);
+    const columns = columnEnd - columnStart, wHere = this.#buffers.has(w.buffer);
+    if ((n < MIN_ARRAY_ROWS && (!wHere || n * k * columns < MIN_ROW_MULTIPLY_ADDS)) || columns <= 0) return false;
+    const transposeW = n >= columns && !wHere;
+    const at = this.#scratch([n * k, wHere ? 0 : columns * k, n * columns]);
     if (!at) return false;
     const [xAt, wAt, outAt] = at, heap = this.heap;
     const wFirst = columnStart * wStride;
     if (accumulate) copyRows(out.subarray(columnStart), outStride, heap, outAt! / 4, columns, n, columns);
-    if (n >= columns) {
+    if (transposeW) {
       // out(i, o) = Σ_j x(i, j) · Wᵀ(j, o): x copied as it is, W transposed.
       copyRows(x, xStride, heap, xAt! / 4, k, n, k);
       transposeInto(w.subarray(wFirst), wStride, heap, wAt! / 4, columns, k);
       this.matmulF64(xAt!, wAt!, outAt!, n, k, columns, { aRow: k, aCol: 1, bRow: columns, outRow: columns, outCol: 1 }, alpha, accumulate);
     } else {
-      // outᵀ(o, i) = Σ_j W(o, j) · xᵀ(j, i): W copied as it is, x transposed, the result stored transposed.
-      copyRows(w.subarray(wFirst), wStride, heap, wAt! / 4, k, columns, k);
+      // outᵀ(o, i) = Σ_j W(o, j) · xᵀ(j, i): W copied as it is (or read where it lies), x transposed, the result
+      // stored transposed.
+      if (!wHere) copyRows(w.subarray(wFirst), wStride, heap, wAt! / 4, k, columns, k);
       transposeInto(x, xStride, heap, xAt! / 4, n, k);
-      this.matmulF64(wAt!, xAt!, outAt!, columns, k, n, { aRow: k, aCol: 1, bRow: n, outRow: 1, outCol: columns }, alpha, accumulate);
+      const [wOffset, wRow] = wHere ? [w.byteOffset + wFirst * 4, wStride] : [wAt!, k];
+      this.matmulF64(wOffset, xAt!, outAt!, columns, k, n, { aRow: wRow, aCol: 1, bRow: n, outRow: 1, outCol: columns }, alpha, accumulate);
     }
     copyRowsBack(heap, outAt! / 4, columns, out.subarray(columnStart), outStride, n, columns);
+    return true;
+  }
+
+  /**
+   * matmul.ts `weightedRowSum` (out[j] = Σ_t weights[t] · rows[t · stride + j], a decoding row's p·v) bit for bit,
+   * for `rows` that live in the memory (a KV cache there: read in place); false otherwise, for a small one, or when the
+   * memory cannot hold the rest.
+   */
+  weightedRowSumArrays(weights: Float32Array, rows: Float32Array, count: number, width: number, stride: number, out: Float32Array): boolean {
+    if (!this.#buffers.has(rows.buffer) || count * width < MIN_ROW_MULTIPLY_ADDS) return false;
+    const at = this.#scratch([count, width]);
+    if (!at) return false;
+    const [weightsAt, outAt] = at, heap = this.heap;
+    heap.set(weights.subarray(0, count), weightsAt! / 4);
+    this.matmulF64(weightsAt!, rows.byteOffset, outAt!, 1, count, width, { aRow: count, aCol: 1, bRow: stride, outRow: width, outCol: 1 }, 1, false);
+    out.set(heap.subarray(outAt! / 4, outAt! / 4 + width));
     return true;
   }
 
