@@ -17,6 +17,14 @@ import { maxAbsDiff } from "./helpers.ts";
 
 const F32_EPSILON = 2 ** -24;
 
+/** A copy of `values` in a block of the kernel's memory (as a resident weight or a KV cache lives); release its byteOffset. */
+function inMemory(kernel: WasmMatmul, values: Float32Array): Float32Array {
+  const at = kernel.allocate(values.byteLength)! / 4;
+  const view = kernel.heap.subarray(at, at + values.length);
+  view.set(values);
+  return view;
+}
+
 describe("WASM SIMD matmul", () => {
   it.each(WASM_MODULES)("the committed $name module is what scripts/build-wasm.ts assembles from $name.wat", async ({ name, constant, unfused }) => {
     expect(readFileSync(generatedPath(name), "utf8")).toBe(await generatedModuleSource(name, constant, unfused));
@@ -193,9 +201,7 @@ describe("WASM SIMD matmul", () => {
         const expected = before.slice();
         matmulNNAccumulate(expected, a, b, n, k, m);
         for (const kernel of [one, three, plain]) {
-          const at = kernel.allocate(b.byteLength)! / 4;
-          const resident = kernel.heap.subarray(at, at + b.length);
-          resident.set(b);
+          const resident = inMemory(kernel, b);
           for (const operand of [b, resident]) {
             const out = before.slice();
             expect(kernel.nnAccumulateArrays(out, a, operand, n, k, m)).toBe(true);
@@ -222,9 +228,7 @@ describe("WASM SIMD matmul", () => {
           matmulNT(x, w, n, k, m, ntExpected, options);
           for (const kernel of [one, three, plain]) {
             // W outside the memory (copied or transposed in), and W in it (a KV cache there: read in place).
-            const at = kernel.allocate(w.byteLength)! / 4;
-            const resident = kernel.heap.subarray(at, at + w.length);
-            resident.set(w);
+            const resident = inMemory(kernel, w);
             for (const operand of [w, resident]) {
               const out = ntBefore.slice();
               if (!kernel.ntArrays(x, operand, n, k, m, out, options)) {
@@ -272,13 +276,11 @@ describe("WASM SIMD matmul", () => {
       for (const kernel of kernels) {
         const out = new Float32Array(width);
         expect(kernel.weightedRowSumArrays(weights, rows, count, width, stride, out), "rows outside the memory stay in JavaScript").toBe(false);
-        const at = kernel.allocate(rows.byteLength)! / 4;
-        const resident = kernel.heap.subarray(at, at + rows.length);
-        resident.set(rows);
+        const resident = inMemory(kernel, rows);
         expect(kernel.weightedRowSumArrays(weights, resident, count, width, stride, out)).toBe(count * width >= 16_384);
         if (count * width < 16_384) weightedRowSum(weights, resident, count, width, stride, out);
         expect(new Uint32Array(out.buffer), `count=${count} width=${width} stride=${stride}`).toEqual(new Uint32Array(expected.buffer));
-        kernel.release(at * 4);
+        kernel.release(resident.byteOffset);
       }
     }
   });
