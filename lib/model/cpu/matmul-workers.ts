@@ -1,9 +1,9 @@
 /**
  * Worker threads for the WebAssembly matmul: each runs its own instance of the module on the same shared memory,
  * so a product (`x Wᵀ` in f32, or one of the float64-summed ones) is split into blocks of its output and every
- * thread computes one, with no copies. The caller's thread computes a block too and then waits (Atomics.wait; the backend's API is
- * synchronous). Every output is one dot product in the kernel's fixed order, whichever tile or thread computes it, so
- * the result is the same bits on any number of threads.
+ * thread computes one, with no copies. The caller's thread computes a block too and then waits (Atomics.wait; the
+ * backend's API is synchronous). Every output is one dot product in the kernel's fixed order, whichever tile or
+ * thread computes it, so the result is the same bits on any number of threads.
  *
  * Workers start in the background on the first large product; until one reports ready, products run on the calling
  * thread alone, so a worker that never starts costs nothing but its share. They are unref'd (the process exits

@@ -4,8 +4,8 @@
  * portable product with matmul.ts's bits (float64 sums). They compute on a shared linear memory, so operands live at
  * byte offsets there, and a large product is split over worker threads (matmul-workers.ts) with the same bits as on
  * one. This class owns an instance and its memory, whose blocks an explicit allocator hands out (first fit over a
- * free list, above it a bump pointer `top`): the CPU backend keeps each linear weight in a block and copies
- * activations into the scratch space above `top` per call.
+ * free list, above it a bump pointer `top`): the CPU backend keeps each linear weight and its KV caches in blocks,
+ * and copies activations into the scratch space above `top` per call.
  */
 import { ArtError } from "../../core/errors.ts";
 import { matmulUnfusedWasmBase64, matmulWasmBase64 } from "./matmul-wasm-bytes.ts";
@@ -273,9 +273,10 @@ export class WasmMatmul {
     if (stepwise && (alpha !== 1 || !accumulate || outCol !== 1)) {
       throw new ArtError("bad_matmul_operands", "stepwise leftover rows need alpha 1, accumulation and out contiguous along its columns");
     }
-    const last = (at: number, rows: number, rowStride: number, columns: number, columnStride: number) =>
+    // Each operand's extent in elements: from its first to one past its last.
+    const extent = (at: number, rows: number, rowStride: number, columns: number, columnStride: number) =>
       [at, rows * columns === 0 ? 0 : (rows - 1) * rowStride + (columns - 1) * columnStride + 1] as [number, number];
-    this.#checkOperands([last(a, n, aRow, k, aCol), last(b, k, bRow, m, 1), last(out, n, outRow, m, outCol)],
+    this.#checkOperands([extent(a, n, aRow, k, aCol), extent(b, k, bRow, m, 1), extent(out, n, outRow, m, outCol)],
       `WASM matmulF64 operands at ${a}, ${b}, ${out} (n=${n}, k=${k}, m=${m})`);
     const flags = (accumulate ? ACCUMULATE : 0) | (stepwise ? STEPWISE : 0);
     this.#run(n, k, m, (block) => ({
@@ -295,7 +296,7 @@ export class WasmMatmul {
    */
   ntArrays(x: Float32Array, w: Float32Array, n: number, k: number, m: number, out: Float32Array, options: MatmulOptions = {}): boolean {
     const { alpha = 1, accumulate = false, columnStart = 0, columnEnd = m, xStride = k, wStride = k, outStride = m } = options;
-    const columns = columnEnd - columnStart, wHere = this.#buffers.has(w.buffer);
+    const columns = columnEnd - columnStart, wHere = this.#lives(w, (columnEnd - 1) * wStride + k);
     if ((n < MIN_ARRAY_ROWS && (!wHere || n * k * columns < MIN_ROW_MULTIPLY_ADDS)) || columns <= 0) return false;
     const transposeW = n >= columns && !wHere;
     const at = this.#scratch([n * k, wHere ? 0 : columns * k, n * columns]);
@@ -326,7 +327,7 @@ export class WasmMatmul {
    * memory cannot hold the rest.
    */
   weightedRowSumArrays(weights: Float32Array, rows: Float32Array, count: number, width: number, stride: number, out: Float32Array): boolean {
-    if (!this.#buffers.has(rows.buffer) || count * width < MIN_ROW_MULTIPLY_ADDS) return false;
+    if (!this.#lives(rows, (count - 1) * stride + width) || count * width < MIN_ROW_MULTIPLY_ADDS) return false;
     const at = this.#scratch([count, width]);
     if (!at) return false;
     const [weightsAt, outAt] = at, heap = this.heap;
@@ -341,7 +342,7 @@ export class WasmMatmul {
    * it lies when it already lives there (a resident weight), else copied. False when the memory cannot hold them.
    */
   nnAccumulateArrays(out: Float32Array, a: Float32Array, b: Float32Array, n: number, k: number, m: number): boolean {
-    const bHere = this.#buffers.has(b.buffer);
+    const bHere = this.#lives(b, k * m);
     const at = this.#scratch([n * k, bHere ? 0 : k * m, n * m]);
     if (!at) return false;
     const [aAt, bCopyAt, outAt] = at, heap = this.heap;
@@ -382,6 +383,14 @@ export class WasmMatmul {
     this.matmulNT(xAt!, w, outAt!, n, k, m);
     out.set(heap.subarray(outAt! / 4, outAt! / 4 + n * m));
     return true;
+  }
+
+  /**
+   * Whether `array` is a view of this memory (a resident weight, a KV cache) holding at least `extent` values: a
+   * product then reads it where it lies, and the kernel never reaches past it.
+   */
+  #lives(array: Float32Array, extent: number): boolean {
+    return this.#buffers.has(array.buffer) && array.length >= extent;
   }
 
   /**
