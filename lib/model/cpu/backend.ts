@@ -93,13 +93,8 @@ class CpuKvCache implements KvCache {
   constructor(spec: KvCacheSpec, kernel: WasmMatmul | null) {
     this.spec = spec;
     const perLayer = spec.numSlots * spec.maxPositions * spec.numKvHeads * spec.headDim;
-    const offsets: number[] = [];
-    for (let i = 0; kernel && i < 2 * spec.numLayers; i++) {
-      const offset = kernel.allocate(perLayer * 4);
-      if (offset === null) break;
-      offsets.push(offset);
-    }
-    if (kernel && offsets.length === 2 * spec.numLayers) {
+    const offsets = kernel ? allocateBlocks(kernel, 2 * spec.numLayers, perLayer * 4) : null;
+    if (kernel && offsets) {
       const heap = kernel.heap;
       const layers = offsets.map((offset) => heap.subarray(offset / 4, offset / 4 + perLayer).fill(0));
       this.keys = layers.slice(0, spec.numLayers);
@@ -107,7 +102,6 @@ class CpuKvCache implements KvCache {
       this.#blocks = { kernel, offsets };
       return;
     }
-    for (const offset of offsets) kernel!.release(offset);
     this.keys = Array.from({ length: spec.numLayers }, () => new Float32Array(perLayer));
     this.values = Array.from({ length: spec.numLayers }, () => new Float32Array(perLayer));
   }
@@ -117,6 +111,20 @@ class CpuKvCache implements KvCache {
     for (const offset of this.#blocks?.offsets ?? []) this.#blocks!.kernel.release(offset);
     this.#blocks = null;
   }
+}
+
+/** `count` blocks of `bytes` each from the kernel's allocator, or null (none kept) when its memory cannot hold them all. */
+function allocateBlocks(kernel: WasmMatmul, count: number, bytes: number): number[] | null {
+  const offsets: number[] = [];
+  for (let i = 0; i < count; i++) {
+    const offset = kernel.allocate(bytes);
+    if (offset === null) {
+      for (const allocated of offsets) kernel.release(allocated);
+      return null;
+    }
+    offsets.push(offset);
+  }
+  return offsets;
 }
 
 function cpu(tensor: Tensor): CpuTensor {

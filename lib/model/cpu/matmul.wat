@@ -1,4 +1,7 @@
-;; out[n, m] = alpha · x[n, k] · w[m, k]ᵀ (+ out when accumulating), in f32 with 128-bit SIMD.
+;; Two kernels on one shared memory: matmulNT, below, the portable linear layers' f32 product; and matmulF64, at the
+;; end, every other portable product with the JavaScript reference's bits (its own comment says how).
+;;
+;; matmulNT: out[n, m] = alpha · x[n, k] · w[m, k]ᵀ (+ out when accumulating), in f32 with 128-bit SIMD.
 ;;
 ;; Both operands are read along contiguous rows of k (W keeps the checkpoint's [out, in] layout), so each f32x4
 ;; accumulator holds four partial sums of one dot product, strided over k; the four lanes are added once at the end

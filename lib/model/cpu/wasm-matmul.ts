@@ -34,7 +34,7 @@ interface MatmulExports {
  * Where matmulF64's operands sit, in elements: a(i, p) at a + i·aRow + p·aCol, b(p, j) at b + p·bRow + j, out(i, j) at
  * out + i·outRow + j·outCol.
  */
-export interface F64Layout {
+interface F64Layout {
   aRow: number;
   aCol: number;
   bRow: number;
