@@ -320,6 +320,8 @@ export class Transformer {
       for (let l = 0; l < c.numLayers; l++) {
         this.layerForward(l, x, x, acts, rows.positions, attend, loras?.[l], { normed: l > 0, nextNorm: layers[l + 1]?.inputNorm ?? null });
       }
+      // A prompt chunk that ends no prompt has no row to score: no head (a GPU refuses a launch over no rows).
+      if (logitRows?.length === 0) return b.empty([0, c.vocabSize]);
       let final = x;
       if (logitRows) {
         buffers.push(final = b.empty([logitRows.length, d]));

@@ -17,6 +17,7 @@ import { hostMemory } from "../../lib/cuda/host-memory.ts";
 import { type KernelArg, kernelArgBlockBytes, packKernelArgs } from "../../lib/cuda/kernel-args.ts";
 import { type KernelName, kernelModules, kernelSourceDirectory } from "../../lib/cuda/kernel-build.ts";
 import { MemoryPool } from "../../lib/cuda/memory-pool.ts";
+import { checkLaunchGeometry } from "./launch-geometry.ts";
 
 const emulatorDir = join(dirname(fileURLToPath(import.meta.url)), "emulator");
 
@@ -95,6 +96,7 @@ class EmulatedDevice implements DeviceQueue {
   #captured: Array<() => void> | null = null;
   readonly #graphs = new Map<bigint, Array<() => void>>();
   #nextGraph = 1n;
+  #disposed = false;
   /** Each event's time when the stream reached it (null until recorded). */
   readonly #events = new Map<bigint, number | null>();
   #nextEvent = 1n;
@@ -139,11 +141,13 @@ class EmulatedDevice implements DeviceQueue {
   }
 
   upload(destination: bigint, source: ArrayBufferView, offset = 0): void {
+    this.#live("upload");
     this.#notCapturing("upload");
     this.#memory.write(destination + BigInt(offset), source);
   }
 
   download(source: bigint, target: ArrayBufferView, offset = 0): void {
+    this.#live("download");
     this.#notCapturing("download");
     this.#memory.read(source + BigInt(offset), target);
   }
@@ -153,6 +157,7 @@ class EmulatedDevice implements DeviceQueue {
   }
 
   launch(kernel: KernelFunction, config: LaunchConfig, args: readonly KernelArg[]): void {
+    checkLaunchGeometry(kernel.name, config);
     const packed = packKernelArgs(args, this.#argBlock);
     const [gx, gy = 1, gz = 1] = config.grid, [bx, by = 1, bz = 1] = config.block;
     this.#stream(() => {
@@ -236,6 +241,7 @@ class EmulatedDevice implements DeviceQueue {
 
   /** Runs stream work now, or records it while capturing. */
   #stream(work: () => void): void {
+    this.#live("stream work");
     if (this.#captured) this.#captured.push(work);
     else work();
   }
@@ -253,6 +259,12 @@ class EmulatedDevice implements DeviceQueue {
   dispose(): void {
     this.pool.releaseAll();
     this.#memory.free(this.#argBlock);
+    this.#disposed = true;
+  }
+
+  /** As CudaContext: nothing runs once disposed (the memory is unmapped), with an error instead of a fault. */
+  #live(what: string): void {
+    if (this.#disposed) throw new Error(`emulator: ${what} after dispose`);
   }
 }
 

@@ -13,6 +13,7 @@ import type { KernelFunction, LaunchConfig } from "../../lib/cuda/driver.ts";
 import type { KernelArg } from "../../lib/cuda/kernel-args.ts";
 import { type KernelName, kernelModules } from "../../lib/cuda/kernel-build.ts";
 import { MemoryPool } from "../../lib/cuda/memory-pool.ts";
+import { checkLaunchGeometry } from "./launch-geometry.ts";
 
 export interface RecordedLaunch {
   name: string;
@@ -87,10 +88,9 @@ export class RecordingDevice implements DeviceQueue {
   launch(kernel: KernelFunction, config: LaunchConfig, args: readonly KernelArg[]): void {
     const [gx, gy = 1, gz = 1] = config.grid, [bx, by = 1, bz = 1] = config.block;
     const shared = config.sharedBytes ?? 0;
-    if (!(gx >= 1 && gx < 2 ** 31 && gy >= 1 && gy <= 65535 && gz >= 1 && gz <= 65535)) throw new Error(`${kernel.name}: bad grid ${config.grid}`);
+    checkLaunchGeometry(kernel.name, config);
     // Every kernel here reduces over warps: whole warps only.
-    if (!(bx * by * bz <= 1024 && (bx * by * bz) % 32 === 0)) throw new Error(`${kernel.name}: bad block ${config.block}`);
-    if (shared > 227 * 1024) throw new Error(`${kernel.name}: ${shared} bytes of shared memory`);
+    if ((bx * by * bz) % 32 !== 0) throw new Error(`${kernel.name}: bad block ${config.block}`);
     const check = () => args.forEach(([type, value], i) => {
       if (type === "ptr" && value !== 0n) this.expectLive(BigInt(value), 1, `${kernel.name} argument ${i}`);
     });
