@@ -222,7 +222,11 @@ export class CudaContext {
     });
   }
 
+  /** The driver's functions; after dispose() every use throws, since the stream, staging and argument memory are gone. */
   get #c() {
+    if (this.#disposed) {
+      throw new ArtError("cuda_disposed", "the CUDA context was disposed (backend.dispose()); nothing can run on it: create a new backend");
+    }
     return this.#lib.symbols;
   }
 
@@ -286,10 +290,11 @@ export class CudaContext {
   }
 
   launch(kernel: KernelFunction, config: LaunchConfig, args: readonly KernelArg[]): void {
+    const c = this.#c;  // throws once disposed, before the freed argument block is written
     const shared = config.sharedBytes ?? 0;
     if (shared > 48 * 1024 && (this.#sharedLimits.get(kernel.handle) ?? 0) < shared) {
       // Beyond 48 KiB of dynamic shared memory a kernel must opt in.
-      this.check(this.#c.cuFuncSetAttribute(kernel.handle, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
+      this.check(c.cuFuncSetAttribute(kernel.handle, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
         `cuFuncSetAttribute(${kernel.name}, ${shared} bytes shared)`);
       this.#sharedLimits.set(kernel.handle, shared);
     }
@@ -300,7 +305,7 @@ export class CudaContext {
     this.#memory.write(this.#argBlock, packKernelArgs(args, this.#argBlock));
     const [gx, gy = 1, gz = 1] = config.grid;
     const [bx, by = 1, bz = 1] = config.block;
-    const status = this.#c.cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, shared, this.stream, this.#argBlock, 0n);
+    const status = c.cuLaunchKernel(kernel.handle, gx, gy, gz, bx, by, bz, shared, this.stream, this.#argBlock, 0n);
     // The message only on failure: a training pass launches thousands of kernels.
     if (status !== 0) this.check(status, `cuLaunchKernel(${kernel.name}, grid ${gx}x${gy}x${gz}, block ${bx}x${by}x${bz})`);
   }
@@ -377,7 +382,6 @@ export class CudaContext {
    */
   dispose(): void {
     if (this.#disposed) return;
-    this.#disposed = true;
     const failures: unknown[] = [];
     const attempt = (release: () => void) => {
       try {
@@ -394,6 +398,7 @@ export class CudaContext {
     this.#memory.free(this.#argBlock);
     attempt(() => this.check(this.#c.cuStreamDestroy_v2(this.stream), "cuStreamDestroy"));
     attempt(() => this.check(this.#c.cuDevicePrimaryCtxRelease_v2(this.device.handle), "cuDevicePrimaryCtxRelease"));
+    this.#disposed = true;
     if (failures.length > 0) throw failures[0];
   }
 
@@ -405,6 +410,7 @@ export class CudaContext {
 
   /** The next `bytes` of the staging ring; wrapping waits for queued copies that may still read the ring. */
   #stage(bytes: number): bigint {
+    void this.#c;  // throws once disposed: the staging memory is freed
     if (this.#stagingOffset + bytes > stagingBytes) {
       this.synchronize();
       this.#stagingOffset = 0;

@@ -119,6 +119,18 @@ results.errors = [2, 12345].map((code) => {
 });
 
 context.dispose();
+// After dispose, work is refused with the reason, before anything touches the freed staging or argument memory.
+results.afterDispose = [
+  () => context.launch(fill, { grid: [1], block: [32] }, [["ptr", values], ["f32", 1], ["i64", 32]]),
+  () => context.upload(values, new Float32Array(4)), () => context.download(values, new Float32Array(4)), () => context.synchronize(),
+].map((call) => {
+  try {
+    call();
+    return "not refused";
+  } catch (error) {
+    return error instanceof ArtError ? error.code : `not an ArtError: ${error}`;
+  }
+});
 const report = openLibrary("libcuda.so.1", { mock_report: { result: "pointer", args: [] } }).symbols.mock_report() as bigint;
 results.driver = JSON.parse(hostMemory().readCString(report));
 console.log(JSON.stringify(results));

@@ -36,6 +36,7 @@ const expected = {
     "cuStreamEndCapture failed: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: operation failed due to a previous error during capture (code 901)",
     [5],
   ],
+  afterDispose: ["cuda_disposed", "cuda_disposed", "cuda_disposed", "cuda_disposed"],
   driver: { launches: 3, graphLaunches: 2, retains: 0, violations: ["cuStreamSynchronize during stream capture"] },
 };
 

@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <sys/mman.h>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -221,8 +223,28 @@ static const Entry registry[] = {
 
 extern "C" {
 
-uint64_t emu_alloc(uint64_t bytes) { return reinterpret_cast<uint64_t>(std::calloc(1, bytes)); }
-void emu_free(uint64_t address) { std::free(reinterpret_cast<void*>(address)); }
+/**
+ * Device memory: each block in pages of its own, ending (256-byte aligned, as cuMemAlloc's) just before an
+ * inaccessible guard page, so a kernel or GEMM that reads or writes past the end of its buffer faults at that access
+ * (the stack in a debugger names the kernel) instead of corrupting the host's heap to fail somewhere unrelated later.
+ */
+static std::unordered_map<uint64_t, std::pair<void*, size_t>> mappings;
+uint64_t emu_alloc(uint64_t bytes) {
+  const size_t page = 4096, used = (bytes + 255) / 256 * 256, length = (used + page - 1) / page * page + page;
+  void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return 0;
+  char* guard = static_cast<char*>(base) + length - page;
+  if (mprotect(guard, page, PROT_NONE) != 0) { munmap(base, length); return 0; }
+  const uint64_t address = reinterpret_cast<uint64_t>(guard - used);
+  mappings[address] = {base, length};
+  return address;
+}
+void emu_free(uint64_t address) {
+  const auto found = mappings.find(address);
+  if (found == mappings.end()) { std::fprintf(stderr, "emulator: free of 0x%llx, which is not a live block\n", (unsigned long long)address); std::abort(); }
+  munmap(found->second.first, found->second.second);
+  mappings.erase(found);
+}
 
 /** Returns 0, or -1 for an unknown kernel. */
 int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
