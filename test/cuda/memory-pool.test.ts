@@ -27,9 +27,16 @@ function fakeDevice(budget: number) {
 }
 
 describe("device memory pool", () => {
-  it("rounds requests up to 2^k or 1.5·2^k bytes, from 512", () => {
-    expect([1, 512, 513, 768, 769, 1024, 1025, 1536, 1537, 3_000_000].map(sizeClass))
-      .toEqual([512, 512, 768, 768, 1024, 1024, 1536, 1536, 2048, 3_145_728]);
+  it("rounds requests up to multiples of 256 bytes from 512, and from 4 KiB to sixteen classes per power of two", () => {
+    expect([1, 512, 513, 769, 4095, 4096, 4097, 8191, 3_000_000].map(sizeClass))
+      .toEqual([512, 512, 768, 1024, 4096, 4096, 4352, 8192, 23 * 2 ** 17]);
+    // A 7B model's gate_proj in bf16 (18,944 × 3,584 × 2 bytes): 5% over, where 2^k / 1.5·2^k classes took 48%.
+    expect(sizeClass(18944 * 3584 * 2)).toBe(17 * 2 ** 23);
+    for (let bytes = 4096; bytes < 2 ** 34; bytes = Math.ceil(bytes * 1.37) + 1) {
+      const size = sizeClass(bytes);
+      expect(size % 256).toBe(0);
+      expect(size >= bytes && size <= bytes * (1 + 1 / 16)).toBe(true);
+    }
     expect(() => sizeClass(-1)).toThrowError(/invalid allocation size -1/);
   });
 
@@ -48,13 +55,28 @@ describe("device memory pool", () => {
     expect(pool.stats().peakReservedBytes).toBe(1024 + 2048);
   });
 
+  it("serves a request from a cached block of its class or of the next two, and claims such a block back", () => {
+    const fake = fakeDevice(1 << 30);
+    const pool = new MemoryPool(fake.device);
+    const block = pool.allocate(18 * 2 ** 20);  // class 18 MiB; the next two classes are 19 and 20 MiB
+    pool.free(block);
+    expect(pool.allocate(16.5 * 2 ** 20)).toBe(block);  // class 17 MiB: two classes below, reused
+    pool.free(block);
+    const fresh = pool.allocate(15.5 * 2 ** 20);  // class 15.5 MiB (half-MiB steps below 16): three below, a new block
+    expect(fresh).not.toBe(block);
+    expect(pool.stats()).toMatchObject({ deviceAllocations: 2, reused: 1, inUseBytes: 15.5 * 2 ** 20, cachedBytes: 18 * 2 ** 20 });
+    expect(pool.claim(block, 17 * 2 ** 20)).toBe(true);
+    expect(pool.stats()).toMatchObject({ inUseBytes: 33.5 * 2 ** 20, cachedBytes: 0 });
+    pool.releaseAll();
+  });
+
   it("releases cached blocks and retries once when the device is full, then names the failure", () => {
     const fake = fakeDevice(4096);
     const pool = new MemoryPool(fake.device);
     pool.free(pool.allocate(2048));
-    pool.free(pool.allocate(1536));
-    const big = pool.allocate(3000);  // needs the cached 2048 + 1536 released first
-    expect(fake.calls).toEqual(["alloc 2048", "alloc 1536", "alloc 3072", "release 2048", "release 1536", "alloc 3072"]);
+    pool.free(pool.allocate(1024));
+    const big = pool.allocate(3000);  // needs the cached 2048 + 1024 released first
+    expect(fake.calls).toEqual(["alloc 2048", "alloc 1024", "alloc 3072", "release 2048", "release 1024", "alloc 3072"]);
     expect(pool.stats().cachedBytes).toBe(0);
     expect(() => pool.allocate(2000)).toThrowError(/out of GPU memory allocating 2000 bytes \(3072 bytes in use by art-ts\)/);
     pool.free(big);
