@@ -2,7 +2,9 @@
 // between two barriers in seeded random orders (emulator/runtime.cpp), so that a kernel whose result depends on
 // either order gives different results, as it could on a GPU: both orders change with the seed, and the race of a
 // missing barrier shows up. And it runs the tensor cores' mma.m16n8k16 with the fragment layout of the PTX ISA,
-// written out again here from the ISA's tables.
+// written out again here from the ISA's tables. Accesses a GPU refuses stop it, where they happen: a read past the end
+// of a buffer (each block ends at a guard page) and a misaligned vector load (the alignment sanitizer).
+import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
 import { openLibrary, type NativeLibrary } from "../../lib/core/ffi.ts";
@@ -68,6 +70,19 @@ describe.skipIf(skipReason !== "")(`the kernel emulator${skipReason ? ` (skipped
     const racy = outputs(0);
     expect(racy.some((out) => out.some((x, i) => x !== expected[i]))).toBe(true);
     expect(new Set(racy.map((out) => out.join(","))).size).toBeGreaterThan(1);
+  });
+
+  it("stops at a read past the end of a buffer and at a misaligned vector load, as a GPU faults", () => {
+    // A Node that runs .ts files: this one, or the repository's pinned one.
+    const node = (process.features as { typescript?: unknown }).typescript ? process.execPath : join(import.meta.dirname, "../../node_modules/.bin/node");
+    const run = (probe: string) => spawnSync(node, [join(import.meta.dirname, "emulator-fault-main.ts"), probe],
+      { encoding: "utf8", timeout: 120_000 });
+    const pastEnd = run("probe_read_past_end");
+    expect(pastEnd.signal).toBe("SIGSEGV");
+    const misaligned = run("probe_misaligned_load");
+    expect(misaligned.status).not.toBe(0);
+    expect(misaligned.stderr).toMatch(/misaligned address .* for type 'const struct float4', which requires 16 byte alignment/);
+    expect(pastEnd.stdout + misaligned.stdout).not.toMatch(/not stopped/);
   });
 
   it("runs mma.sync.m16n8k16 (bf16 in, f32 out) with the PTX ISA's fragment layout", () => {

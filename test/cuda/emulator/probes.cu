@@ -1,5 +1,6 @@
 // Kernels for the emulator's own tests (test/cuda/emulator.test.ts): the order blocks and threads ran in, a kernel
-// with the race the emulator's random orders are there to expose, and one tensor-core product. Not part of art-ts.
+// with the race the emulator's random orders are there to expose, one tensor-core product, and two accesses a GPU
+// refuses (a read past a buffer, a misaligned vector load). Not part of art-ts.
 #include "common.cuh"
 
 // order[block] = its place among the launch's blocks.
@@ -27,4 +28,14 @@ extern "C" __global__ void probe_mma(const unsigned* a, const unsigned* b, const
   float fd[4];
   mma_bf16_16816(fd, fa, fb, fc);
   for (int i = 0; i < 4; i++) d[4 * lane + i] = fd[i];
+}
+
+// out[0] = in[n]: one float past a buffer of n (a GPU's memcheck reports it; the emulator's guard page stops it).
+extern "C" __global__ void probe_read_past_end(const float* in, float* out, long long n) {
+  out[0] = in[n];
+}
+
+// A 16-byte load from 4 bytes into `in` (a GPU faults with "misaligned address"; the alignment sanitizer stops it).
+extern "C" __global__ void probe_misaligned_load(const float* in, float* out) {
+  out[0] = reinterpret_cast<const float4*>(in + 1)->y;
 }
