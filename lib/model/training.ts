@@ -313,14 +313,18 @@ export class DifferentiableTransformer {
       let x = held.empty([n, d]);
       b.embedding(this.embedding.tensor, batch.tokens, x);
       const layers: SavedLayer[] = [];
+      // The memory a layer's forward takes, measured on the first (every layer has the same shapes): "auto" keeps
+      // layers by it.
+      let layerBytes: number | undefined;
       for (let l = 0; l < c.numLayers; l++) {
-        const availableBefore = this.backend.availableMemory?.();
+        const availableBefore = l === 0 && keep && this.recomputeActivations === "auto" ? this.backend.availableMemory?.() : undefined;
         const { acts, output } = this.layerForward(l, x, batch, useAdapter);
         for (const tensor of [...activationTensors(acts), output]) held.hold(tensor);
+        if (availableBefore !== undefined) layerBytes = availableBefore - this.backend.availableMemory!();
         if (!keep) {
           held.freeAll(activationTensors(acts));
           held.free(x);
-        } else if (this.keepsActivations(availableBefore, (c.numLayers - 1 - l) * output.size * 4)) {
+        } else if (this.keepsActivations(layerBytes, (c.numLayers - 1 - l) * output.size * 4)) {
           layers.push({ input: x, acts });
         } else {
           held.freeAll(activationTensors(acts));
@@ -351,15 +355,14 @@ export class DifferentiableTransformer {
   }
 
   /**
-   * Whether a layer's activations, just computed, stay for the backward (see RecomputeActivations): `availableBefore`
-   * is the backend's available memory before the layer's forward, `laterInputsBytes` what the later layers' inputs
-   * will hold (every layer keeps its input, recomputed or not).
+   * Whether a layer's activations, just computed, stay for the backward (see RecomputeActivations): `layerBytes` is
+   * what a layer's forward took of the backend's memory (undefined where the backend reports none), `laterInputsBytes`
+   * what the later layers' inputs will hold (every layer keeps its input, recomputed or not).
    */
-  private keepsActivations(availableBefore: number | undefined, laterInputsBytes: number): boolean {
+  private keepsActivations(layerBytes: number | undefined, laterInputsBytes: number): boolean {
     if (this.recomputeActivations !== "auto") return !this.recomputeActivations;
     const available = this.backend.availableMemory?.();
-    if (available === undefined || availableBefore === undefined) return true;
-    const layerBytes = availableBefore - available;
+    if (available === undefined || layerBytes === undefined) return true;
     const logitsBlock = this.chunks.rowChunk * this.chunks.vocabChunk * 4;
     return available >= AUTO_RESERVE_LAYERS * layerBytes + laterInputsBytes + logitsBlock + recomputeMarginBytes;
   }
