@@ -49,9 +49,9 @@ export function randomWeights(backend: CudaBackend, c: ModelConfig): { weights: 
   return { weights: loadWeights(backend, c, store, "bf16"), bytes };
 }
 
-/** Bandwidth of a device-to-device copy (bytes read + written per second). */
-export function measureBandwidth(backend: CudaBackend): number {
-  const ctx = backend.context, bytes = 1 << 30;
+/** Bandwidth of a device-to-device copy of `bytes` (bytes read + written per second). */
+export function measureBandwidth(backend: CudaBackend, bytes = 1 << 30): number {
+  const ctx = backend.context;
   const a = ctx.pool.allocate(bytes), b = ctx.pool.allocate(bytes);
   const start = ctx.createEvent(), end = ctx.createEvent();
   ctx.copyDeviceToDevice(b, a, bytes);
