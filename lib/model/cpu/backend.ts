@@ -384,8 +384,11 @@ export class CpuBackend implements Backend {
     let column = 0;
     outs.forEach((out, j) => {
       const o = cpu(out).data, w = widths[j];
-      for (let i = 0; i < rows; i++) o.set(xs.subarray(i * width + column, i * width + column + w), i * w);
-      if (b) for (let i = 0; i < rows; i++) for (let c = 0; c < w; c++) o[i * w + c] += b[column + c];
+      for (let i = 0; i < rows; i++) {
+        const from = i * width + column, to = i * w;
+        if (!b) o.set(xs.subarray(from, from + w), to);
+        else for (let c = 0; c < w; c++) o[to + c] = xs[from + c] + b[column + c];  // one pass: the copy and the bias
+      }
       column += w;
     });
   }
