@@ -320,11 +320,11 @@ export class DifferentiableTransformer {
         const availableBefore = l === 0 && keep && this.recomputeActivations === "auto" ? this.backend.availableMemory?.() : undefined;
         const { acts, output } = this.layerForward(l, x, batch, useAdapter);
         for (const tensor of [...activationTensors(acts), output]) held.hold(tensor);
-        if (availableBefore !== undefined) layerBytes = availableBefore - this.backend.availableMemory!();
+        if (availableBefore !== undefined) layerBytes = Math.max(0, availableBefore - this.backend.availableMemory!());
         if (!keep) {
           held.freeAll(activationTensors(acts));
           held.free(x);
-        } else if (this.keepsActivations(layerBytes, (c.numLayers - 1 - l) * output.size * 4)) {
+        } else if (this.keepsActivations(layerBytes, (c.numLayers - 1 - l) * output.size * (output.dtype === "bf16" ? 2 : 4))) {
           layers.push({ input: x, acts });
         } else {
           held.freeAll(activationTensors(acts));
