@@ -122,6 +122,7 @@ class EmulatedDevice implements DeviceQueue {
       allocate: (bytes) => {
         if (this.outstandingBytes + bytes > this.limitBytes) return null;
         const address = c.emu_alloc(bytes) as bigint;
+        if (address === 0n) return null;  // the host refused the mapping: out of memory, as a GPU would say
         this.#sizes.set(address, bytes);
         this.outstandingBytes += bytes;
         return address;
