@@ -209,8 +209,8 @@ function stackable(loras: readonly { a: CudaTensor; dA?: CudaTensor; kept: KeptD
   return sideBySide && adjacent(loras.map((l) => l.a)) && gradientsAdjacent;
 }
 
-/** lora.cu's limits (LORA_MAX_ROWS, LORA_MAX_RANK) and block shapes (LORA_WARPS, LORA_COLUMNS). */
-const loraKernelMaxRows = 64, loraKernelMaxRank = 64, loraDownWarps = 8, loraUpColumns = 256;
+/** lora.cu's limits (LORA_MAX_ROWS, LORA_MAX_RANK, LORA_MAX_FUSED_PAIRS) and block shapes (LORA_WARPS, LORA_COLUMNS). */
+const loraKernelMaxRows = 64, loraKernelMaxRank = 64, loraFusedMaxPairs = 64, loraDownWarps = 8, loraUpColumns = 256;
 
 /** Blocks of the sum-of-squares reduction per tensor. */
 const sumSquaresBlocks = 64;
@@ -494,16 +494,22 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       return;
     }
     const suffix = firstA.dtype === "bf16" ? "bf16" : "f32";
-    const down = this.#transient().allocate(parts.length * n * rank * 4);
     const each = <T>(pick: (part: LoraPart) => T, none: T): T[] => [0, 1, 2].map((p) => (parts[p] ? pick(parts[p]) : none));
+    const ups: KernelArg[] = [...each((p): KernelArg => ["ptr", p.b.address], ["ptr", 0n]),
+      ...each((p): KernelArg => ["ptr", p.o.address + BigInt(p.column * 4)], ["ptr", 0n]),
+      ...each((p): KernelArg => ["i32", p.outFeatures], ["i32", 0]), ...each((p): KernelArg => ["i32", p.width], ["i32", 0]),
+      ...each((p): KernelArg => ["f32", p.scale], ["f32", 0])];
+    const grid: [number, number] = [Math.ceil(Math.max(...parts.map((p) => p.outFeatures)) / loraUpColumns), parts.length];
+    const as = each((p): KernelArg => ["ptr", p.a.address], ["ptr", 0n]);
+    if (n * rank <= loraFusedMaxPairs) {
+      // A decode pass of a few sequences: both products in one launch, each block computing its part's x Aᵀ.
+      this.#launch(`lora_fused_${suffix}`, grid, [loraUpColumns], [["ptr", xs.address], ...as, ...ups, ["i32", n], ["i32", inFeatures], ["i32", rank]]);
+      return;
+    }
+    const down = this.#transient().allocate(parts.length * n * rank * 4);
     this.#launch(`lora_down_${suffix}`, [Math.ceil((n * rank) / loraDownWarps), parts.length], [loraDownWarps * 32],
-      [["ptr", xs.address], ...each((p): KernelArg => ["ptr", p.a.address], ["ptr", 0n]), ["ptr", down], ["i32", n], ["i32", inFeatures], ["i32", rank]]);
-    const widest = Math.max(...parts.map((p) => p.outFeatures));
-    this.#launch(`lora_up_${suffix}`, [Math.ceil(widest / loraUpColumns), parts.length], [loraUpColumns],
-      [["ptr", down], ...each((p): KernelArg => ["ptr", p.b.address], ["ptr", 0n]),
-        ...each((p): KernelArg => ["ptr", p.o.address + BigInt(p.column * 4)], ["ptr", 0n]),
-        ...each((p): KernelArg => ["i32", p.outFeatures], ["i32", 0]), ...each((p): KernelArg => ["i32", p.width], ["i32", 0]),
-        ...each((p): KernelArg => ["f32", p.scale], ["f32", 0]), ["i32", n], ["i32", rank]]);
+      [["ptr", xs.address], ...as, ["ptr", down], ["i32", n], ["i32", inFeatures], ["i32", rank]]);
+    this.#launch(`lora_up_${suffix}`, grid, [loraUpColumns], [["ptr", down], ...ups, ["i32", n], ["i32", rank]]);
     this.#release(down);
   }
 

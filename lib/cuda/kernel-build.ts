@@ -64,6 +64,8 @@ export const kernelModules = {
     lora_down_f32: [ptr, ptr, ptr, ptr, ptr, i32, i32, i32], lora_down_bf16: [ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
     lora_up_f32: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, f32, f32, f32, i32, i32],
     lora_up_bf16: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, f32, f32, f32, i32, i32],
+    lora_fused_f32: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, f32, f32, f32, i32, i32, i32],
+    lora_fused_bf16: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, f32, f32, f32, i32, i32, i32],
   },
   adamw: {
     zero_tensors: [ptr, i32],

@@ -181,12 +181,14 @@ describe("CUDA backend host logic (recording device)", () => {
       const placement = { slots: Int32Array.from({ length: rows }, (_, i) => (rows === 3 ? i : 0)), positions: Int32Array.from({ length: rows }, (_, i) => positions(i)) };
       backend.free(model.forward(new Int32Array(rows).fill(1), placement, cache, null, loras));
       const named = (name: string) => device.launches.filter((l) => l.name === name).length;
-      return { down: named("lora_down_f32"), up: named("lora_up_f32"), gemms: device.gemms.length };
+      return { fused: named("lora_fused_f32"), down: named("lora_down_f32"), up: named("lora_up_f32"), gemms: device.gemms.length };
     };
     // Prefill of 80 rows: two GEMMs per projection's LoRA, beside the four products of each layer and the head.
-    expect(count(80, (i) => i)).toEqual({ down: 0, up: 0, gemms: layers * (4 + 2 * 7) + 1 });
-    // Decoding three slots: one lora_down and one lora_up per group (q/k/v, o, gate/up, down).
-    expect(count(3, () => 80)).toEqual({ down: 4 * layers, up: 4 * layers, gemms: 4 * layers + 1 });
+    expect(count(80, (i) => i)).toEqual({ fused: 0, down: 0, up: 0, gemms: layers * (4 + 2 * 7) + 1 });
+    // Decoding three slots (24 row-rank pairs): one lora_fused per group (q/k/v, o, gate/up, down).
+    expect(count(3, () => 80)).toEqual({ fused: 4 * layers, down: 0, up: 0, gemms: 4 * layers + 1 });
+    // A chunk of 9 rows (72 pairs, over the fused kernel's 64): one lora_down and one lora_up per group.
+    expect(count(9, (i) => 80 + i)).toEqual({ fused: 0, down: 4 * layers, up: 4 * layers, gemms: 4 * layers + 1 });
     cache.free();
     model.free();
     backend.dispose();

@@ -1,48 +1,35 @@
 // The unmerged LoRAs of the projections that read one input (q, k, v; gate, up; or one projection alone), for the few
 // rows of a decode pass: part p adds scale_p · (x A_pᵀ) B_pᵀ into its output. Through cuBLAS that is two GEMMs per
 // projection, each tiny (rank 8) and launch-bound at these sizes; here it is two launches per group of up to three
-// projections: lora_down computes x A_pᵀ of every part, lora_up adds every part's product into its output. More rows
-// (prefill, training) take the GEMMs, which use the tensor cores and keep x A_pᵀ for the backward.
+// projections: lora_down computes x A_pᵀ of every part, lora_up adds every part's product into its output; for the
+// fewest rows (at most LORA_MAX_FUSED_PAIRS row-rank pairs: a decode pass of a few sequences) one launch, lora_fused,
+// whose every block computes its part's x A_pᵀ itself (the same warp sums, so the same bits) before adding its
+// columns. More rows (prefill, training) take the GEMMs, which use the tensor cores and keep x A_pᵀ for the backward.
 #include "common.cuh"
 
 constexpr int LORA_MAX_ROWS = 64;
 constexpr int LORA_MAX_RANK = 64;
+constexpr int LORA_MAX_FUSED_PAIRS = 64;
 constexpr int LORA_WARPS = 8;      // lora_down: a block of 8 warps, a warp per (row, rank) pair
-constexpr int LORA_COLUMNS = 256;  // lora_up: a block per 256 output columns of a part, a thread per column
+constexpr int LORA_COLUMNS = 256;  // lora_up, lora_fused: a block per 256 output columns of a part, a thread per column
 
-// down[p, r, j] = Σ_i x[r, i] · A_p[j, i] for part p = blockIdx.y (A_p [rank, in], x [rows, in]): a warp per (r, j),
-// its lanes striding over i, then a warp sum.
-template <typename T>
-__device__ void lora_down(const float* __restrict__ x, const T* __restrict__ a0, const T* __restrict__ a1, const T* __restrict__ a2,
-                          float* __restrict__ down, int rows, int in, int rank) {
-  const T* a = blockIdx.y == 0 ? a0 : blockIdx.y == 1 ? a1 : a2;
-  const int pair = blockIdx.x * LORA_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (pair >= rows * rank) return;
-  const int r = pair / rank, j = pair % rank;
-  float sum = 0.0f;
-  for (int i = lane; i < in; i += 32) sum += x[(long long)r * in + i] * to_f32(a[(long long)j * in + i]);
-  sum = warp_sum(sum);
-  if (lane == 0) down[(long long)blockIdx.y * rows * rank + pair] = sum;
+// Part blockIdx.y's pointer of three.
+template <typename P>
+__device__ P lora_part(P p0, P p1, P p2) {
+  return blockIdx.y == 0 ? p0 : blockIdx.y == 1 ? p1 : p2;
 }
 
-// out_p[r, c] += scale_p · Σ_j down[p, r, j] · B_p[c, j] for part p = blockIdx.y, c < features_p, out_p's rows ld_p
-// apart (out_p already points at the part's first column: its half of the gate/up product). The part's down rows are
-// staged in shared memory; a thread per column walks every row.
+// x[r] · A[j] by one warp: its lanes stride over the `in` columns, then a warp sum (every lane gets it).
 template <typename T>
-__device__ void lora_up(const float* __restrict__ down, const T* __restrict__ b0, const T* __restrict__ b1, const T* __restrict__ b2,
-                        float* out0, float* out1, float* out2, int features0, int features1, int features2, int ld0, int ld1, int ld2,
-                        float scale0, float scale1, float scale2, int rows, int rank) {
-  __shared__ float staged[LORA_MAX_ROWS * LORA_MAX_RANK];
-  const int p = blockIdx.y;
-  const T* b = p == 0 ? b0 : p == 1 ? b1 : b2;
-  float* out = p == 0 ? out0 : p == 1 ? out1 : out2;
-  const int features = p == 0 ? features0 : p == 1 ? features1 : features2, ld = p == 0 ? ld0 : p == 1 ? ld1 : ld2;
-  const float scale = p == 0 ? scale0 : p == 1 ? scale1 : scale2;
-  if (blockIdx.x * LORA_COLUMNS >= features) return;  // the whole block: this part is narrower than the widest
-  for (int i = threadIdx.x; i < rows * rank; i += blockDim.x) staged[i] = down[(long long)p * rows * rank + i];
-  __syncthreads();
-  const int c = blockIdx.x * LORA_COLUMNS + threadIdx.x;
-  if (c >= features) return;
+__device__ float lora_dot(const float* __restrict__ x, const T* __restrict__ a, int r, int j, int in) {
+  float sum = 0.0f;
+  for (int i = threadIdx.x % 32; i < in; i += 32) sum += x[(long long)r * in + i] * to_f32(a[(long long)j * in + i]);
+  return warp_sum(sum);
+}
+
+// out[r, c] += scale · Σ_j down[r, j] · B[c, j] for every row r, down [rows, rank] staged in shared memory.
+template <typename T>
+__device__ void lora_add(const float* staged, const T* __restrict__ b, float* out, int c, int ld, float scale, int rows, int rank) {
   for (int r = 0; r < rows; r++) {
     float sum = 0.0f;
     for (int j = 0; j < rank; j++) sum += staged[r * rank + j] * to_f32(b[(long long)c * rank + j]);
@@ -50,20 +37,75 @@ __device__ void lora_up(const float* __restrict__ down, const T* __restrict__ b0
   }
 }
 
-#define LORA_DOWN(suffix, T)                                                                                            \
+// down[p, r, j] = Σ_i x[r, i] · A_p[j, i] for part p = blockIdx.y (A_p [rank, in], x [rows, in]): a warp per (r, j).
+template <typename T>
+__device__ void lora_down(const float* __restrict__ x, const T* a0, const T* a1, const T* a2, float* __restrict__ down, int rows,
+                          int in, int rank) {
+  const int pair = blockIdx.x * LORA_WARPS + threadIdx.x / 32;
+  if (pair >= rows * rank) return;
+  const float sum = lora_dot(x, lora_part(a0, a1, a2), pair / rank, pair % rank, in);
+  if (threadIdx.x % 32 == 0) down[(long long)blockIdx.y * rows * rank + pair] = sum;
+}
+
+// out_p[r, c] += scale_p · Σ_j down[p, r, j] · B_p[c, j] for part p = blockIdx.y, c < features_p, out_p's rows ld_p
+// apart (out_p already points at the part's first column: its half of the gate/up product). The part's down rows are
+// staged in shared memory; a thread per column walks every row.
+template <typename T>
+__device__ void lora_up(const float* __restrict__ down, const T* b0, const T* b1, const T* b2, float* out0, float* out1, float* out2,
+                        int features0, int features1, int features2, int ld0, int ld1, int ld2, float scale0, float scale1,
+                        float scale2, int rows, int rank) {
+  __shared__ float staged[LORA_MAX_ROWS * LORA_MAX_RANK];
+  const int p = blockIdx.y;
+  const int features = p == 0 ? features0 : p == 1 ? features1 : features2;
+  if (blockIdx.x * LORA_COLUMNS >= features) return;  // the whole block: this part is narrower than the widest
+  for (int i = threadIdx.x; i < rows * rank; i += blockDim.x) staged[i] = down[(long long)p * rows * rank + i];
+  __syncthreads();
+  const int c = blockIdx.x * LORA_COLUMNS + threadIdx.x;
+  if (c >= features) return;
+  lora_add(staged, lora_part(b0, b1, b2), lora_part(out0, out1, out2), c, p == 0 ? ld0 : p == 1 ? ld1 : ld2,
+           p == 0 ? scale0 : p == 1 ? scale1 : scale2, rows, rank);
+}
+
+// lora_down then lora_up for part p = blockIdx.y in one launch: the block's warps compute the part's rows · rank dot
+// products into shared memory (each as lora_down's warp does), then each thread adds its column as lora_up does.
+template <typename T>
+__device__ void lora_fused(const float* __restrict__ x, const T* a0, const T* a1, const T* a2, const T* b0, const T* b1, const T* b2,
+                           float* out0, float* out1, float* out2, int features0, int features1, int features2, int ld0, int ld1,
+                           int ld2, float scale0, float scale1, float scale2, int rows, int in, int rank) {
+  __shared__ float staged[LORA_MAX_FUSED_PAIRS];
+  const int p = blockIdx.y;
+  const int features = p == 0 ? features0 : p == 1 ? features1 : features2;
+  if (blockIdx.x * LORA_COLUMNS >= features) return;  // the whole block: this part is narrower than the widest
+  const T* a = lora_part(a0, a1, a2);
+  for (int pair = threadIdx.x / 32; pair < rows * rank; pair += blockDim.x / 32) {
+    const float sum = lora_dot(x, a, pair / rank, pair % rank, in);
+    if (threadIdx.x % 32 == 0) staged[pair] = sum;
+  }
+  __syncthreads();
+  const int c = blockIdx.x * LORA_COLUMNS + threadIdx.x;
+  if (c >= features) return;
+  lora_add(staged, lora_part(b0, b1, b2), lora_part(out0, out1, out2), c, p == 0 ? ld0 : p == 1 ? ld1 : ld2,
+           p == 0 ? scale0 : p == 1 ? scale1 : scale2, rows, rank);
+}
+
+#define LORA_KERNELS(suffix, T)                                                                                         \
   extern "C" __global__ void lora_down_##suffix(const float* x, const T* a0, const T* a1, const T* a2, float* down, int rows, \
                                                 int in, int rank) {                                                      \
     lora_down(x, a0, a1, a2, down, rows, in, rank);                                                                      \
-  }
-#define LORA_UP(suffix, T)                                                                                              \
+  }                                                                                                                      \
   extern "C" __global__ void lora_up_##suffix(const float* down, const T* b0, const T* b1, const T* b2, float* out0,      \
                                               float* out1, float* out2, int features0, int features1, int features2,    \
                                               int ld0, int ld1, int ld2, float scale0, float scale1, float scale2,      \
                                               int rows, int rank) {                                                      \
     lora_up(down, b0, b1, b2, out0, out1, out2, features0, features1, features2, ld0, ld1, ld2, scale0, scale1, scale2,   \
             rows, rank);                                                                                                 \
+  }                                                                                                                      \
+  extern "C" __global__ void lora_fused_##suffix(const float* x, const T* a0, const T* a1, const T* a2, const T* b0,      \
+                                                 const T* b1, const T* b2, float* out0, float* out1, float* out2,       \
+                                                 int features0, int features1, int features2, int ld0, int ld1, int ld2, \
+                                                 float scale0, float scale1, float scale2, int rows, int in, int rank) { \
+    lora_fused(x, a0, a1, a2, b0, b1, b2, out0, out1, out2, features0, features1, features2, ld0, ld1, ld2, scale0,      \
+               scale1, scale2, rows, in, rank);                                                                          \
   }
-LORA_DOWN(f32, float)
-LORA_DOWN(bf16, bf16)
-LORA_UP(f32, float)
-LORA_UP(bf16, bf16)
+LORA_KERNELS(f32, float)
+LORA_KERNELS(bf16, bf16)
