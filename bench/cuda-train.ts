@@ -1,5 +1,6 @@
 // LoRA training step throughput of the CUDA backend on random weights of real model shapes (bench/cuda-shapes.json):
-// one GRPO step (forward, backward, AdamW) per batch of `sequences` × `tokens`, tokens/s, the memory pool's peak,
+// one GRPO step (forward, backward, AdamW) per batch of `sequences` × `tokens`, tokens/s, the memory pool's peaks (held
+// and in use: the latter is what the peer's torch.cuda.max_memory_allocated counts),
 // model FLOPs utilisation and where the GPU time goes, beside the PEFT peer (bench/peers/hf_train_step.py) measured
 // in the same run when given with --peer.
 //
@@ -84,7 +85,7 @@ for (const name of values.shapes!.split(",")) {
         trainer.trainStep(batch); // ends with the gradient norm read back, so the GPU work is done
         seconds.push((performance.now() - started) / 1000);
       }
-      const peakBytes = cuda.memoryStats().pool.peakReservedBytes;
+      const { peakReservedBytes, peakInUseBytes } = cuda.memoryStats().pool;
       profile.start();
       trainer.trainStep(batch);
       const ops = profile.report();
@@ -92,7 +93,7 @@ for (const name of values.shapes!.split(",")) {
       const tflops = stepFlops(config, sequences, tokens) / best / 1e12;
       const hf = peer?.results[key];
       results[key] = {
-        tokensPerSecond: Math.round(tokensPerSecond), gradientSteps, stepSeconds: seconds.map((s) => +s.toFixed(4)), peakReservedBytes: peakBytes,
+        tokensPerSecond: Math.round(tokensPerSecond), gradientSteps, stepSeconds: seconds.map((s) => +s.toFixed(4)), peakReservedBytes, peakInUseBytes,
         modelTflops: +tflops.toFixed(1), ...(gemmTflops ? { mfu: +(tflops / gemmTflops).toFixed(3) } : {}),
         ...(hf?.tokensPerSecond ? {
           hfTokensPerSecond: hf.tokensPerSecond, ratioToHf: +(tokensPerSecond / hf.tokensPerSecond).toFixed(2), hfPeakMemoryBytes: hf.peakMemoryBytes,

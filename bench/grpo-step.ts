@@ -27,7 +27,8 @@
 //   stepSeconds               rolloutSeconds + train()'s wall time (= trainingSeconds + adapterSwapMs)
 //   generatedTokensPerSecond  sampled tokens / rolloutSeconds
 // and over the workload's steps (warm-up included) peakGpuMemoryBytes: the CUDA pool's peak reserved bytes (null on the
-// CPU), the KV cache included (per shape, `kvCache`: as many slots and positions as the largest workload run needs). With --peer, the peer's means beside ours and
+// CPU), and peakGpuInUseBytes, its peak of bytes in use (what torch's max_memory_allocated counts: the peer's
+// peakMemoryBytes), the KV cache included (per shape, `kvCache`: as many slots and positions as the largest workload run needs). With --peer, the peer's means beside ours and
 // stepTimeRatio = peer stepSeconds / art-ts stepSeconds (> 1: art-ts is faster), when both ran the same workload.
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
@@ -149,11 +150,15 @@ async function rollout(client: OpenAI, model: string, w: Workload, sizes: { syst
 }
 
 /** The CUDA pool's peak counters, or null on a backend without them (the CPU). */
-function gpuMemory(backend: Backend): { resetPeak(): void; peakBytes(): number; device: string } | null {
+function gpuMemory(backend: Backend): { resetPeak(): void; peaks(): { peakGpuMemoryBytes: number; peakGpuInUseBytes: number }; device: string } | null {
   const cuda = backend as Partial<CudaBackend>;
   if (!cuda.memoryStats || !cuda.context) return null;
   const context = cuda.context;
-  return { resetPeak: () => context.pool.resetPeak(), peakBytes: () => cuda.memoryStats!().pool.peakReservedBytes, device: context.device.name };
+  const peaks = () => {
+    const { peakReservedBytes, peakInUseBytes } = cuda.memoryStats!().pool;
+    return { peakGpuMemoryBytes: peakReservedBytes, peakGpuInUseBytes: peakInUseBytes };
+  };
+  return { resetPeak: () => context.pool.resetPeak(), peaks, device: context.device.name };
 }
 
 /** A random-weight checkpoint of `shape` with its tokenizer in a new directory; returns the directory. */
@@ -255,9 +260,8 @@ for (const shape of values.shapes!.split(",")) {
       const means = Object.fromEntries((["rolloutSeconds", "trainingSeconds", "adapterSwapMs", "stepSeconds", "generatedTokensPerSecond"] as const)
         .map((key) => [key, round(mean(steps, key), key === "adapterSwapMs" || key === "generatedTokensPerSecond" ? 1 : 3)])) as Numbers;
       // --steps 0 (the memory workload): the warm-up step alone, to see that it fits and what it took.
-      results[shape][name] = steps.length === 0
-        ? { steps, mean: null, peakGpuMemoryBytes: memory ? memory.peakBytes() : null }
-        : { steps, mean: means, peakGpuMemoryBytes: memory ? memory.peakBytes() : null, ...besidePeer(shape, name, means) };
+      const peaks = memory ? memory.peaks() : { peakGpuMemoryBytes: null, peakGpuInUseBytes: null };
+      results[shape][name] = steps.length === 0 ? { steps, mean: null, ...peaks } : { steps, mean: means, ...peaks, ...besidePeer(shape, name, means) };
       save();
     }
   } catch (error) {

@@ -22,6 +22,8 @@ export interface MemoryPoolStats {
   cachedBytes: number;
   /** Most bytes ever held from the device (in use + cached). */
   peakReservedBytes: number;
+  /** Most bytes ever in use at once (torch's max_memory_allocated, counted in blocks). */
+  peakInUseBytes: number;
   requests: number;
   /** Requests served from the cache. */
   reused: number;
@@ -48,7 +50,7 @@ export class MemoryPool {
   readonly #device: DeviceAllocator;
   readonly #free = new Map<number, bigint[]>();
   readonly #live = new Map<bigint, number>();
-  #stats: MemoryPoolStats = { inUseBytes: 0, cachedBytes: 0, peakReservedBytes: 0, requests: 0, reused: 0, deviceAllocations: 0 };
+  #stats: MemoryPoolStats = { inUseBytes: 0, cachedBytes: 0, peakReservedBytes: 0, peakInUseBytes: 0, requests: 0, reused: 0, deviceAllocations: 0 };
 
   constructor(device: DeviceAllocator) {
     this.#device = device;
@@ -76,6 +78,7 @@ export class MemoryPool {
     this.#live.set(address, size);
     this.#stats.inUseBytes += size;
     this.#stats.peakReservedBytes = Math.max(this.#stats.peakReservedBytes, this.#stats.inUseBytes + this.#stats.cachedBytes);
+    this.#stats.peakInUseBytes = Math.max(this.#stats.peakInUseBytes, this.#stats.inUseBytes);
     return address;
   }
 
@@ -140,10 +143,10 @@ export class MemoryPool {
     this.#stats.inUseBytes = 0;
   }
 
-  /** Returns the cached blocks to the device and starts the peak again from what is in use now (benchmarks). */
+  /** Returns the cached blocks to the device and starts the peaks again from what is in use now (benchmarks). */
   resetPeak(): void {
     this.trim();
-    this.#stats.peakReservedBytes = this.#stats.inUseBytes;
+    this.#stats.peakReservedBytes = this.#stats.peakInUseBytes = this.#stats.inUseBytes;
   }
 
   stats(): MemoryPoolStats {

@@ -8,7 +8,10 @@ import { spawnSync } from "node:child_process";
 import { expect, it } from "vitest";
 import { findCompiler } from "../cuda/emulated-device.ts";
 
-interface TrainResult { tokensPerSecond: number; gradientSteps: number; stepSeconds: number[]; profileMs: Record<string, { ms: number; hostMs: number; calls: number }> }
+interface TrainResult {
+  tokensPerSecond: number; gradientSteps: number; stepSeconds: number[]; peakReservedBytes: number; peakInUseBytes: number;
+  profileMs: Record<string, { ms: number; hostMs: number; calls: number }>;
+}
 
 function bench(...args: string[]): { settings: Record<string, unknown>; results: Record<string, TrainResult> } {
   const run = spawnSync(process.execPath, ["--import", "./test/cuda/emulated-cuda-hooks.ts", "bench/cuda-train.ts", "--shapes", "tiny-qwen2",
@@ -23,6 +26,9 @@ it.skipIf(!findCompiler())("times one update over the whole batch, the peer's st
   const result = report.results["tiny-qwen2 3x700"];
   expect(result).toMatchObject({ gradientSteps: 1, stepSeconds: [expect.any(Number)] });
   expect(result.tokensPerSecond).toBeGreaterThan(0);
+  // The pool's peaks: in use (what the peer's max_memory_allocated counts) at most what it held, both above nothing.
+  expect(result.peakInUseBytes).toBeGreaterThan(0);
+  expect(result.peakReservedBytes).toBeGreaterThanOrEqual(result.peakInUseBytes);
   // One pass over all 2,100 rows: each layer's packed attention runs once (the tiny model has 2 layers).
   expect(result.profileMs.packedAttention.calls).toBe(2);
   expect(result.profileMs.adamw.calls).toBe(1);

@@ -13,7 +13,7 @@ import { findCompiler } from "../cuda/emulated-device.ts";
 
 interface Step { rolloutSeconds: number; trainingSeconds: number; adapterSwapMs: number; stepSeconds: number; generatedTokensPerSecond: number;
   generatedTokens: number; trainedTokens: number; sequences: number; gradientSteps: number }
-interface WorkloadResult { steps: Step[]; mean: Omit<Step, "generatedTokens" | "trainedTokens" | "sequences" | "gradientSteps">; peakGpuMemoryBytes: number | null;
+interface WorkloadResult { steps: Step[]; mean: Omit<Step, "generatedTokens" | "trainedTokens" | "sequences" | "gradientSteps">; peakGpuMemoryBytes: number | null; peakGpuInUseBytes: number | null;
   peer?: Record<string, unknown>; stepTimeRatio?: number }
 
 // The reduced workloads of the command below, as bench/grpo-workloads.json sizes them otherwise.
@@ -60,6 +60,7 @@ it("measures a GRPO step of each workload with exact token counts, beside the pe
     expect(result.mean).toEqual({ rolloutSeconds: step.rolloutSeconds, trainingSeconds: step.trainingSeconds, adapterSwapMs: step.adapterSwapMs,
       stepSeconds: step.stepSeconds, generatedTokensPerSecond: step.generatedTokensPerSecond });
     expect(result.peakGpuMemoryBytes).toBeNull();
+    expect(result.peakGpuInUseBytes).toBeNull();
   }
   expect(results["2048"].peer).toEqual({ ...peerNumbers, peakMemoryBytes: 1e9, generation: "dynamic cache" });
   expect(results["2048"].stepTimeRatio).toBe(+(peerNumbers.stepSeconds / results["2048"].mean.stepSeconds).toFixed(2));
@@ -76,7 +77,7 @@ it("checks the memory workload's fit with --steps 0: its one step runs and train
   // 4,096-token trajectories (4,032 of prompt and 64 sampled), the KV cache sized for them.
   expect(report.workloads.memory).toMatchObject({ rolloutsPerGroup: 4, turns: 1, trajectoryTokens: [4096], generatedTokensPerStep: 4 * 64 });
   expect(report.results["tiny-qwen2"].kvCache).toMatchObject({ slots: 4, positions: 4096 });
-  expect(report.results["tiny-qwen2"].memory).toEqual({ steps: [], mean: null, peakGpuMemoryBytes: null });
+  expect(report.results["tiny-qwen2"].memory).toEqual({ steps: [], mean: null, peakGpuMemoryBytes: null, peakGpuInUseBytes: null });
 }, 120_000);
 
 // The GPU check's command (--device cuda) on the CUDA backend of the kernel emulator: the step runs the GPU path end to
@@ -91,5 +92,7 @@ it.skipIf(!findCompiler())("runs on the CUDA backend of the kernel emulator (--d
   expect(report.device).toBe("CPU emulation");
   const result = report.results["tiny-qwen2"]["2048"] as WorkloadResult;
   expect(result.steps[0]).toMatchObject({ generatedTokens: 2 * 2 * 2 * 12, trainedTokens: 2 * 2 * 2 * 12, sequences: 4 });
-  expect(result.peakGpuMemoryBytes).toBeGreaterThan(0);
+  // In use at most what the pool held, and both above nothing.
+  expect(result.peakGpuInUseBytes).toBeGreaterThan(0);
+  expect(result.peakGpuMemoryBytes).toBeGreaterThanOrEqual(result.peakGpuInUseBytes!);
 }, 120_000);
