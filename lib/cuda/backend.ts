@@ -727,7 +727,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   }
 
   packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
-    dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor): void {
+    dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor, overwrite = false): void {
     const qs = f32("attention q", q), ks = f32("attention k", k), vs = f32("attention v", v), o = f32("attention out", out);
     const lse = f32("attention log-sum-exp", saved);
     const g = f32("attention output gradient", dOut), dqs = f32("attention dq", dq), dks = f32("attention dk", dk), dvs = f32("attention dv", dv);
@@ -736,6 +736,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       ["dv", dvs, ks.size], ["log-sum-exp", lse, rows * heads]] as const) expectSize(`attention ${name}`, tensor, size);
     const { hd, dqBytes, dkdvBytes } = packedAttentionKernels(headDim);
     const queryTiles = packedQueryTiles(segments);
+    const covered = segmentsCoverRows(segments, rows);
+    // Overwritten gradients: the dq pass writes only the segments' rows, so the others are zeroed first; the group sum
+    // writes every row of dk and dv.
+    if (overwrite && (!covered || queryTiles.length === 0)) this.zero(queryTiles.length === 0 ? [dqs, dks, dvs] : [dqs]);
     if (queryTiles.length === 0) return;
     dqs.version++;
     dks.version++;
@@ -743,7 +747,6 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     // Δ = Σ dOut·out per (row, head), written by the dq pass for the dk/dv pass; each query head's share of dk and dv,
     // summed over each kv head's group at the end. The passes write every row of them when the segments cover every
     // row; otherwise the rows outside them are zeros.
-    const covered = segmentsCoverRows(segments, rows);
     const scratch: CudaTensor[] = [];
     const allocate = (shape: number[]) => {
       scratch.push(cuda(covered ? this.empty(shape) : this.zeros(shape)));
@@ -754,8 +757,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       const dkHeads = allocate([rows, heads * headDim]), dvHeads = allocate([rows, heads * headDim]);
       this.#withIndices(queryTiles, (index) => this.#launch(`packed_attention_backward_dq_hd${hd}`, [queryTiles.length / 5, heads],
         [2 * tensorCoreTileRows], [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", o.address], ["ptr", g.address],
-          ["ptr", lse.address], ["ptr", index], ["ptr", dqs.address], ["ptr", delta.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim]],
-        dqBytes));
+          ["ptr", lse.address], ["ptr", index], ["ptr", dqs.address], ["ptr", delta.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim],
+          ["i32", overwrite && covered ? 1 : 0]], dqBytes));
       const keyTiles = packedKeyTiles(segments);
       this.#withIndices(keyTiles.tiles, (tileIndex) => this.#withIndices(keyTiles.ranges, (rangeIndex) =>
         this.#launch(`packed_attention_backward_dkdv_hd${hd}`, [keyTiles.tiles.length / 4, heads], [2 * tensorCoreTileRows],
@@ -763,7 +766,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
             ["ptr", tileIndex], ["ptr", rangeIndex], ["ptr", dkHeads.address], ["ptr", dvHeads.address], ["i32", heads], ["i32", kvHeads],
             ["i32", headDim]], dkdvBytes)));
       this.#launch("packed_attention_group_sum", [gridFor(dks.size)], [256], [["ptr", dkHeads.address], ["ptr", dvHeads.address],
-        ["ptr", dks.address], ["ptr", dvs.address], ["i64", dks.size], ["i32", heads / kvHeads], ["i32", headDim]]);
+        ["ptr", dks.address], ["ptr", dvs.address], ["i64", dks.size], ["i32", heads / kvHeads], ["i32", headDim], ["i32", overwrite ? 1 : 0]]);
     } finally {
       for (const tensor of scratch) this.free(tensor);
     }

@@ -275,7 +275,8 @@ export interface AdamWScalars {
  * A backward op takes what its forward read (and saved), the gradient of its output, then the gradients it
  * produces, which ACCUMULATE (+=) into tensors the caller zeroed: the residual stream hands one activation to two
  * consumers, and a parameter serves many micro-batches. A null gradient is one nobody needs (a frozen weight).
- * projectionsBackward's dx and swigluBackward's gradients can instead be written (`overwrite`): the first contribution
+ * projectionsBackward's dx, swigluBackward's and packedAttentionBackward's gradients can instead be written
+ * (`overwrite`): the first contribution
  * to a fresh buffer (Backend.empty), which then needs no zeroing, a memset of the buffer fewer on a GPU. Adding to
  * zeros gives the written values exactly, so the choice changes no bits.
  */
@@ -396,9 +397,12 @@ export interface Backend {
    * q, k, v and out (its layout is the backend's own); the caller frees it.
    */
   packedAttention(q: Tensor, k: Tensor, v: Tensor, segments: readonly PackedSegment[], headDim: number, out: Tensor): Tensor;
-  /** Its backward: dq, dk, dv += the gradients for dOut, given the forward's inputs, output and saved tensor. */
+  /**
+   * Its backward: dq, dk, dv += the gradients for dOut, given the forward's inputs, output and saved tensor (= with
+   * `overwrite`, rows in no segment then zero).
+   */
   packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
-    dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor): void;
+    dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor, overwrite?: boolean): void;
   /** dTable[ids[i]] += dOut[i]. */
   embeddingBackward(ids: Int32Array, dOut: Tensor, dTable: Tensor): void;
   /** With x̂ = x·rstd and g = dOut·w: dx += rstd · (g − x̂ · mean(g · x̂)); dWeight += Σ dOut · x̂. */

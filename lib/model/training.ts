@@ -520,10 +520,10 @@ export class DifferentiableTransformer {
       // attention: mid = input + o(attn(rope(norm?(q(a))), rope(norm?(k(a))), v(a))), a = norm1(input)
       const dAttn = held.empty([n, h * hd]);
       projectionsBack(["o_proj"], acts.attn, [dResidual], dAttn);
-      const dq = held.zeros([n, h * hd]);
-      const dk = held.zeros([n, kv * hd]);
-      const dv = held.zeros([n, kv * hd]);
-      b.packedAttentionBackward(acts.q, acts.k, acts.v, acts.attn, acts.attnSaved!, batch.segments, hd, dAttn, dq, dk, dv);
+      const dq = held.empty([n, h * hd]);
+      const dk = held.empty([n, kv * hd]);
+      const dv = held.empty([n, kv * hd]);
+      b.packedAttentionBackward(acts.q, acts.k, acts.v, acts.attn, acts.attnSaved!, batch.segments, hd, dAttn, dq, dk, dv, true);
       held.free(dAttn);
       b.ropeBackward(dq, dk, batch.positions, invFreq, hd);
       let dqRaw = dq, dkRaw = dk;

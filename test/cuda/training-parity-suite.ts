@@ -105,6 +105,14 @@ describe.skipIf(skip)(title, () => {
       for (const [tensor, width] of [[out, qw], [dq, qw], [dk, kw], [dv, kw]] as const) {
         expect(gpu.download(tensor[1]).subarray(178 * width).every((x) => x === 0)).toBe(true);
       }
+      // Written, not added (overwrite): into fresh buffers (NaN bytes on the emulated device) the same gradients, and
+      // zeros in the rows of no segment.
+      const fresh = [[qw, 0], [kw, 1], [kw, 2]].map(([width]) => [cpu.empty([rows, width]), gpu.empty([rows, width])] as [Tensor, Tensor]);
+      run((b, i) => b.packedAttentionBackward(q[i], k[i], v[i], out[i], saved[i], segments, headDim, dOut[i], fresh[0][i], fresh[1][i], fresh[2][i], true));
+      for (const [j, grad] of [dq, dk, dv].entries()) {
+        expect(gpu.download(fresh[j][1])).toEqual(gpu.download(grad[1]));
+        expect(cpu.download(fresh[j][0])).toEqual(cpu.download(grad[0]));
+      }
     });
   }
 

@@ -47,14 +47,15 @@ __device__ void packed_attention_forward(const float* __restrict__ q, const floa
 }
 
 // Backward, first pass: dq, per query tile and head as the forward. With p = exp(q·k/√d − lse), dP = dout·vᵀ and
-// Δ = Σ_c dout·out per (row, head) (= Σ_j p_j dP_j), dS = p (dP − Δ) and dq += dS·k / √d. Each warp recomputes S and
-// p for its 16 rows and a key tile, dP = dO·Vᵀ likewise, and accumulates dS·K. Δ goes to `delta` for the second pass.
+// Δ = Σ_c dout·out per (row, head) (= Σ_j p_j dP_j), dS = p (dP − Δ) and dq += dS·k / √d (dq = … with `overwrite`: a
+// tile's rows are written by this block alone). Each warp recomputes S and p for its 16 rows and a key tile, dP = dO·Vᵀ
+// likewise, and accumulates dS·K. Δ goes to `delta` for the second pass.
 // Grid: (query tiles, heads). Block: 128. Dynamic shared memory: 4 · 64 rows of HD + 8 bf16.
 template <int HD>
 __device__ void packed_attention_backward_dq(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                              const float* __restrict__ out, const float* __restrict__ dout,
                                              const float* __restrict__ lse, const int* __restrict__ tiles, float* __restrict__ dq,
-                                             float* __restrict__ delta, int heads, int kv_heads, int head_dim) {
+                                             float* __restrict__ delta, int heads, int kv_heads, int head_dim, int overwrite) {
   extern __shared__ float shared[];
   constexpr int STRIDE = HD + 8, KEY_TILE = FLASH_TILE_ROWS;
   bf16* qs = reinterpret_cast<bf16*>(shared);
@@ -113,7 +114,9 @@ __device__ void packed_attention_backward_dq(const float* __restrict__ q, const 
   }
   for_each_accumulator<HD>(grad, g, t, [&](int row, int c, float value, bool) {
     const int r = warp * 16 + row;
-    if (r < tile.rows && c < head_dim) dq[(tile.first_row + r) * q_stride + head * head_dim + c] += value * scale;
+    if (r >= tile.rows || c >= head_dim) return;
+    float& at = dq[(tile.first_row + r) * q_stride + head * head_dim + c];
+    at = overwrite ? value * scale : at + value * scale;
   });
 }
 
@@ -206,12 +209,13 @@ __device__ void packed_attention_backward_dkdv(const float* __restrict__ q, cons
   });
 }
 
-// dk[row, kv head, c] += Σ over the kv head's group of dk_heads[row, head, c], members in order; likewise dv. `size` is
+// dk[row, kv head, c] += Σ over the kv head's group of dk_heads[row, head, c], members in order (= with `overwrite`);
+// likewise dv. `size` is
 // rows · kv_heads · head_dim. A query head's columns follow its kv head's (head = kv head · group + member), so
 // element e of dk sits at (e / head_dim · group + member) · head_dim + e % head_dim of dk_heads.
 extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ dk_heads, const float* __restrict__ dv_heads,
                                                       float* __restrict__ dk, float* __restrict__ dv, long long size, int group,
-                                                      int head_dim) {
+                                                      int head_dim, int overwrite) {
   for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < size; e += (long long)gridDim.x * blockDim.x) {
     const long long first = e / head_dim * group * head_dim + e % head_dim;
     float sum_k = 0.0f, sum_v = 0.0f;
@@ -219,8 +223,8 @@ extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ 
       sum_k += dk_heads[first + (long long)member * head_dim];
       sum_v += dv_heads[first + (long long)member * head_dim];
     }
-    dk[e] += sum_k;
-    dv[e] += sum_v;
+    dk[e] = overwrite ? sum_k : dk[e] + sum_k;
+    dv[e] = overwrite ? sum_v : dv[e] + sum_v;
   }
 }
 
@@ -234,8 +238,8 @@ extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ 
   }                                                                                                                      \
   extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dq_hd##HD(                                \
       const float* q, const float* k, const float* v, const float* out, const float* dout, const float* lse,            \
-      const int* tiles, float* dq, float* delta, int heads, int kv_heads, int head_dim) {                               \
-    packed_attention_backward_dq<HD>(q, k, v, out, dout, lse, tiles, dq, delta, heads, kv_heads, head_dim);             \
+      const int* tiles, float* dq, float* delta, int heads, int kv_heads, int head_dim, int overwrite) {                \
+    packed_attention_backward_dq<HD>(q, k, v, out, dout, lse, tiles, dq, delta, heads, kv_heads, head_dim, overwrite);  \
   }                                                                                                                      \
   extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dkdv_hd##HD(                              \
       const float* q, const float* k, const float* v, const float* dout, const float* lse, const float* delta,          \

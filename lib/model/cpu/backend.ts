@@ -552,8 +552,10 @@ export class CpuBackend implements Backend {
 
   /** The saved probabilities carry all the output would tell: `out` is not read. */
   packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, _out: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
-    dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor): void {
+    dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor, overwrite = false): void {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
+    // Written, here as added to zeros (the same values): the reference's sums accumulate row by row.
+    if (overwrite) for (const gradient of [dq, dk, dv]) cpu(gradient).data.fill(0);
     packedAttentionBackward(this.gemm, this.#elementwise, cpu(q).data, cpu(k).data, cpu(v).data, cpu(saved).data, segments, heads, kvHeads, headDim,
       cpu(dOut).data, cpu(dq).data, cpu(dk).data, cpu(dv).data);
   }
