@@ -739,8 +739,11 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const covered = segmentsCoverRows(segments, rows);
     // Overwritten gradients: the dq pass writes only the segments' rows, so the others are zeroed first; the group sum
     // writes every row of dk and dv.
-    if (overwrite && (!covered || queryTiles.length === 0)) this.zero(queryTiles.length === 0 ? [dqs, dks, dvs] : [dqs]);
-    if (queryTiles.length === 0) return;
+    if (queryTiles.length === 0) {
+      if (overwrite) this.zero([dqs, dks, dvs]);
+      return;
+    }
+    if (overwrite && !covered) this.zero([dqs]);
     dqs.version++;
     dks.version++;
     dvs.version++;

@@ -40,12 +40,6 @@ export function sizeClass(bytes: number): number {
   return Math.ceil(bytes / step) * step;
 }
 
-/** The classes whose cached blocks may serve a request of `bytes`: its own and the next two. */
-function reusableClasses(bytes: number): number[] {
-  const own = sizeClass(bytes), next = sizeClass(own + 1);
-  return [own, next, sizeClass(next + 1)];
-}
-
 export class MemoryPool {
   readonly #device: DeviceAllocator;
   readonly #free = new Map<number, bigint[]>();
@@ -58,20 +52,31 @@ export class MemoryPool {
 
   allocate(bytes: number): bigint {
     this.#stats.requests++;
-    // A cached block of this class, else of one of the next two (at most ~1/8 larger): tensors whose row counts vary
-    // from step to step still find blocks, as the coarser classes used to give them.
-    for (const size of reusableClasses(bytes)) {
-      const cached = this.#free.get(size)?.pop();
-      if (cached !== undefined) {
-        this.#stats.reused++;
-        this.#stats.cachedBytes -= size;
-        return this.#handOut(cached, size);
-      }
-    }
+    const cached = this.#takeCached(bytes);
+    if (cached) return this.#handOut(cached.address, cached.size);
     const size = sizeClass(bytes);
     const address = this.#device.allocate(size) ?? this.#retryAfterTrim(size, bytes);
     this.#stats.deviceAllocations++;
     return this.#handOut(address, size);
+  }
+
+  /**
+   * Takes a cached block for a request of `bytes` out of its free list (the one at `address` when given): of the
+   * request's class or, failing that, of one of the next two (at most ~1/8 larger), so tensors whose row counts vary
+   * from step to step still find blocks, as the coarser classes used to give them. Null when none is cached.
+   */
+  #takeCached(bytes: number, address?: bigint): { address: bigint; size: number } | null {
+    let size = sizeClass(bytes);
+    for (let larger = 0; larger <= 2; larger++, size = sizeClass(size + 1)) {
+      const list = this.#free.get(size);
+      const index = !list ? -1 : address === undefined ? list.length - 1 : list.indexOf(address);
+      if (index < 0) continue;
+      const taken = index === list!.length - 1 ? list!.pop()! : list!.splice(index, 1)[0];
+      this.#stats.reused++;
+      this.#stats.cachedBytes -= size;
+      return { address: taken, size };
+    }
+    return null;
   }
 
   #handOut(address: bigint, size: number): bigint {
@@ -106,18 +111,11 @@ export class MemoryPool {
    * output to one fixed block: claiming it is how a replay gets that block back.
    */
   claim(address: bigint, bytes: number): boolean {
-    for (const size of reusableClasses(bytes)) {
-      const list = this.#free.get(size);
-      const index = list?.indexOf(address) ?? -1;
-      if (index < 0) continue;
-      list!.splice(index, 1);
-      this.#stats.reused++;
-      this.#stats.requests++;
-      this.#stats.cachedBytes -= size;
-      this.#handOut(address, size);
-      return true;
-    }
-    return false;
+    const cached = this.#takeCached(bytes, address);
+    if (!cached) return false;
+    this.#stats.requests++;
+    this.#handOut(address, cached.size);
+    return true;
   }
 
   /** True when [address, address + bytes) lies inside one live block (a check for tests and diagnostics: O(blocks)). */
