@@ -15,6 +15,7 @@ import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { ArtError } from "../core/errors.ts";
 import type { Message } from "../core/trajectory.ts";
 import { byteLevelToBytes } from "./tokenizer-bytes.ts";
+import { PrefixEncodingCache, prefixReuseObstacle, type PrefixReuseJson } from "./tokenizer-prefix-cache.ts";
 import { ChatTemplate, selectChatTemplates, type ChatTemplateOptions, type SpecialTokenVariables } from "./tokenizer-template.ts";
 
 export type { ChatTemplateOptions } from "./tokenizer-template.ts";
@@ -45,6 +46,11 @@ export interface Tokenizer {
   readonly eosTokenIds: number[];
   readonly padTokenId: number | null;
   encode(text: string, options?: EncodeOptions): number[];
+  /**
+   * Ids of encodings without special tokens taken from earlier texts that started the same way, and ids encoded
+   * afresh (lib/model/tokenizer-prefix-cache.ts); null for a tokenizer whose encodings cannot be reused exactly.
+   */
+  readonly prefixReuse: { readonly reusedIds: number; readonly encodedIds: number } | null;
   /** Ids past the vocabulary (a model's padding rows) decode to nothing, as in Python. */
   decode(ids: number[], options?: DecodeOptions): string;
   /** The raw bytes one token stands for (empty past the vocabulary). Shared between calls: do not modify. */
@@ -63,7 +69,7 @@ interface AddedTokenJson {
   special?: boolean;
 }
 
-interface TokenizerJson {
+interface TokenizerJson extends PrefixReuseJson {
   model: { type?: string; vocab?: unknown; byte_fallback?: boolean };
   decoder?: { type?: string; decoders?: { type?: string }[] } | null;
   added_tokens?: AddedTokenJson[];
@@ -108,6 +114,8 @@ class HfBackedTokenizer implements Tokenizer {
   private readonly templates: { default: ChatTemplate | null; toolUse: ChatTemplate | null };
   private readonly specialTokenVariables: SpecialTokenVariables;
   private readonly tokenizerFile: string;
+  /** Null when the tokenizer's added tokens or pre-tokenizer make a reused prefix inexact (see the module). */
+  private readonly prefixCache: PrefixEncodingCache | null;
 
   constructor(
     json: TokenizerJson,
@@ -150,13 +158,22 @@ class HfBackedTokenizer implements Tokenizer {
     this.eosTokenIds = this.collectEosIds(config, configFile, generationConfig, generationFile);
     this.padTokenId = this.resolvePadId(config, configFile, generationConfig);
     this.templates = selectChatTemplates(config.chat_template, configFile, jinjaFile);
+    this.prefixCache = prefixReuseObstacle(json) === null
+      ? new PrefixEncodingCache((text) => this.hf.encode(text, { add_special_tokens: false }).ids, json.added_tokens ?? [])
+      : null;
+  }
+
+  get prefixReuse(): { reusedIds: number; encodedIds: number } | null {
+    return this.prefixCache ? { ...this.prefixCache.stats } : null;
   }
 
   encode(text: string, options: EncodeOptions = {}): number[] {
     if (typeof text !== "string") {
       throw new ArtError("tokenizer_invalid_input", `encode expects a string, got ${text === null ? "null" : typeof text}`);
     }
-    return this.hf.encode(text, { add_special_tokens: options.addSpecialTokens ?? true }).ids;
+    const addSpecialTokens = options.addSpecialTokens ?? true;
+    if (!addSpecialTokens && this.prefixCache) return this.prefixCache.encode(text);
+    return this.hf.encode(text, { add_special_tokens: addSpecialTokens }).ids;
   }
 
   decode(ids: number[], options: DecodeOptions = {}): string {
