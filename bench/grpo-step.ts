@@ -26,6 +26,10 @@
 //                             and resuming the server. The peer's is save_pretrained + loading the adapter back.
 //   stepSeconds               rolloutSeconds + train()'s wall time (= trainingSeconds + adapterSwapMs)
 //   generatedTokensPerSecond  sampled tokens / rolloutSeconds
+//   batcher                   where rolloutSeconds went: the engine's forward passes (passes, rowsPerPass, promptRows:
+//                             prefilled rows), passMs (a pass's mean seconds: admitting, forward, sampling, until the
+//                             sampled ids are back), busyShare (the passes' seconds over rolloutSeconds; the rest is
+//                             the host between passes: requests rendered and tokenized, responses built, rollouts' code)
 // and over the workload's steps (warm-up included) peakGpuMemoryBytes: the CUDA pool's peak reserved bytes (null on the
 // CPU), and peakGpuInUseBytes, its peak of bytes in use (what torch's max_memory_allocated counts: the peer's
 // peakMemoryBytes), the KV cache included (per shape, `kvCache`: as many slots and positions as the largest workload run needs). With --peer, the peer's means beside ours and
@@ -176,12 +180,19 @@ for (const shape of values.shapes!.split(",")) {
     for (const [name, w] of Object.entries(workloads)) {
       const sizes = messageSizes(model.lm.tokenizer, w);
       memory?.resetPeak();
-      const steps: (Numbers & { generatedTokens: number; trainedTokens: number; sequences: number; gradientSteps: number })[] = [];
+      const steps: (Numbers & { generatedTokens: number; trainedTokens: number; sequences: number; gradientSteps: number; batcher: Record<string, number> })[] = [];
+      const batcher = model.server.batcherFor(model.name);
       for (let step = 0; step <= measuredSteps; step++) {
+        const before = { ...batcher.stats };
         const started = performance.now();
         const groups = await gatherTrajectoryGroups(Array.from({ length: w.groups }, (_, g) => Array.from({ length: w.rolloutsPerGroup },
           (_, r) => () => rollout(client, model!.name, w, sizes, step, g, r))), { progress: false });
         const rolloutSeconds = (performance.now() - started) / 1000;
+        const passes = batcher.stats.passes - before.passes, passSeconds = batcher.stats.passSeconds - before.passSeconds;
+        const batcherNumbers = {
+          passes, rowsPerPass: round((batcher.stats.rows - before.rows) / passes, 1), promptRows: batcher.stats.promptRows - before.promptRows,
+          passMs: round((passSeconds / passes) * 1000, 2), busyShare: round(passSeconds / rolloutSeconds),
+        };
         const trainStarted = performance.now();
         const result = await model.train(groups);
         const trainSeconds = (performance.now() - trainStarted) / 1000;
@@ -195,6 +206,7 @@ for (const shape of values.shapes!.split(",")) {
           rolloutSeconds: round(rolloutSeconds), trainingSeconds: round(trainingSeconds), adapterSwapMs: round((trainSeconds - trainingSeconds) * 1000, 1),
           stepSeconds: round(rolloutSeconds + trainSeconds), generatedTokensPerSecond: round(generatedTokens / rolloutSeconds, 1),
           generatedTokens, trainedTokens: result.trainedTokens, sequences: result.sequences, gradientSteps: result.gradientSteps,
+          batcher: batcherNumbers,
         });
       }
       const means = Object.fromEntries((["rolloutSeconds", "trainingSeconds", "adapterSwapMs", "stepSeconds", "generatedTokensPerSecond"] as const)

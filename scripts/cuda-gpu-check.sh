@@ -25,6 +25,7 @@
 #                  (bench/peers/hf_grpo_step.py), serve-mix.json (bench/serve-mix.ts: the batcher under random
 #                  arrivals at the 0.5B shape), grpo.json (bench/grpo-step.ts: whole GRPO steps, rollouts through
 #                  the in-process server and train(), at Qwen2.5 0.5B, 1.5B and 7B shapes, beside the peer),
+#                  chat-tokenize.json (bench/chat-tokenize.ts: those steps' chat requests tokenized on this CPU),
 #                  memory.json (the same bench's "memory" workload at the 7B and 14B shapes: 32 rollouts of 4k
 #                  tokens and their LoRA step on one GPU, peak memory), cpu-engine.json and train-cpu.json (the CPU
 #                  engine on the machine's cores beside its pip torch)
@@ -159,7 +160,7 @@ grpo_shapes=${ART_GPU_CHECK_GRPO_SHAPES:-qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b}
 step grpo_peer 250 log.txt python3 bench/peers/hf_grpo_step.py --shapes "$grpo_shapes" --steps 1 --out "$OUT/results/bench/hf-grpo.json"
 peer=""
 [[ -s $OUT/results/bench/hf-grpo.json ]] && peer="--peer $OUT/results/bench/hf-grpo.json"
-step grpo_bench 300 log.txt node bench/grpo-step.ts --shapes "$grpo_shapes" --steps 1 --out "$OUT/results/bench/grpo.json" $peer
+step grpo_bench 300 log.txt bash -c "node bench/chat-tokenize.ts --out '$OUT/results/bench/chat-tokenize.json' && node bench/grpo-step.ts --shapes '$grpo_shapes' --steps 1 --out '$OUT/results/bench/grpo.json' $peer"
 # Memory on one GPU (issue 17): a 7B and a 14B shape in bf16 serve 32 concurrent 4k-token rollouts and train a LoRA
 # step on them (the "memory" workload, its one step); peak memory per shape, or the out-of-memory error naming its knob.
 # The two checkpoints take 15 and 30 GB of disk and a few minutes each: a call of its own, or one per shape.

@@ -11,9 +11,9 @@ import { join } from "node:path";
 import { afterAll, expect, it } from "vitest";
 import { findCompiler } from "../cuda/emulated-device.ts";
 
-interface Step { rolloutSeconds: number; trainingSeconds: number; adapterSwapMs: number; stepSeconds: number; generatedTokensPerSecond: number;
+interface Step { batcher: { passes: number; rowsPerPass: number; promptRows: number; passMs: number; busyShare: number }; rolloutSeconds: number; trainingSeconds: number; adapterSwapMs: number; stepSeconds: number; generatedTokensPerSecond: number;
   generatedTokens: number; trainedTokens: number; sequences: number; gradientSteps: number }
-interface WorkloadResult { steps: Step[]; mean: Omit<Step, "generatedTokens" | "trainedTokens" | "sequences" | "gradientSteps">; peakGpuMemoryBytes: number | null; peakGpuInUseBytes: number | null;
+interface WorkloadResult { steps: Step[]; mean: Omit<Step, "generatedTokens" | "trainedTokens" | "sequences" | "gradientSteps" | "batcher">; peakGpuMemoryBytes: number | null; peakGpuInUseBytes: number | null;
   peer?: Record<string, unknown>; stepTimeRatio?: number }
 
 // The reduced workloads of the command below, as bench/grpo-workloads.json sizes them otherwise.
@@ -55,6 +55,12 @@ it("measures a GRPO step of each workload with exact token counts, beside the pe
     expect(step).toMatchObject({ generatedTokens: 2 * 2 * 2 * generated, trainedTokens: 2 * 2 * 2 * generated, sequences: 4 });
     for (const key of ["rolloutSeconds", "trainingSeconds", "adapterSwapMs", "stepSeconds", "generatedTokensPerSecond"] as const) expect(step[key]).toBeGreaterThan(0);
     expect(step.gradientSteps).toBeGreaterThanOrEqual(1);
+    // The passes: at least one per sampled token of a rollout's turns (12 or 64, 2 turns), prefilling every prompt row once.
+    expect(step.batcher.passes).toBeGreaterThanOrEqual(2 * generated);
+    expect(step.batcher.promptRows).toBeGreaterThan(0);
+    expect(step.batcher.busyShare).toBeGreaterThan(0);
+    expect(step.batcher.busyShare).toBeLessThanOrEqual(1);
+    expect(step.batcher.passMs * step.batcher.passes / 1000 / step.rolloutSeconds).toBeCloseTo(step.batcher.busyShare, 1);
     expect(step.stepSeconds).toBeCloseTo(step.rolloutSeconds + step.trainingSeconds + step.adapterSwapMs / 1000, 2);
     expect(step.generatedTokensPerSecond / (step.generatedTokens / step.rolloutSeconds)).toBeCloseTo(1, 1);
     expect(result.mean).toEqual({ rolloutSeconds: step.rolloutSeconds, trainingSeconds: step.trainingSeconds, adapterSwapMs: step.adapterSwapMs,
