@@ -189,6 +189,15 @@ function keptAddress({ tensor, column }: KeptDown): bigint {
   return tensor.address + BigInt(column * 4);
 }
 
+/**
+ * How a LoRA's f32 products multiply: beside base products of bf16 weights (`bf16Base`), whose operands round to 8
+ * significant bits, on the TF32 tensor cores (operands rounded to 11) rather than the CUDA cores, which ran these skinny
+ * products (rank 8 against the whole batch) slowly; beside f32 weights, exactly, as f32 models' results must be.
+ */
+function loraProducts(bf16Base: boolean): GemmType {
+  return bf16Base ? "tf32" : "f32";
+}
+
 /** Whether each tensor starts where the one before it ends: rows of one stacked tensor, as one GEMM operand. */
 function adjacent(tensors: readonly CudaTensor[]): boolean {
   return tensors.every((t, i) => i === 0 || t.address === tensors[i - 1].address + BigInt(tensors[i - 1].bytes));
@@ -480,9 +489,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     if (stackable(parts)) {
       const { n, inFeatures, kept } = parts[0];
       const stackedRank = parts.reduce((sum, p) => sum + p.rank, 0);
-      this.blas.linear(xs.address, parts[0].a.address, keptAddress(kept!), n, inFeatures, stackedRank, "f32", 1, 0, kept!.width);
+      const type = loraProducts(this.#roundedForProduct(xs));
+      this.blas.linear(xs.address, parts[0].a.address, keptAddress(kept!), n, inFeatures, stackedRank, type, 1, 0, kept!.width);
       for (const p of parts) {
-        this.blas.linear(keptAddress(p.kept!), p.b.address, p.o.address + BigInt(p.column * 4), n, p.rank, p.outFeatures, "f32", p.scale, 1, p.width, p.kept!.width);
+        this.blas.linear(keptAddress(p.kept!), p.b.address, p.o.address + BigInt(p.column * 4), n, p.rank, p.outFeatures, type, p.scale, 1, p.width, p.kept!.width);
       }
       return;
     }
@@ -517,11 +527,12 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   #loraGemms(xs: CudaTensor, { a, b, o, kept, rank, inFeatures, outFeatures, n, width, column, scale }: LoraPart): void {
     const down = kept ? keptAddress(kept) : this.#transient().allocate(n * rank * 4);
     const downWidth = kept?.width ?? rank;
-    this.blas.linear(this.#operand(xs, a.dtype), a.address, down, n, inFeatures, rank, a.dtype, 1, 0, downWidth);
+    const type = a.dtype === "bf16" ? "bf16" : loraProducts(this.#roundedForProduct(xs));
+    this.blas.linear(this.#operand(xs, a.dtype), a.address, down, n, inFeatures, rank, type, 1, 0, downWidth);
     // A kept x Aᵀ is f32 with f32 B (addLoras checks), so only a packed one is narrowed.
     const downOperand = b.dtype === "bf16" ? this.#narrow(down, n * rank) : down;
     // Into the output's columns column .. column + outF: rows `width` apart.
-    this.blas.linear(downOperand, b.address, o.address + BigInt(column * 4), n, rank, outFeatures, b.dtype, scale, 1, width, downWidth);
+    this.blas.linear(downOperand, b.address, o.address + BigInt(column * 4), n, rank, outFeatures, type, scale, 1, width, downWidth);
     if (downOperand !== down) this.#release(downOperand);
     if (!kept) this.#release(down);
   }
@@ -842,23 +853,24 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     if (loras.length === 0) return;
     const rows = loras[0].n, inFeatures = loras[0].inFeatures;
     const grouped = stackable(loras);
+    const type = loraProducts(weights.some((w) => w.dtype === "bf16"));
     const stackedRank = loras.reduce((sum, l) => sum + l.rank, 0);
     // scale · dOut B of every LoRA, side by side in one [rows, Σ rank] buffer when stacked.
     const dDown = this.context.pool.allocate(Math.max(1, rows * (grouped ? stackedRank : Math.max(...loras.map((l) => l.rank)))) * 4);
     try {
       let column = 0;
       for (const l of loras) {
-        this.blas.gemm(l.g.address, keptAddress(l.kept), l.dB.address, l.outFeatures, l.rank, rows, true, false, "f32", l.scale, 1, { b: l.kept.width });
+        this.blas.gemm(l.g.address, keptAddress(l.kept), l.dB.address, l.outFeatures, l.rank, rows, true, false, type, l.scale, 1, { b: l.kept.width });
         const at = grouped ? dDown + BigInt(column * 4) : dDown, width = grouped ? stackedRank : l.rank;
-        this.blas.gemm(l.g.address, l.b.address, at, rows, l.rank, l.outFeatures, false, false, "f32", l.scale, 0, { c: width });
+        this.blas.gemm(l.g.address, l.b.address, at, rows, l.rank, l.outFeatures, false, false, type, l.scale, 0, { c: width });
         column += l.rank;
         if (grouped) continue;
-        this.blas.gemm(dDown, xs.address, l.dA.address, l.rank, inFeatures, rows, true, false, "f32", 1, 1);
-        if (d) this.blas.gemm(dDown, l.a.address, d.address, rows, inFeatures, l.rank, false, false, "f32", 1, 1);
+        this.blas.gemm(dDown, xs.address, l.dA.address, l.rank, inFeatures, rows, true, false, type, 1, 1);
+        if (d) this.blas.gemm(dDown, l.a.address, d.address, rows, inFeatures, l.rank, false, false, type, 1, 1);
       }
       if (grouped) {
-        this.blas.gemm(dDown, xs.address, loras[0].dA.address, stackedRank, inFeatures, rows, true, false, "f32", 1, 1);
-        if (d) this.blas.gemm(dDown, loras[0].a.address, d.address, rows, inFeatures, stackedRank, false, false, "f32", 1, 1);
+        this.blas.gemm(dDown, xs.address, loras[0].dA.address, stackedRank, inFeatures, rows, true, false, type, 1, 1);
+        if (d) this.blas.gemm(dDown, loras[0].a.address, d.address, rows, inFeatures, stackedRank, false, false, type, 1, 1);
       }
     } finally {
       this.context.pool.free(dDown);
@@ -1061,6 +1073,12 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   #dropBf16Copy(): void {
     if (this.#bf16Copy) this.#release(this.#bf16Copy.address);
     this.#bf16Copy = null;
+  }
+
+  /** Whether `x`'s current bf16 copy exists: a bf16 weight's product has just read x rounded to bf16. */
+  #roundedForProduct(x: CudaTensor): boolean {
+    const copy = this.#bf16Copy;
+    return copy !== null && copy.tensor === x && copy.version === x.version;
   }
 
   /** A bf16 copy of `count` f32 values (the caller frees it). */

@@ -1,6 +1,8 @@
 /**
- * GEMMs through cuBLAS (cublasGemmEx): bf16 or f32 operands, f32 output, f32 accumulation (CUBLAS_COMPUTE_32F, no
- * TF32, so f32 weights give f32 results for parity). libcublasLt is loaded first by absolute path: libcublas
+ * GEMMs through cuBLAS (cublasGemmEx): bf16 or f32 operands, f32 output, f32 accumulation. Operand type "f32" computes
+ * in f32 (CUBLAS_COMPUTE_32F, no TF32, so f32 weights give f32 results for parity); "tf32" is f32 storage multiplied on
+ * the tensor cores with TF32 inputs (CUBLAS_COMPUTE_32F_FAST_TF32: each operand rounded to 10 mantissa bits, f32
+ * sums), for f32 products beside a bf16 model's products, which round more (a LoRA's, see the backend). libcublasLt is loaded first by absolute path: libcublas
  * depends on it by soname, which the loader can then resolve from the already-loaded copy.
  *
  * Row-major to column-major: cuBLAS reads every row-major buffer as its transpose, so the row-major
@@ -32,11 +34,13 @@ export const cublasLtSignatures = { cublasLtGetVersion: { result: "u64", args: [
 
 /** The enumerators used here, by their header names (library_types.h, cublas_api.h; checked by the ABI test). */
 export const blasConstants = {
-  CUBLAS_OP_N: 0, CUBLAS_OP_T: 1, CUDA_R_32F: 0, CUDA_R_16BF: 14, CUBLAS_COMPUTE_32F: 68, CUBLAS_GEMM_DEFAULT: -1,
+  CUBLAS_OP_N: 0, CUBLAS_OP_T: 1, CUDA_R_32F: 0, CUDA_R_16BF: 14, CUBLAS_COMPUTE_32F: 68, CUBLAS_COMPUTE_32F_FAST_TF32: 77,
+  CUBLAS_GEMM_DEFAULT: -1,
 } as const;
-const { CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT } = blasConstants;
+const { CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT } = blasConstants;
 
-export type GemmType = "f32" | "bf16";
+/** Operands' storage and how they are multiplied: bf16, f32 exactly, or f32 through TF32 tensor cores. */
+export type GemmType = "f32" | "tf32" | "bf16";
 
 export interface BlasLibraries {
   cublasLt: FoundLibrary;
@@ -53,6 +57,7 @@ export interface GemmExArguments {
   a: bigint; aType: number; lda: number;
   b: bigint; bType: number; ldb: number;
   c: bigint; cType: number; ldc: number;
+  computeType: number;
 }
 
 /**
@@ -74,10 +79,11 @@ export interface GemmStrides {
 export function gemmExArguments(a: bigint, b: bigint, c: bigint, m: number, n: number, k: number, transA: boolean,
                                 transB: boolean, operandType: GemmType, strides: GemmStrides = {}): GemmExArguments {
   const type = operandType === "bf16" ? CUDA_R_16BF : CUDA_R_32F;
+  const computeType = operandType === "tf32" ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const { a: lda = transA ? m : k, b: ldb = transB ? k : n, c: ldc = n } = strides;
   return {
     transa: transB ? CUBLAS_OP_T : CUBLAS_OP_N, transb: transA ? CUBLAS_OP_T : CUBLAS_OP_N, m: n, n: m, k,
-    a: b, aType: type, lda: ldb, b: a, bType: type, ldb: lda, c, cType: CUDA_R_32F, ldc,
+    a: b, aType: type, lda: ldb, b: a, bType: type, ldb: lda, c, cType: CUDA_R_32F, ldc, computeType,
   };
 }
 
@@ -154,7 +160,7 @@ export class Blas {
     this.#alpha[0] = alpha;
     this.#beta[0] = beta;
     const status = this.#lib.symbols.cublasGemmEx(this.#handle, g.transa, g.transb, g.m, g.n, g.k, this.#alpha,
-      g.a, g.aType, g.lda, g.b, g.bType, g.ldb, this.#beta, g.c, g.cType, g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      g.a, g.aType, g.lda, g.b, g.bType, g.ldb, this.#beta, g.c, g.cType, g.ldc, g.computeType, CUBLAS_GEMM_DEFAULT);
     if (status !== 0) this.#check(status, what());
   }
 

@@ -221,6 +221,11 @@ describe("CUDA backend host logic (recording device)", () => {
     // The bf16 base weights' input gradients: q/k/v's and gate/up's output gradients merged into one bf16 operand each
     // (a launch), then one GEMM with the stacked weight; o's and down's narrowed alone.
     expect(device.launches.filter((l) => l.name === "merge_columns_bf16")).toHaveLength(2 * layers);
+    // Beside bf16 weights every f32 product (the LoRAs', forward and backward) runs on TF32 tensor cores.
+    const types = (list: typeof forward) => [...new Set(list.map((g) => g.type))].sort();
+    expect(types(forward)).toEqual(["bf16", "tf32"]);
+    expect(types(backward)).toEqual(["bf16", "tf32"]);
+    expect(forward.filter((g) => g.type === "tf32")).toHaveLength(7 * layers + 4 * layers);
     // free() gives back everything the network allocated: no parameter or gradient (views of the stacked A matrices
     // included) lies in a live block afterwards.
     const blocks = (network.parameterTensors().flatMap((p) => [p.value, p.grad]) as CudaTensor[]).map((t) => [t.address, t.bytes] as const);
@@ -230,6 +235,20 @@ describe("CUDA backend host logic (recording device)", () => {
     model.free();
     backend.dispose();
     expect(device.outstandingBytes).toBe(0);
+  });
+
+  it("a training pass over f32 weights keeps its LoRA products in f32 (no TF32): an f32 model's results are f32's", () => {
+    const { device, backend } = recordingBackend();
+    const model = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 4 }), backend, "f32");
+    const network = new DifferentiableTransformer(model, { lora: { rank: 4, alpha: 8, targetModules: [...PROJECTIONS], useRslora: false } });
+    const n = 12;
+    const pass = network.forward({ tokens: new Int32Array(n).fill(1), positions: Int32Array.from({ length: n }, (_, i) => i), segments: [{ start: 0, length: n }],
+      targets: Int32Array.from({ length: n }, (_, i) => (i >= n / 2 ? 2 : -1)) });
+    network.backward(pass, new Float32Array(pass.scoredRows.length).fill(1));
+    expect(new Set(device.gemms.map((g) => g.type))).toEqual(new Set(["f32"]));
+    network.free();
+    model.free();
+    backend.dispose();
   });
 
   it("sampling without alternatives passes null for their outputs (64 rows fill the output block exactly)", () => {

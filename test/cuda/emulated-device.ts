@@ -73,11 +73,11 @@ export function emulatedGemmEx(library: string): (g: GemmExArguments, alpha: num
   const { emu_gemm_ex: gemmEx } = openLibrary(library, {
     emu_gemm_ex: {
       result: "i32",
-      args: ["i32", "i32", "i32", "i32", "i32", "f32", "pointer", "i32", "i32", "pointer", "i32", "i32", "f32", "pointer", "i32", "i32"],
+      args: ["i32", "i32", "i32", "i32", "i32", "f32", "pointer", "i32", "i32", "pointer", "i32", "i32", "f32", "pointer", "i32", "i32", "i32"],
     },
   }).symbols;
   return (g, alpha, beta) => {
-    const status = gemmEx(g.transa, g.transb, g.m, g.n, g.k, alpha, g.a, g.aType, g.lda, g.b, g.bType, g.ldb, beta, g.c, g.cType, g.ldc);
+    const status = gemmEx(g.transa, g.transb, g.m, g.n, g.k, alpha, g.a, g.aType, g.lda, g.b, g.bType, g.ldb, beta, g.c, g.cType, g.ldc, g.computeType);
     if (status !== 0) {
       const shown = JSON.stringify(g, (_key, value) => (typeof value === "bigint" ? `0x${value.toString(16)}` : value));
       throw new Error(`emulator: cublasGemmEx arguments rejected (status ${status}): ${shown}`);

@@ -40,4 +40,28 @@ describe.skipIf(skip !== "")(`gemmExArguments through a column-major cublasGemmE
       }
     }
   });
+
+  // CUBLAS_COMPUTE_32F_FAST_TF32 as the tensor cores take f32 operands: each rounded to 10 explicit mantissa bits, to
+  // nearest with ties away from zero (cvt.rna.tf32.f32), then multiplied and summed in f32.
+  it('"tf32" rounds each f32 operand to TF32 (ties away from zero), then sums in f32', () => {
+    const gemmEx = emulatedGemmEx(buildEmulator(compiler!));
+    const memory = hostMemory();
+    const bits = (x: number) => new Uint32Array(Float32Array.of(x).buffer)[0];
+    // 1 + 2^-11 is a tie (the first dropped bit alone): away from zero, to 1 + 2^-10; 1 + 2^-12 rounds down to 1;
+    // -(1 + 3·2^-12) rounds to -(1 + 2^-10); 3 · 2^-11 + 1 ties up to 1 + 2^-9.
+    const a = Float32Array.of(1 + 2 ** -11, 1 + 2 ** -12, -(1 + 3 * 2 ** -12), 1 + 3 * 2 ** -11);
+    const expected = [1 + 2 ** -10, 1, -(1 + 2 ** -10), 1 + 2 ** -9];
+    const one = Float32Array.of(1);
+    const [da, db, dc] = [memory.malloc(16), memory.malloc(4), memory.malloc(16)];
+    memory.write(da, a);
+    memory.write(db, one);
+    for (const [type, want] of [["tf32", expected], ["f32", [...a]]] as const) {
+      // c[4, 1] = a[4, 1] · b[1, 1]: each element one operand times 1.
+      gemmEx(gemmExArguments(da, db, dc, 4, 1, 1, false, false, type), 1, 0);
+      const result = new Float32Array(4);
+      memory.read(dc, result);
+      expect([...result].map(bits), type).toEqual(want.map(bits));
+    }
+    for (const address of [da, db, dc]) memory.free(address);
+  });
 });

@@ -18,6 +18,9 @@ import { tinyCheckpoint } from "../model/helpers.ts";
 import { probeKvSlotCopy } from "../model/kv-copy-probe.ts";
 import { random, relativeError } from "./compare.ts";
 
+/** Products through TF32 tensor cores against the CPU's f32 (measured on the emulator: up to 5.2e-4). */
+export const TF32_TOLERANCE = 2e-3;
+
 export interface ParitySuiteOptions {
   /** Vocabulary of the log-softmax and sampling tests (the emulator uses a smaller one). */
   vocab: number;
@@ -130,7 +133,8 @@ describe.skipIf(skip)(title, () => {
         b.addLoras(x[i], [{ lora: { a: a[i], b: up[i], scale: 0.5 }, out: product[i], column: inter, down: { tensor: down[i], column: 0 } }]);
       });
       expect(error(product)).toBeLessThan(tolerance);
-      expect(error(down)).toBeLessThan(1e-5);
+      // Beside bf16 weights the LoRA's f32 products run on TF32 tensor cores (operands to 11 significant bits).
+      expect(error(down)).toBeLessThan(dtype === "f32" ? 1e-5 : TF32_TOLERANCE);
       const hidden = zeros([n, inter]);
       run((b, i) => b.swiglu(product[i], hidden[i]));
       expect(error(hidden)).toBeLessThan(tolerance);

@@ -12,7 +12,9 @@ import { loadWeights, Transformer } from "../../lib/model/transformer.ts";
 import { RecordingDevice } from "./recording-device.ts";
 
 // Qwen2.5-7B's layer widths (at smaller ones the rule's fixed margin hides its layer terms), a small vocabulary (it
-// only sizes the logits block) and twelve layers; no arithmetic runs, so this costs a few seconds.
+// only sizes the logits block) and twelve layers. No arithmetic runs; what costs time is loading: the stacked q/k/v
+// and gate/up weights are put together in 7 GB of fresh host memory, whose first touch alone took ~45 s on the
+// 2-core development VMs (their page faults are slow), so the test gets three minutes.
 const config = parseConfig({
   architectures: ["Qwen2ForCausalLM"], model_type: "qwen2", vocab_size: 4096, hidden_size: 3584, intermediate_size: 18944,
   num_hidden_layers: 12, num_attention_heads: 28, num_key_value_heads: 4, max_position_embeddings: 4096, rope_theta: 1e6,
@@ -89,5 +91,5 @@ describe("recomputeActivations \"auto\" under a device memory limit (recording d
     expect(counts.has(0) && counts.has(config.numLayers) && counts.size > config.numLayers / 2).toBe(true);
     base.free();
     backend.dispose();
-  });
+  }, 180_000);
 });

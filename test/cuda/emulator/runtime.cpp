@@ -280,9 +280,9 @@ void emu_set_seed(uint64_t seed) {
 
 // The reference cublasGemmEx (gemm-reference.h), fed the arguments Blas gives cuBLAS.
 int emu_gemm_ex(int transa, int transb, int m, int n, int k, float alpha, uint64_t a, int a_type, int lda,
-                uint64_t b, int b_type, int ldb, float beta, uint64_t c, int c_type, int ldc) {
+                uint64_t b, int b_type, int ldb, float beta, uint64_t c, int c_type, int ldc, int compute) {
   return reference_gemm_ex(transa, transb, m, n, k, alpha, reinterpret_cast<const void*>(a), a_type, lda,
-                           reinterpret_cast<const void*>(b), b_type, ldb, beta, reinterpret_cast<void*>(c), c_type, ldc);
+                           reinterpret_cast<const void*>(b), b_type, ldb, beta, reinterpret_cast<void*>(c), c_type, ldc, compute);
 }
 
 }  // extern "C"

@@ -19,7 +19,7 @@ void* lastStream = nullptr;
 size_t lastWorkspaceBytes = 0;
 std::string report;
 constexpr int kSuccess = 0, kNotInitialized = 1, kInvalidValue = 7, kExecutionFailed = 13, kNotSupported = 15;
-constexpr int kComputeF32 = 68, kGemmDefault = -1;
+constexpr int kComputeF32 = 68, kComputeF32FastTf32 = 77, kGemmDefault = -1;
 }  // namespace
 
 extern "C" {
@@ -65,14 +65,14 @@ int cublasGemmEx(Handle* handle, int transa, int transb, int m, int n, int k, co
                  int algo) {
   if (handle == nullptr) return kNotInitialized;
   if (handle->stream == nullptr) violations.push_back("cublasGemmEx on the default stream (cublasSetStream not called)");
-  if (compute != kComputeF32 || algo != kGemmDefault) return kNotSupported;
+  if ((compute != kComputeF32 && compute != kComputeF32FastTf32) || algo != kGemmDefault) return kNotSupported;
   if (const char* fail = std::getenv("MOCK_CUBLAS_FAIL_GEMM"); fail && fail[0] == '1') return kExecutionFailed;
   lastStream = handle->stream;
   lastWorkspaceBytes = handle->workspaceBytes;
   gemms++;
   // Host pointer mode: alpha and beta are read during the call.
   const float alpha_value = *static_cast<const float*>(alpha), beta_value = *static_cast<const float*>(beta);
-  const int status = reference_gemm_ex(transa, transb, m, n, k, alpha_value, a, a_type, lda, b, b_type, ldb, beta_value, c, c_type, ldc);
+  const int status = reference_gemm_ex(transa, transb, m, n, k, alpha_value, a, a_type, lda, b, b_type, ldb, beta_value, c, c_type, ldc, compute);
   return status == 0 ? kSuccess : status == 1 ? kNotSupported : kInvalidValue;
 }
 
