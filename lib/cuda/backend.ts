@@ -219,7 +219,7 @@ function stackable(loras: readonly { a: CudaTensor; dA?: CudaTensor; kept: KeptD
 }
 
 /** lora.cu's limits (LORA_MAX_ROWS, LORA_MAX_RANK, LORA_MAX_FUSED_PAIRS) and block shapes (LORA_WARPS, LORA_COLUMNS). */
-const loraKernelMaxRows = 64, loraKernelMaxRank = 64, loraFusedMaxPairs = 64, loraDownWarps = 8, loraUpColumns = 256;
+const loraKernelTileRows = 64, loraKernelMaxRank = 64, loraFusedMaxPairs = 64, loraDownWarps = 8, loraUpColumns = 256;
 
 /** Blocks of the sum-of-squares reduction per tensor. */
 const sumSquaresBlocks = 64;
@@ -465,10 +465,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   }
 
   /**
-   * A decode pass's LoRAs (at most 64 rows, nothing kept for a backward, up to three targets of one rank and dtype) run
-   * as lora.cu's two launches for the whole group. A training pass's group whose A matrices are rows of one tensor
-   * (`stackable`) takes its down products as one GEMM into the x Aᵀ it keeps, then a GEMM per target; otherwise each
-   * target is two cuBLAS GEMMs.
+   * An inference pass's LoRAs (nothing kept for a backward, up to three targets of one rank and dtype) run as lora.cu's
+   * two launches for the whole group, one for a decode pass of a few sequences. A training pass's group whose A
+   * matrices are rows of one tensor (`stackable`) takes its down products as one GEMM into the x Aᵀ it keeps, then a
+   * GEMM per target; otherwise each target is two cuBLAS GEMMs.
    */
   addLoras(x: Tensor, targets: readonly LoraTarget[]): void {
     const xs = f32("LoRA input", x);
@@ -497,7 +497,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       return;
     }
     const { n, rank, inFeatures, a: firstA } = parts[0];
-    const grouped = n >= 1 && n <= loraKernelMaxRows && rank <= loraKernelMaxRank && parts.length <= 3
+    const grouped = n >= 1 && rank <= loraKernelMaxRank && parts.length <= 3
       && parts.every((p) => !p.kept && p.rank === rank && p.inFeatures === inFeatures && p.a.dtype === firstA.dtype);
     if (!grouped) {
       for (const part of parts) this.#loraGemms(xs, part);
@@ -519,7 +519,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const down = this.#transient().allocate(parts.length * n * rank * 4);
     this.#launch(`lora_down_${suffix}`, [Math.ceil((n * rank) / loraDownWarps), parts.length], [loraDownWarps * 32],
       [["ptr", xs.address], ...as, ["ptr", down], ["i32", n], ["i32", inFeatures], ["i32", rank]]);
-    this.#launch(`lora_up_${suffix}`, grid, [loraUpColumns], [["ptr", down], ...ups, ["i32", n], ["i32", rank]]);
+    this.#launch(`lora_up_${suffix}`, [...grid, Math.ceil(n / loraKernelTileRows)], [loraUpColumns], [["ptr", down], ...ups, ["i32", n], ["i32", rank]]);
     this.#release(down);
   }
 

@@ -166,7 +166,7 @@ describe("CUDA backend host logic (recording device)", () => {
     }
   });
 
-  it("a decode pass runs each group's LoRAs as two launches; a prefill chunk and kept x·Aᵀ take cuBLAS", () => {
+  it("an inference pass runs each group's LoRAs as two launches (one for a few sequences), a prefill chunk's too", () => {
     const { device, backend } = recordingBackend();
     const model = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 4 }), backend, "bf16");
     const layers = model.config.numLayers;
@@ -183,8 +183,10 @@ describe("CUDA backend host logic (recording device)", () => {
       const named = (name: string) => device.launches.filter((l) => l.name === name).length;
       return { fused: named("lora_fused_f32"), down: named("lora_down_f32"), up: named("lora_up_f32"), gemms: device.gemms.length };
     };
-    // Prefill of 80 rows: two GEMMs per projection's LoRA, beside the four products of each layer and the head.
-    expect(count(80, (i) => i)).toEqual({ fused: 0, down: 0, up: 0, gemms: layers * (4 + 2 * 7) + 1 });
+    // Prefill of 80 rows: one lora_down and one lora_up (two tiles of 64 rows) per group, no GEMM beside the four
+    // products of each layer and the head (it was two GEMMs per projection's LoRA).
+    expect(count(80, (i) => i)).toEqual({ fused: 0, down: 4 * layers, up: 4 * layers, gemms: 4 * layers + 1 });
+    expect(device.launches.filter((l) => l.name === "lora_up_f32").every((l) => l.grid[2] === 2)).toBe(true);
     // Decoding three slots (24 row-rank pairs): one lora_fused per group (q/k/v, o, gate/up, down).
     expect(count(3, () => 80)).toEqual({ fused: 4 * layers, down: 0, up: 0, gemms: 4 * layers + 1 });
     // A chunk of 9 rows (72 pairs, over the fused kernel's 64): one lora_down and one lora_up per group.

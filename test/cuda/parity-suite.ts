@@ -197,12 +197,12 @@ describe.skipIf(skip)(title, () => {
     }
   });
 
-  // A decode pass's LoRAs of a group run in one launch (lora_fused) up to 64 row-rank pairs, in two (lora_down,
-  // lora_up) up to 64 rows; more rows, or a kept x·Aᵀ, take the GEMMs. All against the CPU: q/k/v into three outputs,
-  // gate/up into the two halves of one, rank 8 and 64.
-  it("grouped LoRAs: q/k/v and the gate/up halves, 1, 7, 8, 9, 64 and 65 rows, f32 and bf16 adapters, rank 8 and 64", () => {
+  // An inference pass's LoRAs of a group run in one launch (lora_fused) up to 64 row-rank pairs, in two (lora_down,
+  // lora_up over tiles of 64 rows) for more; a kept x·Aᵀ takes the GEMMs. All against the CPU: q/k/v into three
+  // outputs, gate/up into the two halves of one, rank 8, 16 and 64, a last tile of 8 rows.
+  it("grouped LoRAs: q/k/v and the gate/up halves, 1 to 200 rows (tiles of 64), f32 and bf16 adapters, rank 8 and 64", () => {
     const inF = 96, widths = [64, 32, 32], inter = 300;
-    for (const [n, dtype, rank] of [[1, "f32", 8], [7, "bf16", 8], [8, "f32", 8], [9, "bf16", 8], [64, "f32", 64], [65, "f32", 8]] as const) {
+    for (const [n, dtype, rank] of [[1, "f32", 8], [7, "bf16", 8], [8, "f32", 8], [9, "bf16", 8], [64, "f32", 64], [65, "f32", 8], [200, "bf16", 16]] as const) {
       const tolerance = dtype === "f32" ? 1e-5 : 1e-2;
       const x = both(random(n * inF, 40 + n), [n, inF]);
       const adapter = (outF: number, seed: number) => ({ a: both(random(rank * inF, seed, 0.1), [rank, inF], dtype), b: both(random(outF * rank, seed + 1, 0.1), [outF, rank], dtype) });

@@ -1,10 +1,10 @@
-// The unmerged LoRAs of the projections that read one input (q, k, v; gate, up; or one projection alone), for the few
-// rows of a decode pass: part p adds scale_p · (x A_pᵀ) B_pᵀ into its output. Through cuBLAS that is two GEMMs per
+// The unmerged LoRAs of the projections that read one input (q, k, v; gate, up; or one projection alone), for the rows
+// of an inference pass: part p adds scale_p · (x A_pᵀ) B_pᵀ into its output. Through cuBLAS that is two GEMMs per
 // projection, each tiny (rank 8) and launch-bound at these sizes; here it is two launches per group of up to three
-// projections: lora_down computes x A_pᵀ of every part, lora_up adds every part's product into its output; for the
-// fewest rows (at most LORA_MAX_FUSED_PAIRS row-rank pairs: a decode pass of a few sequences) one launch, lora_fused,
-// whose every block computes its part's x A_pᵀ itself (the same warp sums, so the same bits) before adding its
-// columns. More rows (prefill, training) take the GEMMs, which use the tensor cores and keep x A_pᵀ for the backward.
+// projections: lora_down computes x A_pᵀ of every part, lora_up adds every part's product into its output, a block per
+// 256 columns and 64 rows; for the fewest rows (at most LORA_MAX_FUSED_PAIRS row-rank pairs: a decode pass of a few
+// sequences) one launch, lora_fused, whose every block computes its part's x A_pᵀ itself (the same warp sums, so the
+// same bits) before adding its columns. Training takes the GEMMs, which keep x A_pᵀ for the backward.
 #include "common.cuh"
 
 constexpr int LORA_MAX_ROWS = 64;
@@ -48,8 +48,8 @@ __device__ void lora_down(const float* __restrict__ x, const T* a0, const T* a1,
 }
 
 // out_p[r, c] += scale_p · Σ_j down[p, r, j] · B_p[c, j] for part p = blockIdx.y, c < features_p, out_p's rows ld_p
-// apart (out_p already points at the part's first column: its half of the gate/up product). The part's down rows are
-// staged in shared memory; a thread per column walks every row.
+// apart (out_p already points at the part's first column: its half of the gate/up product), r in the block's tile of
+// LORA_MAX_ROWS rows (blockIdx.z). The tile's down rows are staged in shared memory; a thread per column walks them.
 template <typename T>
 __device__ void lora_up(const float* __restrict__ down, const T* b0, const T* b1, const T* b2, float* out0, float* out1, float* out2,
                         int features0, int features1, int features2, int ld0, int ld1, int ld2, float scale0, float scale1,
@@ -58,12 +58,15 @@ __device__ void lora_up(const float* __restrict__ down, const T* b0, const T* b1
   const int p = blockIdx.y;
   const int features = p == 0 ? features0 : p == 1 ? features1 : features2;
   if (blockIdx.x * LORA_COLUMNS >= features) return;  // the whole block: this part is narrower than the widest
-  for (int i = threadIdx.x; i < rows * rank; i += blockDim.x) staged[i] = down[(long long)p * rows * rank + i];
+  const int first = blockIdx.z * LORA_MAX_ROWS, count = min(rows - first, LORA_MAX_ROWS);
+  const float* tile = down + (long long)p * rows * rank + (long long)first * rank;
+  for (int i = threadIdx.x; i < count * rank; i += blockDim.x) staged[i] = tile[i];
   __syncthreads();
   const int c = blockIdx.x * LORA_COLUMNS + threadIdx.x;
   if (c >= features) return;
-  lora_add(staged, lora_part(b0, b1, b2), lora_part(out0, out1, out2), c, p == 0 ? ld0 : p == 1 ? ld1 : ld2,
-           p == 0 ? scale0 : p == 1 ? scale1 : scale2, rows, rank);
+  const int ld = p == 0 ? ld0 : p == 1 ? ld1 : ld2;
+  lora_add(staged, lora_part(b0, b1, b2), lora_part(out0, out1, out2) + (long long)first * ld, c, ld,
+           p == 0 ? scale0 : p == 1 ? scale1 : scale2, count, rank);
 }
 
 // lora_down then lora_up for part p = blockIdx.y in one launch: the block's warps compute the part's rows · rank dot
