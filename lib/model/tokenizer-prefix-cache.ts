@@ -57,7 +57,7 @@ interface Entry {
 export interface PrefixCacheOptions {
   /** Texts kept (a GRPO step's concurrent conversations each need one). Default 256. */
   maxEntries?: number;
-  /** Ids kept over all texts. Default 4M (about 32 MB). */
+  /** Ids kept over all texts. Default 4M (about 50 MB with their texts). */
   maxIds?: number;
 }
 
@@ -109,13 +109,14 @@ export class PrefixEncodingCache {
     tail.forEach((id, i) => {
       if (this.#addedIds.has(id)) idEnds.push(headIds + i + 1);
     });
+    // The ids' added tokens are the text's (they would differ only if the tokenizer split unlike `#marks`).
+    const cacheable = idEnds.length === charEnds.length && charEnds.length > 0;
     if (base) {
       this.#touch(base.entry);
       // A cached text wholly inside this one is no longer needed: this one holds all its prefixes.
-      if (base.mark === base.entry.charEnds.length - 1 && text.startsWith(base.entry.text)) this.#remove(base.entry);
+      if (cacheable && base.mark === base.entry.charEnds.length - 1 && text.startsWith(base.entry.text)) this.#remove(base.entry);
     }
-    // The ids' added tokens are the text's (they would differ only if the tokenizer split unlike `#marks`).
-    if (idEnds.length === charEnds.length && charEnds.length > 0) this.#add({ text, ids, charEnds, idEnds, keys });
+    if (cacheable) this.#add({ text, ids, charEnds, idEnds, keys });
     // The caller may change what it gets; the cache keeps its own.
     return ids.slice();
   }
@@ -130,16 +131,12 @@ export class PrefixEncodingCache {
     const charEnds: number[] = [], keys: number[] = [];
     const startsToken = this.#startsToken, byFirst = this.#addedByFirst, length = text.length;
     let hash = 0;
-    for (let i = 0; i < length; i++) {
+    for (let i = 0; i < length;) {
       const code = text.charCodeAt(i);
       const token = startsToken[code] === 1 ? byFirst.get(code)!.find((content) => text.startsWith(content, i)) : undefined;
-      if (token === undefined) {
-        hash = (Math.imul(hash, 31) + code) | 0;
-        continue;
-      }
-      const end = i + token.length;
+      const end = token === undefined ? i + 1 : i + token.length;
       for (; i < end; i++) hash = (Math.imul(hash, 31) + text.charCodeAt(i)) | 0;
-      i--;
+      if (token === undefined) continue;
       charEnds.push(end);
       keys.push(end * 4294967296 + (hash >>> 0));
     }
