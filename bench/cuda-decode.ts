@@ -8,7 +8,10 @@
 // greedy sampling + the ids back to the host, i.e. what generation does), once with decode passes replayed as CUDA
 // graphs (the default) and once eagerly, on two backends of the same process, and once more with graphs through an
 // unmerged rank-8 LoRA on all seven projections (every rollout after a GRPO run's first step samples so):
-// `loraTokensPerSecond` and `loraCost`, the share of the plain pass's speed it costs. With graphs, the first decode pass
+// `loraTokensPerSecond` and `loraCost`, the share of the plain pass's speed it costs. `replayTokensPerSecond`: the same
+// decode passes back to back, replayed graphs with nothing read back in between (each pass rewrites the position after
+// the prompt) and one wait at the end: the GPU's own pace; `hostShare`, the share of a generation step spent beyond
+// it (sampling, reading the ids back, the host's work between passes). With graphs, the first decode pass
 // is untimed (a new shape runs eagerly once) and the timed ones include the recording and, at the key-window
 // change, one more eager pass and recording: what generation pays. Prefill: one forward per size (sequences x
 // tokens), logits for the last row of each sequence only, and where its GPU time goes (bench/cuda-profile.ts). Roofline per decode pass: all weight bytes plus the
@@ -74,6 +77,24 @@ function decodeRun(model: Transformer, batch: number, loras?: LayerLoras[]): { t
   return { tokensPerSecond: (batch * (steps - 1)) / seconds, kvBytesPerStep };
 }
 
+/** Tokens/s of `steps` decode passes of `batch` rows queued back to back (forward only, no sampling), one wait at the end. */
+function replayRun(model: Transformer, batch: number): number {
+  const cache = model.createKvCache(batch, promptLength + 1);
+  const prompt = Array.from({ length: promptLength }, (_, i) => (i * 7919) % model.config.vocabSize);
+  decode(model, cache, Array.from({ length: batch }, (_, slot) => ({ slot, startPosition: 0, tokens: prompt, sample: greedy })));
+  const ids = new Int32Array(batch).fill(1);
+  const rows = { slots: Int32Array.from({ length: batch }, (_, slot) => slot), positions: new Int32Array(batch).fill(promptLength) };
+  const pass = () => model.backend.free(model.forward(ids, rows, cache, null));
+  for (let s = 0; s < 3; s++) pass(); // eager once, recorded once, then replayed
+  backend.synchronize();
+  const started = performance.now();
+  for (let s = 0; s < steps; s++) pass();
+  backend.synchronize();
+  const seconds = (performance.now() - started) / 1000;
+  cache.free();
+  return (batch * steps) / seconds;
+}
+
 /** Prefill tokens/s of `batch` sequences of `length` tokens, then one more prefill through the per-op profile. */
 function prefillRun(model: Transformer, profiled: Transformer, batch: number, length: number): { tokensPerSecond: number; profileMs: Record<string, OpProfile> } {
   const c = model.config;
@@ -108,6 +129,7 @@ for (const name of values.shapes!.split(",")) {
     const { tokensPerSecond, kvBytesPerStep } = decodeRun(model, batch);
     const eager = decodeRun(eagerModel, batch).tokensPerSecond;
     const withLora = decodeRun(model, batch, loras).tokensPerSecond;
+    const replay = replayRun(model, batch);
     const rooflineTokensPerSecond = (batch * bandwidth) / (weightBytes + kvBytesPerStep);
     const hf = peer?.results[name]?.decode[String(batch)];
     const hfLoop = peer?.results[name]?.decodeLoop?.[String(batch)];
@@ -119,6 +141,8 @@ for (const name of values.shapes!.split(",")) {
       fractionOfRoofline: +(tokensPerSecond / rooflineTokensPerSecond).toFixed(3),
       loraTokensPerSecond: +withLora.toFixed(1),
       loraCost: +(1 - withLora / tokensPerSecond).toFixed(3),
+      replayTokensPerSecond: +replay.toFixed(1),
+      hostShare: +(1 - tokensPerSecond / replay).toFixed(3),
       ...(hf ? { hfTokensPerSecond: hf, ratioToHf: +(tokensPerSecond / hf).toFixed(2) } : {}),
       ...(hfLoop ? { hfForwardLoopTokensPerSecond: hfLoop, ratioToHfForwardLoop: +(tokensPerSecond / hfLoop).toFixed(2) } : {}),
     };
@@ -143,7 +167,7 @@ console.log(JSON.stringify({
   measuredBandwidthGBps: +(bandwidth / 1e9).toFixed(0),
   settings: {
     promptLength, steps, prefill: values.prefill, sampling: "greedy on device",
-    decode: "CUDA graphs (tokensPerSecond), eager (eagerTokensPerSecond), and CUDA graphs with a rank-8 LoRA on all projections (loraTokensPerSecond)",
+    decode: "CUDA graphs (tokensPerSecond), eager (eagerTokensPerSecond), CUDA graphs with a rank-8 LoRA on all projections (loraTokensPerSecond), and graph replays back to back without sampling (replayTokensPerSecond)",
   },
   command: `node bench/cuda-decode.ts ${process.argv.slice(2).join(" ")}`.trim(),
   results,

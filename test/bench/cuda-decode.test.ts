@@ -17,7 +17,8 @@ it.skipIf(!findCompiler())("measures decode with graphs, eagerly and through a L
   const result = report.results["tiny-qwen2"];
   for (const batch of ["1", "3"]) {
     const decode = result.decode[batch];
-    for (const key of ["tokensPerSecond", "eagerTokensPerSecond", "loraTokensPerSecond", "rooflineTokensPerSecond"]) expect(decode[key]).toBeGreaterThan(0);
+    for (const key of ["tokensPerSecond", "eagerTokensPerSecond", "loraTokensPerSecond", "rooflineTokensPerSecond", "replayTokensPerSecond"]) expect(decode[key]).toBeGreaterThan(0);
+    expect(decode.hostShare).toBeCloseTo(1 - decode.tokensPerSecond / decode.replayTokensPerSecond, 2);
     expect(decode.loraCost).toBeCloseTo(1 - decode.loraTokensPerSecond / decode.tokensPerSecond, 2);
   }
   // Decode passes ran as graphs (recorded once per run, then replayed).
