@@ -218,7 +218,7 @@ function stackable(loras: readonly { a: CudaTensor; dA?: CudaTensor; kept: KeptD
   return sideBySide && adjacent(loras.map((l) => l.a)) && gradientsAdjacent;
 }
 
-/** lora.cu's limits (LORA_MAX_ROWS, LORA_MAX_RANK, LORA_MAX_FUSED_PAIRS) and block shapes (LORA_WARPS, LORA_COLUMNS). */
+/** lora.cu's rows per lora_up tile (LORA_TILE_ROWS), limits (LORA_MAX_RANK, LORA_MAX_FUSED_PAIRS) and block shapes (LORA_WARPS, LORA_COLUMNS). */
 const loraKernelTileRows = 64, loraKernelMaxRank = 64, loraFusedMaxPairs = 64, loraDownWarps = 8, loraUpColumns = 256;
 
 /** Blocks of the sum-of-squares reduction per tensor. */

@@ -7,7 +7,7 @@
 // same bits) before adding its columns. Training takes the GEMMs, which keep x A_pᵀ for the backward.
 #include "common.cuh"
 
-constexpr int LORA_MAX_ROWS = 64;
+constexpr int LORA_TILE_ROWS = 64;
 constexpr int LORA_MAX_RANK = 64;
 constexpr int LORA_MAX_FUSED_PAIRS = 64;
 constexpr int LORA_WARPS = 8;      // lora_down: a block of 8 warps, a warp per (row, rank) pair
@@ -49,16 +49,16 @@ __device__ void lora_down(const float* __restrict__ x, const T* a0, const T* a1,
 
 // out_p[r, c] += scale_p · Σ_j down[p, r, j] · B_p[c, j] for part p = blockIdx.y, c < features_p, out_p's rows ld_p
 // apart (out_p already points at the part's first column: its half of the gate/up product), r in the block's tile of
-// LORA_MAX_ROWS rows (blockIdx.z). The tile's down rows are staged in shared memory; a thread per column walks them.
+// LORA_TILE_ROWS rows (blockIdx.z). The tile's down rows are staged in shared memory; a thread per column walks them.
 template <typename T>
 __device__ void lora_up(const float* __restrict__ down, const T* b0, const T* b1, const T* b2, float* out0, float* out1, float* out2,
                         int features0, int features1, int features2, int ld0, int ld1, int ld2, float scale0, float scale1,
                         float scale2, int rows, int rank) {
-  __shared__ float staged[LORA_MAX_ROWS * LORA_MAX_RANK];
+  __shared__ float staged[LORA_TILE_ROWS * LORA_MAX_RANK];
   const int p = blockIdx.y;
   const int features = p == 0 ? features0 : p == 1 ? features1 : features2;
   if (blockIdx.x * LORA_COLUMNS >= features) return;  // the whole block: this part is narrower than the widest
-  const int first = blockIdx.z * LORA_MAX_ROWS, count = min(rows - first, LORA_MAX_ROWS);
+  const int first = blockIdx.z * LORA_TILE_ROWS, count = min(rows - first, LORA_TILE_ROWS);
   const float* tile = down + (long long)p * rows * rank + (long long)first * rank;
   for (int i = threadIdx.x; i < count * rank; i += blockDim.x) staged[i] = tile[i];
   __syncthreads();
