@@ -310,12 +310,24 @@ export class ChoiceBuilder {
 
   private logprobEntry(token: SampledToken): ChatCompletionTokenLogprob {
     const entry = (id: number, logprob: number) => ({
-      token: this.tokenizer.decode([id], { skipSpecialTokens: false }),
+      token: tokenText(this.tokenizer, id),
       logprob: Number.isFinite(logprob) ? logprob : -9999,
       bytes: Array.from(this.tokenizer.tokenBytes(id)),
     });
     return { ...entry(token.id, token.logprob), top_logprobs: token.topLogprobs.map((t) => entry(t.id, t.logprob)) };
   }
+}
+
+const tokenTexts = new WeakMap<Tokenizer, (string | undefined)[]>();
+
+/**
+ * One token decoded alone, as logprobs name it: every sampled token (and each top alternative) of every choice gets
+ * an entry, and the tokenizer's decode of a single id costs several microseconds, on the thread that runs the passes.
+ */
+function tokenText(tokenizer: Tokenizer, id: number): string {
+  let texts = tokenTexts.get(tokenizer);
+  if (!texts) tokenTexts.set(tokenizer, texts = []);
+  return texts[id] ??= tokenizer.decode([id], { skipSpecialTokens: false });
 }
 
 const longestTokens = new WeakMap<Tokenizer, number>();
