@@ -27,9 +27,10 @@
 //   stepSeconds               rolloutSeconds + train()'s wall time (= trainingSeconds + adapterSwapMs)
 //   generatedTokensPerSecond  sampled tokens / rolloutSeconds
 //   batcher                   where rolloutSeconds went: the engine's forward passes (passes, rowsPerPass, promptRows:
-//                             prefilled rows), passMs (a pass's mean seconds: admitting, forward, sampling, until the
-//                             sampled ids are back), busyShare (the passes' seconds over rolloutSeconds; the rest is
-//                             the host between passes: requests rendered and tokenized, responses built, rollouts' code)
+//                             prefilled rows), passMs (a pass's mean milliseconds in flight: admitting, forward,
+//                             sampling, until the sampled ids are back, the host's work while the GPU computes
+//                             included), busyShare (the passes' seconds over rolloutSeconds; the rest is host work no
+//                             pass overlapped: requests rendered and tokenized, responses built, rollouts' code)
 // and over the workload's steps (warm-up included) peakGpuMemoryBytes: the CUDA pool's peak reserved bytes (null on the
 // CPU), and peakGpuInUseBytes, its peak of bytes in use (what torch's max_memory_allocated counts: the peer's
 // peakMemoryBytes), the KV cache included (per shape, `kvCache`: as many slots and positions as the largest workload run needs). With --peer, the peer's means beside ours and

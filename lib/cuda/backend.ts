@@ -677,6 +677,11 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   }
 
   sample(logits: Tensor, params: SamplingParams): SampleResult {
+    return this.startSample(logits, params)();
+  }
+
+  /** Queues the sampling kernel; the function returned waits for it and reads the results (Backend.startSample). */
+  startSample(logits: Tensor, params: SamplingParams): () => SampleResult {
     const l = cuda(logits);
     expectF32("sample logits", l);
     const rows = l.shape[0], vocab = l.size / rows, top = params.numTopLogprobs;
@@ -693,6 +698,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const input = this.context.pool.allocate(inputs.byteLength);
     const outputBytes = rows * 8 + rows * top * 8;
     const output = this.context.pool.allocate(outputBytes);
+    const release = () => {
+      this.context.pool.free(input);
+      this.context.pool.free(output);
+    };
     try {
       this.context.upload(input, new Uint8Array(inputs));
       const at = (base: bigint, offset: number): KernelArg => ["ptr", base + BigInt(offset)];
@@ -701,18 +710,24 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       this.#launch("sample", [rows], [rowThreads(vocab, 1024)], [["ptr", l.address], ["i32", vocab], at(input, 0), at(input, rows * 4),
         at(input, rows * 8), at(input, rows * 12), mask ? at(input, rows * 16) : none, ["i32", top], at(output, 0),
         at(output, rows * 4), top > 0 ? at(output, rows * 8) : none, top > 0 ? at(output, rows * 8 + rows * top * 4) : none]);
-      const host = new ArrayBuffer(outputBytes);
-      this.context.download(output, new Uint8Array(host));
-      return checkSampled("cuda backend", {
-        ids: new Int32Array(host, 0, rows),
-        logprobs: new Float32Array(host, rows * 4, rows),
-        topIds: new Int32Array(host, rows * 8, rows * top),
-        topLogprobs: new Float32Array(host, rows * 8 + rows * top * 4, rows * top),
-      });
-    } finally {
-      this.context.pool.free(input);
-      this.context.pool.free(output);
+    } catch (error) {
+      release();
+      throw error;
     }
+    return () => {
+      try {
+        const host = new ArrayBuffer(outputBytes);
+        this.context.download(output, new Uint8Array(host));
+        return checkSampled("cuda backend", {
+          ids: new Int32Array(host, 0, rows),
+          logprobs: new Float32Array(host, rows * 4, rows),
+          topIds: new Int32Array(host, rows * 8, rows * top),
+          topLogprobs: new Float32Array(host, rows * 8 + rows * top * 4, rows * top),
+        });
+      } finally {
+        release();
+      }
+    };
   }
 
   // ---- training: packed attention, backward ops, target logprobs, optimiser -----------------------------------

@@ -389,6 +389,13 @@ export interface Backend {
   logSoftmax(logits: Tensor, out: Tensor): void;
   /** Samples one id per row of logits:[n, vocab] (see SamplingParams); waits for queued ops. */
   sample(logits: Tensor, params: SamplingParams): SampleResult;
+  /**
+   * `sample` in two halves, where the device works while the host goes on: queues the sampling and returns the
+   * function that waits for it and gives the result (call it exactly once; `logits` must live until then). The
+   * continuous batcher runs the event loop in between, so requests are parsed, templated and answered while a pass
+   * computes. Backends that compute on the calling thread leave it out.
+   */
+  startSample?(logits: Tensor, params: SamplingParams): () => SampleResult;
 
   // Training: attention over packed sequences, the backward ops, target logprobs, the optimiser's two reductions.
   /**

@@ -20,7 +20,7 @@
  * prefilled the prefix — so a group's prompt is prefilled once.
  */
 import { setImmediate } from "node:timers";
-import { type Backend, type KvCache, type SamplingParams, allowedTokenMask } from "../model/backend.ts";
+import { type Backend, type KvCache, type SampleResult, type SamplingParams, type Tensor, allowedTokenMask } from "../model/backend.ts";
 import { seededRandom } from "../core/random.ts";
 import type { SampledToken, TopLogprob } from "../model/generate.ts";
 import type { LayerLoras } from "../model/lora.ts";
@@ -91,8 +91,9 @@ export interface BatcherStats {
   /** Of those, prompt tokens copied from another sequence's slot (copyKvSlot). */
   copiedTokens: number;
   /**
-   * Seconds spent in passes (admitting, the forward, sampling: on a GPU, until the sampled ids are back). Over the
-   * wall time it is how busy the engine was kept; the rest is waiting for requests and the event loop between passes.
+   * Seconds with a pass in flight: from admitting its sequences until its sampled tokens are taken (on a GPU, the ids
+   * back), the event loop's turn while the device computes included. Over the wall time it is how busy the engine was
+   * kept; the rest is waiting for requests, or host work that no pass overlapped.
    */
   passSeconds: number;
 }
@@ -284,24 +285,33 @@ export class Batcher {
     else sequence.reject(outcome);
   }
 
+  /**
+   * The loop: each pass is launched, then the event loop runs while the device computes it (requests arrive, are
+   * templated and tokenized, finished ones are answered: on a GPU that host work overlaps the pass instead of
+   * following it), then the pass's tokens are taken. On the CPU the pass computes at launch and the order is the same.
+   */
   private async run(): Promise<void> {
+    // Requests submitted together (a group's rollouts) start in one pass.
+    await yieldToEventLoop();
     while (this.queue.length > 0 || this.running.length > 0) {
-      // Yield to the event loop between passes: new requests join, aborts land, streams flush.
-      await new Promise<void>((resolve) => setImmediate(resolve));
       if (this.paused) {
         await this.paused.resumed;
         continue;
       }
       let done!: () => void;
       this.passDone = new Promise<void>((resolve) => (done = resolve));
+      let launched: LaunchedPass | null = null;
       const started = performance.now();
       try {
-        this.pass();
+        launched = this.launchPass();
+        await yieldToEventLoop();
+        if (launched) this.completePass(launched);
       } catch (error) {
-        // A failing forward fails the sequences in it, never the server.
+        // A failing forward fails the sequences in it, never the server; what its slots hold may be half written.
+        if (launched) for (const slot of launched.slots) this.slotContents.delete(slot);
         for (const sequence of [...this.running]) this.finish(sequence, error, false);
       } finally {
-        this.stats.passSeconds += (performance.now() - started) / 1000;
+        if (launched) this.stats.passSeconds += (performance.now() - started) / 1000;
         done();
       }
     }
@@ -310,7 +320,8 @@ export class Batcher {
     this.loop = null;
   }
 
-  private pass(): void {
+  /** Admits waiting sequences, queues one forward over the rows of a weights choice and the sampling of its last rows. */
+  private launchPass(): LaunchedPass | null {
     while (this.freeSlots.length > 0 && this.queue.length > 0) this.admit(this.queue.shift()!);
     // Copies first, before this pass's rows advance `cached`: a source's prefix must be written by an earlier pass.
     for (const sequence of this.running) {
@@ -341,16 +352,28 @@ export class Batcher {
         sampling.push(sequence);
       }
     }
-    if (ids.length === 0) return;
+    if (ids.length === 0) return null;
+    const passSlots = [...new Set(slots)];
     const logits = this.transformer.forward(
       Int32Array.from(ids), { slots: Int32Array.from(slots), positions: Int32Array.from(positions) }, this.cache, Int32Array.from(logitRows), loras ?? undefined,
     );
     this.stats.passes++;
     this.stats.rows += ids.length;
     try {
-      if (sampling.length > 0) this.sampleAndAdvance(logits, sampling);
-    } finally {
+      const sampled = sampling.length > 0 ? this.startSampling(logits, sampling) : null;
+      return { logits, slots: passSlots, sampling, sampled };
+    } catch (error) {
       this.backend.free(logits);
+      throw error;
+    }
+  }
+
+  /** Takes a launched pass's tokens (waiting for the device) and frees its logits. */
+  private completePass(pass: LaunchedPass): void {
+    try {
+      if (pass.sampled) this.advanceAll(pass.sampling, pass.sampled.numTop, pass.sampled.result());
+    } finally {
+      this.backend.free(pass.logits);
     }
   }
 
@@ -412,7 +435,8 @@ export class Batcher {
     return next;
   }
 
-  private sampleAndAdvance(logits: ReturnType<Transformer["forward"]>, sampling: Sequence[]): void {
+  /** Queues the sampling of one token per sequence in `sampling` (one logits row each, in order). */
+  private startSampling(logits: Tensor, sampling: Sequence[]): { numTop: number; result: () => SampleResult } {
     const n = sampling.length;
     const numTop = Math.max(...sampling.map((s) => s.spec.numTopLogprobs));
     const params: SamplingParams = {
@@ -431,16 +455,22 @@ export class Batcher {
         try {
           return constraint.allowed(sequence.spec.maxTokens - sequence.tokens.length);
         } catch (error) {
-          this.finish(sequence, error); // its row is sampled unmasked and dropped below
+          this.finish(sequence, error); // its row is sampled unmasked and dropped when the pass completes
           return null;
         }
       });
       params.allowedTokens = allowedTokenMask(logits.shape[1], allowed);
     }
+    if (this.backend.startSample) return { numTop, result: this.backend.startSample(logits, params) };
     const result = this.backend.sample(logits, params);
-    this.stats.sampled += n;
+    return { numTop, result: () => result };
+  }
+
+  /** Gives each sequence its sampled token; one that left meanwhile (finished, aborted) is skipped. */
+  private advanceAll(sampling: Sequence[], numTop: number, result: SampleResult): void {
+    this.stats.sampled += sampling.length;
     sampling.forEach((sequence, row) => {
-      if (!this.running.includes(sequence)) return; // failed its constraint above
+      if (!this.running.includes(sequence)) return;
       const topLogprobs: TopLogprob[] = [];
       for (let t = 0; t < sequence.spec.numTopLogprobs; t++) {
         topLogprobs.push({ id: result.topIds[row * numTop + t], logprob: result.topLogprobs[row * numTop + t] });
@@ -463,6 +493,20 @@ export class Batcher {
     if (stopString || spec.stopTokenIds.includes(token.id)) this.finish(sequence, "stop");
     else if (sequence.tokens.length >= spec.maxTokens) this.finish(sequence, "length");
   }
+}
+
+/** A pass whose forward and sampling are queued: what completing it needs. */
+interface LaunchedPass {
+  logits: Tensor;
+  /** The KV slots its rows write. */
+  slots: number[];
+  sampling: Sequence[];
+  sampled: { numTop: number; result: () => SampleResult } | null;
+}
+
+/** One turn of the event loop (after pending I/O callbacks). */
+function yieldToEventLoop(): Promise<void> {
+  return new Promise<void>((resolve) => setImmediate(resolve));
 }
 
 function commonPrefixLength(a: readonly number[], b: readonly number[]): number {

@@ -265,6 +265,30 @@ describe("CUDA backend host logic (recording device)", () => {
     expect(device.outstandingBytes).toBe(0);
   });
 
+  it("startSample queues the sampling and reads nothing back until its result is asked for, then frees its blocks", () => {
+    const { device, backend } = recordingBackend();
+    const rows = 4, logits = backend.zeros([rows, 50]);
+    const inUse = () => device.pool.stats().inUseBytes;
+    const held = inUse();
+    let downloads = 0;
+    const download = device.download.bind(device);
+    device.download = (source, target, offset) => {
+      downloads++;
+      download(source, target, offset);
+    };
+    const result = backend.startSample(logits, { temperature: new Float32Array(rows), topP: new Float32Array(rows).fill(1),
+      topK: new Int32Array(rows), uniforms: new Float32Array(rows), numTopLogprobs: 2 });
+    expect(device.launches.filter((l) => l.name === "sample").length).toBe(1);
+    expect(downloads).toBe(0); // a download waits for the stream: the host would wait for the whole pass here
+    expect(inUse()).toBeGreaterThan(held); // its parameters and results, until read
+    expect(result().ids.length).toBe(rows);
+    expect(downloads).toBe(1);
+    expect(inUse()).toBe(held);
+    backend.free(logits);
+    backend.dispose();
+    expect(device.outstandingBytes).toBe(0);
+  });
+
   it("sampling sends an allowed-token mask with the row parameters (a null pointer without one); an empty row is refused", () => {
     const { device, backend } = recordingBackend();
     const vocab = 70, logits = backend.zeros([3, vocab]);

@@ -325,3 +325,41 @@ describe("adapters", () => {
     await server.close();
   });
 });
+
+describe("host work during a pass", () => {
+  it("with a backend that samples in two halves, requests are handled while a pass computes, not between passes", async () => {
+    // A tiny model of its own whose backend takes startSample (as the CUDA backend does): the log says, in order, when a
+    // pass's sampling was queued, when its result was taken, and when a request's chat template was rendered.
+    const own = await tinyServableModel(3);
+    const log: string[] = [];
+    const backend = own.model.backend;
+    backend.startSample = (logits, params) => {
+      log.push("launched");
+      const result = backend.sample(logits, params);
+      return () => {
+        log.push("taken");
+        return result;
+      };
+    };
+    const render = own.tokenizer.applyChatTemplate.bind(own.tokenizer);
+    own.tokenizer.applyChatTemplate = (messages, options) => {
+      log.push(`templated ${String(messages.at(-1)!.content)}`);
+      return render(messages, options);
+    };
+    const server = new ModelServer({ batcher: { maxPositions: 512, numSlots: 4 } });
+    server.addBaseModel("tiny", own);
+    const client = server.openai({ maxRetries: 0 });
+    const ask = (content: string, maxTokens: number) => client.chat.completions.create({
+      model: "tiny", messages: [{ role: "user", content }], max_tokens: maxTokens, seed: 5, ignore_eos: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+    // A's answer starts a follow-up (a rollout's next turn) while B still decodes.
+    await Promise.all([ask("A", 2).then(() => ask("follow-up", 2)), ask("B", 24)]);
+    await server.close();
+    const followUp = log.indexOf("templated follow-up");
+    expect(followUp).toBeGreaterThan(0);
+    // The last pass event before it: a pass was in flight (queued, its result not yet taken) when the request came.
+    const before = log.slice(0, followUp).filter((event) => event === "launched" || event === "taken");
+    expect(before.at(-1)).toBe("launched");
+    expect(log.filter((event) => event === "launched").length).toBe(log.filter((event) => event === "taken").length);
+  });
+});
