@@ -5,17 +5,20 @@
 // never does.
 //
 // Usage: node bench/serve-mix.ts [--device cuda|cpu] [--shape qwen2.5-0.5b] [--requests 256] [--rate 16]
-//        [--prompt 100-2000] [--generate 16-256] [--seed 1] [--out mix.json]
+//        [--prompt 100-2000] [--generate 16-256] [--seed 1] [--whole] [--out mix.json]
 //
 // Reports: wall seconds from the first arrival to the last completion; generated tokens/s over it; time to first token
 // and per-request decode tokens/s (p50/p90/p99); and the batcher's own counts over the run: passes, rows per pass, the
-// share of rows that were prefill, and busy = the batcher's passSeconds / wall (how much of the time a pass was running;
-// the rest the engine waited for requests or for the event loop between passes). Prompts are digits, one token each,
-// and every completion runs to its length (ignore_eos), so both sides of any comparison do the same work.
+// share of rows that were prefill, and busy = the batcher's passSeconds / wall (how much of the time a pass was in
+// flight; the rest the engine waited for requests, or for host work no pass overlapped). Prompts are digits, one token
+// each, and every completion runs to its length (ignore_eos), so both sides of any comparison do the same work.
+// --whole asks for whole answers, as rollouts do, instead of streams: each request's latency replaces time to first
+// token and decode speed. With a fixed batch (--requests 64 --rate 1000000 --prompt 128-128 --generate 128-128) it is
+// the decode bench's batch-64 workload (bench/cuda-decode.ts) through the batcher, the server and the openai client.
 import { rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import { parseArgs } from "node:util";
-import type { ChatCompletionCreateParamsStreaming } from "openai/resources/chat/completions";
+import type { ChatCompletionCreateParamsNonStreaming, ChatCompletionCreateParamsStreaming } from "openai/resources/chat/completions";
 import { seededRandom } from "../lib/core/random.ts";
 import { quantile } from "../lib/notebook/stats.ts";
 import { TrainableModel } from "../lib/trainable/model.ts";
@@ -24,7 +27,7 @@ import { writeBenchCheckpoint } from "./cuda-random-model.ts";
 const { values } = parseArgs({ options: {
   device: { type: "string", default: "cuda" }, shape: { type: "string", default: "qwen2.5-0.5b" }, requests: { type: "string", default: "256" },
   rate: { type: "string", default: "16" }, prompt: { type: "string", default: "100-2000" }, generate: { type: "string", default: "16-256" },
-  seed: { type: "string", default: "1" }, out: { type: "string" },
+  seed: { type: "string", default: "1" }, whole: { type: "boolean", default: false }, out: { type: "string" },
 } });
 const device = values.device as "cuda" | "cpu";
 if (device !== "cuda" && device !== "cpu") throw new Error(`--device is cuda or cpu, got ${values.device}`);
@@ -64,15 +67,20 @@ try {
     await new Promise((resolve) => setTimeout(resolve, request.arrival * 1000));
     const sent = seconds();
     // The chat template adds a few tokens around the digits: a prompt is within them of its planned length.
-    const body: ChatCompletionCreateParamsStreaming & { ignore_eos: boolean } = {
-      model: model.name, messages: [{ role: "user", content: "7".repeat(request.promptTokens) }], max_tokens: request.generateTokens,
-      temperature: 1, seed: request.index, stream: true, ignore_eos: true,
+    const body = {
+      model: model.name, messages: [{ role: "user" as const, content: "7".repeat(request.promptTokens) }], max_tokens: request.generateTokens,
+      temperature: 1, seed: request.index, ignore_eos: true,
     };
     let first = 0, tokens = 0;
-    for await (const chunk of await client.chat.completions.create(body)) {
-      const text = chunk.choices[0]?.delta?.content ?? "";
-      if (text !== "" && first === 0) first = seconds();
-      tokens += text.length; // digits: one token each
+    if (values.whole) {
+      const completion = await client.chat.completions.create(body as ChatCompletionCreateParamsNonStreaming);
+      tokens = completion.choices[0]!.message.content!.length; // digits: one token each
+    } else {
+      for await (const chunk of await client.chat.completions.create({ ...body, stream: true } as ChatCompletionCreateParamsStreaming)) {
+        const text = chunk.choices[0]?.delta?.content ?? "";
+        if (text !== "" && first === 0) first = seconds();
+        tokens += text.length;
+      }
     }
     const finished = seconds();
     if (tokens !== request.generateTokens) throw new Error(`request ${request.index}: ${tokens} tokens streamed, ${request.generateTokens} asked for`);
@@ -84,11 +92,13 @@ try {
   const report = {
     benchmark: "serve-mix", command: `node bench/serve-mix.ts ${process.argv.slice(2).join(" ")}`.trim(),
     device: device === "cuda" ? "cuda" : `cpu: ${os.cpus()[0]?.model ?? "unknown"} × ${os.cpus().length}`, shape: values.shape,
-    stream: { requests: count, ratePerSecond: rate, promptTokens: [promptMin, promptMax], generateTokens: [generateMin, generateMax], seed: Number(values.seed) },
+    stream: { requests: count, answers: values.whole ? "whole" : "streamed", ratePerSecond: rate, promptTokens: [promptMin, promptMax], generateTokens: [generateMin, generateMax], seed: Number(values.seed) },
     wallSeconds: +wall.toFixed(3),
     generatedTokensPerSecond: +(done.reduce((sum, d) => sum + d.tokens, 0) / wall).toFixed(1),
-    timeToFirstTokenSeconds: summary(done.map((d) => d.first - d.sent)),
-    decodeTokensPerSecondPerRequest: summary(done.map((d) => (d.tokens - 1) / Math.max(1e-9, d.finished - d.first))),
+    ...(values.whole ? { latencySeconds: summary(done.map((d) => d.finished - d.sent)) } : {
+      timeToFirstTokenSeconds: summary(done.map((d) => d.first - d.sent)),
+      decodeTokensPerSecondPerRequest: summary(done.map((d) => (d.tokens - 1) / Math.max(1e-9, d.finished - d.first))),
+    }),
     batcher: {
       passes, rowsPerPass: +(rows / passes).toFixed(1), prefillShareOfRows: +((stats.promptRows - before.promptRows) / rows).toFixed(3),
       busy: +((stats.passSeconds - before.passSeconds) / wall).toFixed(3),

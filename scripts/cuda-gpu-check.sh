@@ -47,7 +47,7 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT/results/bench"
 : >> "$OUT/log.txt"
 # Ordered by what a call cut short should still have shown: correctness, then the benches, then the rest.
-all_steps="env build hf_reference tests roofline hf_peer bench serve_mix hf_train_peer train_bench demo demo_cpu notebooks sanitizer nvrtc_fallback hf_fixtures grpo_peer grpo_bench memory cpu_benches"
+all_steps="env build hf_reference tests roofline hf_peer bench serve_mix serve_batch hf_train_peer train_bench demo demo_cpu notebooks sanitizer nvrtc_fallback hf_fixtures grpo_peer grpo_bench memory cpu_benches"
 selected=" ${ART_GPU_CHECK_STEPS:-$all_steps} "
 deadline=$((SECONDS + ${ART_GPU_CHECK_SECONDS:-570}))
 declare -A status
@@ -120,6 +120,9 @@ step bench 150 results/bench/decode.json node bench/cuda-decode.ts $peer
 # The batcher under requests arriving and leaving at random (Poisson, random prompt and completion lengths, streamed):
 # how busy it keeps the GPU, time to first token, tokens/s (bench/serve-mix.ts).
 step serve_mix 120 results/bench/serve-mix.json node bench/serve-mix.ts --shape qwen2.5-0.5b
+# The bench step's batch-64 decode (128-token prompts, 128 tokens each) through the batcher, the server and the openai
+# client, answers whole as rollouts ask: what serving adds to decode() (its tokens/s beside decode.json's batch 64).
+step serve_batch 90 results/bench/serve-batch.json node bench/serve-mix.ts --shape qwen2.5-0.5b --requests 64 --rate 1000000 --prompt 128-128 --generate 128-128 --whole
 step hf_train_peer 240 results/bench/hf-train.json python3 bench/peers/hf_train_step.py
 peer=""
 [[ ${status[hf_train_peer]:-} == ok* ]] && peer="--peer $OUT/results/bench/hf-train.json"

@@ -29,6 +29,18 @@ it("streams a seeded mix of arrivals through the batcher and reports its load", 
   expect(report.batcher.busy).toBeLessThanOrEqual(1);
 }, 60_000);
 
+it("with --whole, a fixed batch answered whole (as rollouts ask) reports each request's latency", () => {
+  const run = bench("--requests", "8", "--rate", "1000000", "--prompt", "32-32", "--generate", "8-8", "--whole");
+  expect(run.status, run.stderr).toBe(0);
+  const report = JSON.parse(run.stdout);
+  expect(report.stream).toMatchObject({ requests: 8, answers: "whole", promptTokens: [32, 32], generateTokens: [8, 8] });
+  expect(report.generatedTokensPerSecond).toBeGreaterThan(0);
+  expect(report.latencySeconds.p50).toBeGreaterThan(0);
+  expect(report).not.toHaveProperty("timeToFirstTokenSeconds");
+  // All eight arrive at once: after the prefill pass, every decode pass carries all of them.
+  expect(report.batcher.passes).toBeLessThan(8 * 8);
+}, 60_000);
+
 it("refuses a length range it cannot use, naming the flag", () => {
   const run = bench("--prompt", "200-20");
   expect(run.status).not.toBe(0);

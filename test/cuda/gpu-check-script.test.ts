@@ -11,7 +11,7 @@ const root = join(dirname(new URL(import.meta.url).pathname), "..", "..");
 const work = mkdtempSync(join(tmpdir(), "art-gpu-check-"));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-const allSteps = ["env", "build", "hf_reference", "tests", "roofline", "hf_peer", "bench", "serve_mix", "hf_train_peer", "train_bench", "demo", "demo_cpu", "notebooks", "sanitizer", "nvrtc_fallback", "hf_fixtures", "grpo_peer", "grpo_bench", "memory", "cpu_benches"];
+const allSteps = ["env", "build", "hf_reference", "tests", "roofline", "hf_peer", "bench", "serve_mix", "serve_batch", "hf_train_peer", "train_bench", "demo", "demo_cpu", "notebooks", "sanitizer", "nvrtc_fallback", "hf_fixtures", "grpo_peer", "grpo_bench", "memory", "cpu_benches"];
 
 function runCheck(name: string, python: string, env: Record<string, string>): { summary: Record<string, { status: string }>; log: string } {
   const bin = join(work, name, "bin"), out = join(work, name, "out");
@@ -38,7 +38,7 @@ describe.skipIf(process.platform !== "linux")("the GPU check script on a machine
     // The GRPO bench runs without the failed peer's file and stops before writing a checkpoint.
     expect(summary.grpo_peer.status).toMatch(/^failed \(exit 3\)/);
     expect(summary.grpo_bench.status).toMatch(/^failed \(exit 1\), [0-9] s$/);
-    for (const step of ["env", "build", "tests", "roofline", "serve_mix", "hf_train_peer", "train_bench", "demo", "demo_cpu", "notebooks", "sanitizer", "nvrtc_fallback", "hf_fixtures"]) expect(summary[step].status).toBe("skipped: not selected");
+    for (const step of ["env", "build", "tests", "roofline", "serve_mix", "serve_batch", "hf_train_peer", "train_bench", "demo", "demo_cpu", "notebooks", "sanitizer", "nvrtc_fallback", "hf_fixtures"]) expect(summary[step].status).toBe("skipped: not selected");
     expect(log).toContain("No module named transformers");
     expect(log).toContain("libcuda.so.1");
   });
