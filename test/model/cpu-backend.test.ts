@@ -274,3 +274,23 @@ describe("CPU kernels", () => {
     b.write(next, new Float32Array(12).fill(1));
     expect(callers).toEqual(new Float32Array(12).fill(9));
   });
+
+  it("storage of a nearby length is reused too (a training batch's row count changes), as a view of exactly the length asked for", () => {
+    const b = new CpuBackend();
+    const rows = (n: number) => b.zeros([n, 64]);
+    const first = rows(100);
+    const array = (first as unknown as { data: Float32Array }).data;
+    b.write(first, new Float32Array(6400).fill(3));
+    b.free(first);
+    // 97 rows of 64 floats are in the class of 100 rows (a sixteenth of an octave apart): the same memory, zeroed.
+    const second = rows(97);
+    const view = (second as unknown as { data: Float32Array }).data;
+    expect(view.buffer).toBe(array.buffer);
+    expect(view.length).toBe(97 * 64);
+    expect(b.download(second)).toEqual(new Float32Array(97 * 64));
+    b.free(second);
+    // Beyond the class, new memory; the pool gave back the whole array, not the view.
+    const third = rows(120);
+    expect((third as unknown as { data: Float32Array }).data.buffer).not.toBe(array.buffer);
+    expect((rows(100) as unknown as { data: Float32Array }).data.buffer).toBe(array.buffer);
+  });
