@@ -109,21 +109,30 @@ const f32 = Math.fround;
 const LOG2_E = 1.44269502162933349609375;
 const LN_2_HIGH = 0.693145751953125;
 const LN_2_LOW = 0.000001428606765330187045037746429443359375;
-const EXP_COEFFICIENTS = [1 / 720, 1 / 120, 1 / 24, 1 / 6, 0.5, 1, 1].map(f32);
+// The polynomial's coefficients, 1/7! down to 1, as f32 values.
+const C7 = f32(1 / 5040), C6 = f32(1 / 720), C5 = f32(1 / 120), C4 = f32(1 / 24), C3 = f32(1 / 6), C2 = 0.5, C1 = 1, C0 = 1;
+/** 2^n for the n samplingExp scales by (-125..0), at index n + 125: a table, since 2 ** n costs a call to pow. */
+const POWERS_OF_TWO = Float64Array.from({ length: 126 }, (_, i) => 2 ** (i - 125));
 
 /**
  * exp(x) for x <= 0, the kernel's sampling_exp bit for bit: f32 multiplies and adds only, each rounded to nearest
  * (f32 of the double product or sum of two f32 values is the correctly rounded f32 result). x = n ln 2 + f with
- * n = round(x log2 e); e^f by its degree-7 Taylor polynomial (truncation 5e-9); times 2^n; 0 below 2^-125.
+ * n = round(x log2 e); e^f by its degree-7 Taylor polynomial (truncation 5e-9), written out (the sampler calls this
+ * once per vocabulary entry per sampled token); times 2^n; 0 below 2^-125.
  */
 export function samplingExp(x: number): number {
   const t = f32(x * LOG2_E);
   if (!(t > -125)) return 0;
   const n = Math.floor(f32(t + 0.5));
   const f = f32(f32(x - f32(n * LN_2_HIGH)) - f32(n * LN_2_LOW));
-  let p = f32(1 / 5040);
-  for (const c of EXP_COEFFICIENTS) p = f32(f32(p * f) + c);
-  return f32(p * 2 ** n);
+  let p = f32(f32(C7 * f) + C6);
+  p = f32(f32(p * f) + C5);
+  p = f32(f32(p * f) + C4);
+  p = f32(f32(p * f) + C3);
+  p = f32(f32(p * f) + C2);
+  p = f32(f32(p * f) + C1);
+  p = f32(f32(p * f) + C0);
+  return f32(p * POWERS_OF_TWO[n + 125]);
 }
 
 /** `weights` and `pool` are vocabulary-sized scratch, reused across rows. */
