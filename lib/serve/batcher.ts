@@ -286,11 +286,14 @@ export class Batcher {
   }
 
   /**
-   * The loop: each pass is launched, then the event loop runs while the device computes it (requests arrive, are
-   * templated and tokenized, finished ones are answered: on a GPU that host work overlaps the pass instead of
-   * following it), then the pass's tokens are taken. On the CPU the pass computes at launch and the order is the same.
+   * The loop. Where the backend samples in two halves (CUDA), each pass is launched, then the event loop runs while
+   * the device computes it (requests arrive, are templated and tokenized, finished ones are answered: host work that
+   * would otherwise leave the GPU idle), then the pass's tokens are taken. Where a pass computes on this thread (the
+   * CPU), nothing could overlap it: the event loop runs between passes, so an answer's follow-up request (a rollout's
+   * next turn) joins the very next pass.
    */
   private async run(): Promise<void> {
+    const overlap = this.backend.startSample !== undefined;
     // Requests submitted together (a group's rollouts) start in one pass.
     await yieldToEventLoop();
     while (this.queue.length > 0 || this.running.length > 0) {
@@ -304,7 +307,7 @@ export class Batcher {
       const started = performance.now();
       try {
         launched = this.launchPass();
-        await yieldToEventLoop();
+        if (overlap) await yieldToEventLoop();
         if (launched) this.completePass(launched);
       } catch (error) {
         // A failing forward fails the sequences in it, never the server; what its slots hold may be half written.
@@ -314,6 +317,7 @@ export class Batcher {
         if (launched) this.stats.passSeconds += (performance.now() - started) / 1000;
         done();
       }
+      if (!overlap) await yieldToEventLoop();
     }
     // Cleared in the same turn as the last check (not in a later .finally): a sequence submitted by whoever the
     // last pass resolved must start a new loop, not join this ending one.
