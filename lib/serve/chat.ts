@@ -232,9 +232,12 @@ export class ChoiceBuilder {
   push(token: SampledToken): boolean {
     this.tokens.push(token);
     if (this.stopped) return true;
+    const before = this.text.length;
     this.text += this.decoder.push(token.id);
     for (const stop of this.request.stop) {
-      const at = this.text.indexOf(stop);
+      // No stop string was in the text before this token, so one now ends in what it added: searching only there
+      // keeps a long answer's checks linear in its length, not quadratic.
+      const at = this.text.indexOf(stop, Math.max(0, before - stop.length + 1));
       if (at >= 0) {
         this.text = this.text.slice(0, at);
         this.stopped = true;

@@ -71,6 +71,15 @@ describe("choices from sampled tokens", () => {
     expect(choice.message.tool_calls).toBeUndefined();
   });
 
+  it("stop strings cut the answer at the first place any of them starts, however the tokens split them", () => {
+    const word = fc.constantFrom("ab", "a", "b", "ba", " ", "END", "EN", "D", "</", "<", "/", "x");
+    fc.assert(fc.property(fc.array(word, { maxLength: 12 }), fc.subarray(["ab", "END", "</", "b a", "x"], { minLength: 1, maxLength: 4 }), (words, stop) => {
+      const text = words.join("");
+      const first = Math.min(...stop.map((s) => text.indexOf(s)).filter((at) => at >= 0), text.length);
+      expect(play(text, { stop }).choice.message.content).toBe(text.slice(0, first));
+    }), { numRuns: 300, seed: 7 });
+  });
+
   it("a stream never sends the start of a stop string, and sends the same content as the whole answer", () => {
     const { choice, streamed, sentBeforeEnd } = play("alpha beta END gamma", { stop: ["END"] });
     expect(choice.message.content).toBe("alpha beta ");
