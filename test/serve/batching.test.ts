@@ -327,20 +327,26 @@ describe("adapters", () => {
 });
 
 describe("host work during a pass", () => {
-  it("with a backend that samples in two halves, requests are handled while a pass computes, not between passes", async () => {
-    // A tiny model of its own whose backend takes startSample (as the CUDA backend does): the log says, in order, when a
-    // pass's sampling was queued, when its result was taken, and when a request's chat template was rendered.
+  /** A tiny model of its own whose backend samples in two halves, as the CUDA backend does; `onLaunch` runs at each launch. */
+  async function twoHalvesModel(onLaunch: () => void, onTaken: () => void = () => {}): Promise<ServableModel> {
     const own = await tinyServableModel(3);
-    const log: string[] = [];
     const backend = own.model.backend;
     backend.startSample = (logits, params) => {
-      log.push("launched");
+      onLaunch();
       const result = backend.sample(logits, params);
       return () => {
-        log.push("taken");
+        onTaken();
         return result;
       };
     };
+    return own;
+  }
+
+  it("with a backend that samples in two halves, requests are handled while a pass computes, not between passes", async () => {
+    // The log says, in order, when a pass's sampling was queued, when its result was taken, and when a request's chat
+    // template was rendered.
+    const log: string[] = [];
+    const own = await twoHalvesModel(() => log.push("launched"), () => log.push("taken"));
     const render = own.tokenizer.applyChatTemplate.bind(own.tokenizer);
     own.tokenizer.applyChatTemplate = (messages, options) => {
       log.push(`templated ${String(messages.at(-1)!.content)}`);
@@ -361,5 +367,37 @@ describe("host work during a pass", () => {
     const before = log.slice(0, followUp).filter((event) => event === "launched" || event === "taken");
     expect(before.at(-1)).toBe("launched");
     expect(log.filter((event) => event === "launched").length).toBe(log.filter((event) => event === "taken").length);
+  });
+
+  it("a request aborted while its pass is in flight leaves its slot a prefix that answers like a fresh prefill", async () => {
+    const abort = new AbortController();
+    let launches = 0;
+    // The abort lands between the third pass's launch and its tokens being taken.
+    const own = await twoHalvesModel(() => {
+      if (++launches === 3) setImmediate(() => abort.abort());
+    });
+    const server = new ModelServer({ batcher: { maxPositions: 512, numSlots: 2 } });
+    server.addBaseModel("tiny", own);
+    const client = server.openai({ maxRetries: 0 });
+    const ask = (content: string, maxTokens: number, signal?: AbortSignal) => client.chat.completions.create({
+      model: "tiny", messages: [{ role: "user", content }], max_tokens: maxTokens, seed: 9, ignore_eos: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming, { signal });
+    const batcher = server.batcherFor("tiny");
+    const [aborted, beside] = await Promise.allSettled([ask("Tell me a long story.", 40, abort.signal), ask("B", 6)]);
+    expect(aborted.status).toBe("rejected");
+    expect(beside.status).toBe("fulfilled");
+    expect(batcher.load).toEqual({ running: 0, queued: 0 });
+    // The same prompt again takes the aborted one's keys and values (a free slot's prefix) and samples what a server
+    // that never saw it samples.
+    const reusedBefore = batcher.stats.reusedTokens;
+    const again = await ask("Tell me a long story.", 8);
+    expect(batcher.stats.reusedTokens).toBeGreaterThan(reusedBefore);
+    await server.close();
+    const fresh = serverWith({ numSlots: 2 });
+    const alone = await fresh.client.chat.completions.create({
+      model: "tiny", messages: [{ role: "user", content: "Tell me a long story." }], max_tokens: 8, seed: 9, ignore_eos: true,
+    } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+    await fresh.server.close();
+    expect(ids(again)).toEqual(ids(alone));
   });
 });
