@@ -133,33 +133,52 @@ export function causalSoftmaxBackward(probs: Float32Array, grads: Float32Array, 
  * Causal grouped-query attention of `queryLen` queries over `keyLen` keys, the queries being the LAST queryLen
  * positions of the key sequence: query t sees keys 0..(keyLen − queryLen + t). keyLen = queryLen is ordinary causal
  * attention; keyLen > queryLen lets completions attend to a shared prompt stored once (packing).
- * q [queryLen, heads, d], k/v [keyLen, kvHeads, d]; out [queryLen, heads, d]; probs [heads, queryLen, keyLen] keeps
- * the softmax for the backward (zero past each row's last key, up to its block's last key; beyond that unwritten).
+ * q [queryLen, heads, d], k/v [keyLen, kvHeads, d]; out [queryLen, heads, d].
  * Per GQA group and block of query rows through attendGroup (v transposed once per KV head), the same code as the
  * engine's attention over a prompt.
  */
 function segmentAttention(
-  gemm: Gemm, fast: WasmElementwise | null, out: Float32Array, probs: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
+  gemm: Gemm, fast: WasmElementwise | null, out: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
   queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
-  const group = heads / kvHeads;
-  const qStride = heads * headDim;
-  const kvStride = kvHeads * headDim;
-  const offset = keyLen - queryLen;
-  const valuesT = new Float32Array(headDim * keyLen);
-  const positions = Int32Array.from({ length: queryLen }, (_, t) => offset + t);
-  const scratch = new GroupScratch(), blockRows = groupBlockRows(group);
-  for (let kvh = 0; kvh < kvHeads; kvh++) {
-    transposeRows(v.subarray(kvh * headDim), keyLen, headDim, kvStride, valuesT);
-    for (let t0 = 0; t0 < queryLen; t0 += blockRows) {
-      const rows = Math.min(blockRows, queryLen - t0), blockKeys = offset + t0 + rows;
-      const scores = attendGroup(gemm, fast, scratch, q.subarray(t0 * qStride), out.subarray(t0 * qStride), qStride, kvh * group, group,
-        positions.subarray(t0, t0 + rows), headDim, k.subarray(kvh * headDim), v.subarray(kvh * headDim), valuesT, kvStride, keyLen);
-      for (let g = 0; g < group; g++) {
-        for (let r = 0; r < rows; r++) {
-          const from = (g * rows + r) * keyLen;
-          probs.set(scores.subarray(from, from + blockKeys), ((kvh * group + g) * queryLen + t0 + r) * keyLen);
-        }
+  const scratch = new SegmentScratch(queryLen, keyLen, headDim);
+  for (let kvh = 0; kvh < kvHeads; kvh++) attendKvHead(gemm, fast, scratch, kvh, out, null, q, k, v, queryLen, keyLen, heads, kvHeads, headDim);
+}
+
+/** What attendKvHead reuses across the KV heads of a segment. */
+class SegmentScratch {
+  readonly valuesT: Float32Array;
+  readonly positions: Int32Array;
+  readonly group = new GroupScratch();
+  constructor(queryLen: number, keyLen: number, headDim: number) {
+    this.valuesT = new Float32Array(headDim * keyLen);
+    this.positions = Int32Array.from({ length: queryLen }, (_, t) => keyLen - queryLen + t);
+  }
+}
+
+/**
+ * The query heads of KV head `kvh` over every query row: their out rows, and, given `probs` ([group, queryLen,
+ * keyLen]), their softmax probabilities, each row written up to its block's last key (zero past the row's own last
+ * key). The forward calls it without `probs`; the backward calls it again with them: the same calls on the same
+ * inputs, so the probabilities are the forward's bit for bit, and no [heads × queryLen × keyLen] array is kept from
+ * the forward to the backward (at a few thousand tokens that is gigabytes per layer).
+ */
+function attendKvHead(
+  gemm: Gemm, fast: WasmElementwise | null, scratch: SegmentScratch, kvh: number, out: Float32Array, probs: Float32Array | null,
+  q: Float32Array, k: Float32Array, v: Float32Array, queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
+): void {
+  const group = heads / kvHeads, qStride = heads * headDim, kvStride = kvHeads * headDim, offset = keyLen - queryLen;
+  const blockRows = groupBlockRows(group);
+  transposeRows(v.subarray(kvh * headDim), keyLen, headDim, kvStride, scratch.valuesT);
+  for (let t0 = 0; t0 < queryLen; t0 += blockRows) {
+    const rows = Math.min(blockRows, queryLen - t0), blockKeys = offset + t0 + rows;
+    const scores = attendGroup(gemm, fast, scratch.group, q.subarray(t0 * qStride), out.subarray(t0 * qStride), qStride, kvh * group, group,
+      scratch.positions.subarray(t0, t0 + rows), headDim, k.subarray(kvh * headDim), v.subarray(kvh * headDim), scratch.valuesT, kvStride, keyLen);
+    if (!probs) continue;
+    for (let g = 0; g < group; g++) {
+      for (let r = 0; r < rows; r++) {
+        const from = (g * rows + r) * keyLen;
+        probs.set(scores.subarray(from, from + blockKeys), (g * queryLen + t0 + r) * keyLen);
       }
     }
   }
@@ -177,26 +196,32 @@ const BACKWARD_BLOCK = 128;
  * of ATTENTION_BLOCK, so that its float64 sums keep their order.
  */
 function segmentAttentionBackward(
-  gemm: Gemm, fast: WasmElementwise | null, dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array, probs: Float32Array,
+  gemm: Gemm, fast: WasmElementwise | null, dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array,
   q: Float32Array, k: Float32Array, v: Float32Array,
   queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
   const group = heads / kvHeads;
+  // One KV head's probabilities at a time, recomputed (attendKvHead), and the out rows that come with them, unused.
+  // Every KV head writes the same entries of `probs`; the rest (past each block's last key) stay zero, as the key-block
+  // products read them.
+  const scratch = new SegmentScratch(queryLen, keyLen, headDim);
+  const probs = new Float32Array(group * queryLen * keyLen), unusedOut = new Float32Array(queryLen * heads * headDim);
   const scale = 1 / Math.sqrt(headDim);
   const qStride = heads * headDim;
   const kvStride = kvHeads * headDim;
   const offset = keyLen - queryLen;
   const queryBlock = fast ? BACKWARD_BLOCK : ATTENTION_BLOCK;
   const keysT = new Float32Array(headDim * keyLen);
+  // Every head writes the same entries of dScores (each query block up to its last key); keys past a block stay zero
+  // from here on, as the key-block products read them.
   const dScores = new Float32Array(queryLen * keyLen);
   const scoresT = new Float32Array(fast ? 0 : keyLen * queryLen); // Pᵀ or dSᵀ, zero where the mask hides a key
   const rowsT = new Float32Array(fast ? 0 : headDim * queryLen); // q or dout of one head, transposed
   for (let kvh = 0; kvh < kvHeads; kvh++) {
+    attendKvHead(gemm, fast, scratch, kvh, unusedOut, probs, q, k, v, queryLen, keyLen, heads, kvHeads, headDim);
     transposeRows(k.subarray(kvh * headDim), keyLen, headDim, kvStride, keysT);
     for (let h = kvh * group; h < (kvh + 1) * group; h++) {
-      const p = probs.subarray(h * queryLen * keyLen, (h + 1) * queryLen * keyLen);
-      // Keys past a row's block are never written below: zero, as the key-block products read them.
-      if (fast) dScores.fill(0);
+      const p = probs.subarray((h - kvh * group) * queryLen * keyLen, (h - kvh * group + 1) * queryLen * keyLen);
       for (let t0 = 0; t0 < queryLen; t0 += queryBlock) {
         const rows = Math.min(queryBlock, queryLen - t0), keys = offset + t0 + rows;
         gemm.nt(dout.subarray(t0 * qStride + h * headDim), v.subarray(kvh * headDim), rows, headDim, keys, dScores.subarray(t0 * keyLen),
@@ -278,50 +303,37 @@ function keyLength(segment: PackedSegment): number {
 }
 
 
-/** Floats of the probabilities packedAttention saves for a batch's segments. */
-export function packedAttentionSavedSize(segments: readonly PackedSegment[], heads: number): number {
-  return segments.reduce((total, s) => total + heads * s.length * keyLength(s), 0);
-}
-
 /**
- * Attention within each segment of a packed batch, writing into `probs` (zeroed, packedAttentionSavedSize floats) the
- * softmax probabilities the backward needs, per segment [heads, length, keys], segments one after another.
- * q, out: [rows, heads·hd]; k, v: [rows, kvHeads·hd].
+ * Attention within each segment of a packed batch. q, out: [rows, heads·hd]; k, v: [rows, kvHeads·hd]. Nothing is kept
+ * for the backward, which recomputes each KV head's probabilities (attendKvHead).
  */
 export function packedAttention(
   gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number, kvHeads: number, headDim: number,
-  out: Float32Array, probs: Float32Array,
+  out: Float32Array,
 ): void {
   const qWidth = heads * headDim, kvWidth = kvHeads * headDim;
-  let offset = 0;
   for (const segment of segments) {
     const { start, length } = segment;
-    const keyLen = keyLength(segment);
-    const segmentProbs = probs.subarray(offset, offset + heads * length * keyLen);
-    segmentAttention(gemm, fast, out.subarray(start * qWidth, (start + length) * qWidth), segmentProbs, q.subarray(start * qWidth, (start + length) * qWidth),
-      segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
-    offset += segmentProbs.length;
+    segmentAttention(gemm, fast, out.subarray(start * qWidth, (start + length) * qWidth), q.subarray(start * qWidth, (start + length) * qWidth),
+      segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLength(segment), heads, kvHeads, headDim);
   }
 }
 
-/** Backward of packedAttention from its saved probabilities; dq, dk, dv accumulate. */
+/** Backward of packedAttention, its probabilities recomputed; dq, dk, dv accumulate. */
 export function packedAttentionBackward(
-  gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, k: Float32Array, v: Float32Array, probs: Float32Array, segments: readonly PackedSegment[], heads: number,
+  gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number,
   kvHeads: number, headDim: number, dOut: Float32Array, dq: Float32Array, dk: Float32Array, dv: Float32Array,
 ): void {
   const qWidth = heads * headDim, kvWidth = kvHeads * headDim;
-  let offset = 0;
   for (const segment of segments) {
     const { start, length } = segment;
     const rowsOf = (x: Float32Array) => x.subarray(start * qWidth, (start + length) * qWidth);
     const keyLen = keyLength(segment);
     const dKeys = new Float32Array(keyLen * kvWidth);
     const dValues = new Float32Array(keyLen * kvWidth);
-    const size = heads * length * keyLen;
-    segmentAttentionBackward(gemm, fast, rowsOf(dq), dKeys, dValues, rowsOf(dOut), probs.subarray(offset, offset + size), rowsOf(q),
+    segmentAttentionBackward(gemm, fast, rowsOf(dq), dKeys, dValues, rowsOf(dOut), rowsOf(q),
       segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
     scatterKeyGradients(dk, dKeys, segment, kvWidth);
     scatterKeyGradients(dv, dValues, segment, kvWidth);
-    offset += size;
   }
 }

@@ -14,7 +14,7 @@ import {
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
 import {
-  attendBlock, attendGroup, GroupScratch, groupBlockRows, packedAttention, packedAttentionBackward, packedAttentionSavedSize,
+  attendBlock, attendGroup, GroupScratch, groupBlockRows, packedAttention, packedAttentionBackward,
 } from "./attention.ts";
 import {
   adamwUpdate, embeddingRowsBackward, linearRowsBackward, logSoftmaxRow, loraRows, loraRowsBackward, ropeRows, ropeTable, rmsNormRows,
@@ -554,23 +554,22 @@ export class CpuBackend implements Backend {
 
   // ---- training: packed attention, backward ops, target logprobs, optimiser -------------------------------------
 
-  /** Saves the softmax probabilities: per segment [heads, length, keys], segments one after another. */
+  /** Saves nothing (an empty tensor): the backward recomputes the probabilities from q and k. */
   packedAttention(q: Tensor, k: Tensor, v: Tensor, segments: readonly PackedSegment[], headDim: number, out: Tensor): Tensor {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
     expectSize("attention v", v, k.size);
     expectSize("attention out", out, q.size);
-    const probs = this.#storage.take(packedAttentionSavedSize(segments, heads));
-    packedAttention(this.gemm, this.#elementwise, cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim, cpu(out).data, probs);
-    return new CpuTensor([probs.length], "f32", probs);
+    packedAttention(this.gemm, this.#elementwise, cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim, cpu(out).data);
+    return new CpuTensor([0], "f32", new Float32Array(0));
   }
 
-  /** The saved probabilities carry all the output would tell: `out` is not read. */
-  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, _out: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
+  /** The probabilities, recomputed, carry all the output would tell: `out` is not read. */
+  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, _out: Tensor, _saved: Tensor, segments: readonly PackedSegment[], headDim: number,
     dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor, overwrite = false): void {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
     // Written, here as added to zeros (the same values): the reference's sums accumulate row by row.
     if (overwrite) for (const gradient of [dq, dk, dv]) cpu(gradient).data.fill(0);
-    packedAttentionBackward(this.gemm, this.#elementwise, cpu(q).data, cpu(k).data, cpu(v).data, cpu(saved).data, segments, heads, kvHeads, headDim,
+    packedAttentionBackward(this.gemm, this.#elementwise, cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim,
       cpu(dOut).data, cpu(dq).data, cpu(dk).data, cpu(dv).data);
   }
 
