@@ -357,7 +357,6 @@ export class Batcher {
       }
     }
     if (ids.length === 0) return null;
-    const passSlots = [...new Set(slots)];
     const logits = this.transformer.forward(
       Int32Array.from(ids), { slots: Int32Array.from(slots), positions: Int32Array.from(positions) }, this.cache, Int32Array.from(logitRows), loras ?? undefined,
     );
@@ -365,7 +364,7 @@ export class Batcher {
     this.stats.rows += ids.length;
     try {
       const sampled = sampling.length > 0 ? this.startSampling(logits, sampling) : null;
-      return { logits, slots: passSlots, sampling, sampled };
+      return { logits, slots, sampling, sampled };
     } catch (error) {
       this.backend.free(logits);
       throw error;
@@ -502,7 +501,7 @@ export class Batcher {
 /** A pass whose forward and sampling are queued: what completing it needs. */
 interface LaunchedPass {
   logits: Tensor;
-  /** The KV slots its rows write. */
+  /** The KV slot of each of its rows (a slot once per row it writes). */
   slots: number[];
   sampling: Sequence[];
   sampled: { numTop: number; result: () => SampleResult } | null;

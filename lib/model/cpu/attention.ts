@@ -220,8 +220,8 @@ function segmentAttentionBackward(
   for (let kvh = 0; kvh < kvHeads; kvh++) {
     attendKvHead(gemm, fast, scratch, kvh, unusedOut, probs, q, k, v, queryLen, keyLen, heads, kvHeads, headDim);
     transposeRows(k.subarray(kvh * headDim), keyLen, headDim, kvStride, keysT);
-    for (let h = kvh * group; h < (kvh + 1) * group; h++) {
-      const p = probs.subarray((h - kvh * group) * queryLen * keyLen, (h - kvh * group + 1) * queryLen * keyLen);
+    for (let g = 0; g < group; g++) {
+      const h = kvh * group + g, p = probs.subarray(g * queryLen * keyLen, (g + 1) * queryLen * keyLen);
       for (let t0 = 0; t0 < queryLen; t0 += queryBlock) {
         const rows = Math.min(queryBlock, queryLen - t0), keys = offset + t0 + rows;
         gemm.nt(dout.subarray(t0 * qStride + h * headDim), v.subarray(kvh * headDim), rows, headDim, keys, dScores.subarray(t0 * keyLen),
