@@ -6,6 +6,7 @@ import { describe, expect, it } from "vitest";
 import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
 import { blasCandidates, chooseGemm, defaultCpuThreads, type Gemm, portableGemm, systemGemm } from "../../lib/model/cpu/gemm.ts";
 import { random } from "../cuda/compare.ts";
+import { openLibrary } from "../../lib/core/ffi.ts";
 
 const detected = chooseGemm("auto", 1);
 const required = process.env.ART_TEST_SYSTEM_BLAS === "1";
@@ -123,6 +124,9 @@ describe("portable products", () => checkProducts(portableGemm()));
 describe("portable products with the WASM kernel on 2 threads", () => checkProducts(portableGemm(2, WasmMatmul.create(2))));
 
 const noSystemBlas = !required && detected.gemm.library === null;
+/** OpenBLAS's current thread setting (the library is loaded once per process), where the system BLAS is OpenBLAS. */
+const openblasThreads = noSystemBlas ? undefined
+  : openLibrary(detected.gemm.library!, { openblas_get_num_threads: { result: "i32", args: [], optional: true } }).symbols.openblas_get_num_threads as (() => number) | undefined;
 describe.skipIf(noSystemBlas)(`system BLAS (${detected.reason})`, () => {
   // A skipped suite is still collected: without a BLAS its (skipped) tests are listed over the portable products.
   const gemm = noSystemBlas ? portableGemm() : systemGemm(detected.gemm.library ?? "", 1);
@@ -145,7 +149,7 @@ describe.skipIf(noSystemBlas)(`system BLAS (${detected.reason})`, () => {
   // Haswell kernels) 2 threads changed 7% of these outputs by float rounding. What art-ts relies on is each thread
   // count's determinism.
   it("gives the same bits on every call for a thread count, and float rounding across counts", () => {
-    const [n, k, m] = [96, 384, 200];
+    const [n, k, m] = [192, 384, 200]; // 14.7M multiply-adds: shared between threads (see the next test)
     const x = random(n * k, 10), w = random(m * k, 11);
     const product = (g: Gemm) => {
       const out = new Float32Array(n * m);
@@ -159,6 +163,21 @@ describe.skipIf(noSystemBlas)(`system BLAS (${detected.reason})`, () => {
     expect(product(gemm)).toEqual(once); // back on one thread
     // Measured 3.8e-7 (3.1e-5 on values up to 79), bound about 5× that.
     expect(relativeError(once, twice)).toBeLessThan(2e-6);
+  });
+
+  // A product under 2^23 multiply-adds runs on one thread whatever the Gemm's count (gemm.ts says why), a larger one
+  // on the Gemm's count: read back from OpenBLAS, whose thread setting the Gemm applies before each product.
+  it.runIf(openblasThreads !== undefined)("runs a small product on one thread and a large one on the Gemm's threads", () => {
+    const two = systemGemm(gemm.library!, 2);
+    const run = (n: number, k: number, m: number) => {
+      two.nt(random(n * k, 15), random(m * k, 16), n, k, m, new Float32Array(n * m));
+      return openblasThreads!();
+    };
+    expect(run(64, 64, 512)).toBe(1); // a tiny model's LM head over a batch of 64 rows: 2.1M
+    expect(run(256, 384, 640)).toBe(2); // the 20M model's q/k/v over 256 rows: 63M
+    expect(run(2000, 64, 64)).toBe(1); // 8.2M, just under (a 64-wide q projection over 2,000 training rows)
+    gemm.nt(random(4, 17), random(4, 18), 2, 2, 2, new Float32Array(4)); // the 1-thread Gemm applies its count too
+    expect(openblasThreads!()).toBe(1);
   });
 
   // A weight gradient's shape (a sum over 2,000 tokens into a 192 × 64 output): OpenBLAS splits the sum between

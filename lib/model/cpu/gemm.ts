@@ -14,7 +14,7 @@
  */
 import * as os from "node:os";
 import { ArtError } from "../../core/errors.ts";
-import { type NativeFunction, type NativeSignature, openLibrary } from "../../core/ffi.ts";
+import { type NativeArg, type NativeFunction, type NativeSignature, openLibrary } from "../../core/ffi.ts";
 import { matmulNNAccumulate, matmulNT, matmulTNAccumulate, type MatmulOptions, type TNStrides, weightedRowSum } from "./matmul.ts";
 import { checkThreadCount } from "./matmul-workers.ts";
 import type { WasmMatmul } from "./wasm-matmul.ts";
@@ -137,6 +137,18 @@ export function chooseGemm(choice: CpuBlasChoice = process.env.ART_CPU_BLAS || "
 }
 
 /** Bindings by path: a backend per model or test binds each library once. */
+/**
+ * Products of fewer multiply-adds run on one thread whatever the Gemm's count. OpenBLAS shares out even a small
+ * product, and a thread that has had work spins (sched_yield) for a while waiting for more, competing with the
+ * caller's own work between products. Measured on this project's 2-core machine (OpenBLAS 0.3.21), each product
+ * alone: a second thread made 0.6M and 3M multiply-adds 1.5× and 1.2× slower, lost 6% at 6–9M with a 64-long sum
+ * but gained 1.2–1.3× from 4.7M with a 384-long one, and 1.6–1.9× from 19M. In a whole run the spinning costs more
+ * than these: the tic-tac-toe demo (a 64-wide model, whose products are nearly all under 20M) took 39–47 s on 2
+ * threads and 30–32 s on one; with this bound 28–34 s, with 2^22 no gain (40–43 s). The 20M model's prefill and
+ * decode on 2 threads did not change beyond noise (their products are larger, or its decode's slices all smaller).
+ */
+const SHARED_PRODUCT_MULTIPLY_ADDS = 1 << 23;
+
 const opened = new Map<string, Record<string, NativeFunction>>();
 const threadsApplied = new Map<string, number>();
 
@@ -145,17 +157,21 @@ export function systemGemm(path: string, threads: number): Gemm {
   checkThreadCount(threads);
   const symbols = opened.get(path) ?? openLibrary(path, cblasSignatures).symbols;
   opened.set(path, symbols);
-  // The library's thread count is process-wide: each Gemm applies its own before a product when another changed it.
-  const withThreads = (fn: NativeFunction): NativeFunction => (...args) => {
-    if (threadsApplied.get(path) !== threads) {
-      symbols.openblas_set_num_threads?.(threads);
-      symbols.MKL_Set_Num_Threads?.(threads);
-      symbols.bli_thread_set_num_threads?.(threads);
-      threadsApplied.set(path, threads);
+  // The library's thread count is process-wide: before each product a Gemm applies the count that product takes
+  // (its own, or one for a small product) when the last product, of any Gemm, ran on another.
+  const onThreads = (fn: NativeFunction, multiplyAdds: (args: NativeArg[]) => number): NativeFunction => (...args) => {
+    const wanted = multiplyAdds(args) < SHARED_PRODUCT_MULTIPLY_ADDS ? 1 : threads;
+    if (threadsApplied.get(path) !== wanted) {
+      symbols.openblas_set_num_threads?.(wanted);
+      symbols.MKL_Set_Num_Threads?.(wanted);
+      symbols.bli_thread_set_num_threads?.(wanted);
+      threadsApplied.set(path, wanted);
     }
     return fn(...args);
   };
-  const sgemm = withThreads(symbols.cblas_sgemm), sgemv = withThreads(symbols.cblas_sgemv);
+  // cblas_sgemm(order, transA, transB, M, N, K, …): M·N·K; cblas_sgemv(order, trans, M, N, …): M·N.
+  const sgemm = onThreads(symbols.cblas_sgemm, (args) => Number(args[3]) * Number(args[4]) * Number(args[5]));
+  const sgemv = onThreads(symbols.cblas_sgemv, (args) => Number(args[2]) * Number(args[3]));
   return {
     description: `system BLAS ${path}, ${threads} thread${threads === 1 ? "" : "s"}`,
     library: path,
