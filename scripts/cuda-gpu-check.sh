@@ -37,8 +37,9 @@
 # All steps take longer than one device call (600 s): they run in order of what a call cut short should still have
 # shown (correctness, benches, the demo, the sanitizer, the rest); steps that no longer fit are "skipped: out of time";
 # run them in the next calls, e.g. ART_GPU_CHECK_STEPS="sanitizer nvrtc_fallback", then "roofline hf_peer bench".
-# The GRPO step bench and its peer (grpo_peer, grpo_bench) take a call of their own (550 s), so they come last:
-# ART_GPU_CHECK_STEPS="grpo_peer grpo_bench"; shapes they did not reach: ART_GPU_CHECK_GRPO_SHAPES=qwen2.5-7b, say.
+# The GRPO step bench and its peer (grpo_peer, grpo_bench) take a call of their own at every shape (550 s), so they
+# come last; at the 0.5B shape alone (ART_GPU_CHECK_GRPO_SHAPES=qwen2.5-0.5b) about 200 s. A session's device time
+# (15 minutes, start-up included) fits one full call: docs/cuda.md ("Not yet run on a GPU") names the steps to pick.
 # ART_GPU_CHECK_STEPS picks steps (default: all, in the order below); ART_GPU_CHECK_SECONDS is the whole budget
 # (default 570, under the device command's 600 s); every step's limit is cut to what is left of it.
 set -uo pipefail
