@@ -5,7 +5,7 @@ import { describe, expect, it } from "vitest";
 import { seededRandom } from "../../lib/core/random.ts";
 import { causalSoftmax, causalSoftmaxBackward } from "../../lib/model/cpu/attention.ts";
 import { rmsNormRows, rmsNormRowsBackward, ropeRows, ropeTable } from "../../lib/model/cpu/kernels.ts";
-import { referenceLogSumExp } from "../../lib/model/cpu/sample.ts";
+import { referenceLogSumExp, referenceSamplerKernels } from "../../lib/model/cpu/sample.ts";
 import { WasmElementwise } from "../../lib/model/cpu/wasm-elementwise.ts";
 
 // Both modules: relaxed SIMD's fused multiply-adds (what Node, Deno and Chromium load) and the plain one beside it.
@@ -198,6 +198,40 @@ describe.each(variants)("WASM SIMD kernels, $variant", ({ kernels }) => {
         const row = Float32Array.from(edge);
         expect(kernels.logSumExp(row)).toBe(referenceLogSumExp(row));
       }
+    });
+
+    it("samplingWeights gives the sampler's weights bit for bit (samplingExp, the CUDA kernel's), edges included", () => {
+      const rng = seededRandom(16);
+      const max = 3.25;
+      // Logits spread from the max down past the −125·ln 2 cut at T = 1, then the cut itself at several temperatures,
+      // equal to the max, one ulp under it, −∞, and a row long enough to stream through several chunks.
+      const spread = Float32Array.from({ length: 10_003 }, () => max - rng() ** 3 * 120);
+      const cut = max - 125 * Math.LN2;
+      const edges = Float32Array.from([max, Math.fround(max - 2 ** -22), cut, Math.fround(cut + 1e-5), Math.fround(cut - 1e-5),
+        max - 86.5, max - 87.5, max - 1e-30, Number.NEGATIVE_INFINITY, 0, -200]);
+      for (const row of [spread, edges]) {
+        for (const temperature of [1, 0.7, 1.3, 0.05, 20]) {
+          const inverse = Math.fround(1 / temperature);
+          const expected = new Float32Array(row.length), actual = new Float32Array(row.length);
+          referenceSamplerKernels.samplingWeights(row, max, inverse, expected);
+          kernels.samplingWeights(row, max, inverse, actual);
+          expect(new Uint32Array(actual.buffer)).toEqual(new Uint32Array(expected.buffer));
+        }
+      }
+      // The f32 arguments from −0 down to −87 (every 2^14th bit pattern): the polynomial's and 2^k's whole range;
+      // then arguments whose t = v·log2 e is exactly a half (k = floor(t + 1/2) rounds those up, as the reference does).
+      const bits = Uint32Array.from({ length: 0x42ae0000 / 2 ** 14 + 1 }, (_, i) => 0x80000000 + i * 2 ** 14);
+      const halves = Array.from({ length: 120 }, (_, i) => -i - 0.5).flatMap((half) => {
+        const near = Math.fround(half / 1.44269502162933349609375);
+        const around = new Float32Array(new Uint32Array(Array.from({ length: 65 }, (_, d) => new Uint32Array(new Float32Array([near]).buffer)[0] + d - 32)).buffer);
+        return [...around].filter((v) => Math.fround(v * 1.44269502162933349609375) === half);
+      });
+      expect(halves.length).toBeGreaterThan(100);
+      const sweep = Float32Array.from([...new Float32Array(bits.buffer), ...halves]);
+      const expected = new Float32Array(sweep.length), actual = new Float32Array(sweep.length);
+      referenceSamplerKernels.samplingWeights(sweep, 0, 1, expected);
+      kernels.samplingWeights(sweep, 0, 1, actual);
+      expect(new Uint32Array(actual.buffer)).toEqual(new Uint32Array(expected.buffer));
     });
 
     it("rmsNorm matches rmsNormRows (rstd included), alone and after the residual add, rows wider than a chunk too", () => {

@@ -548,8 +548,7 @@ export class CpuBackend implements Backend {
 
   sample(logits: Tensor, params: SamplingParams): SampleResult {
     const l = cpu(logits);
-    const fast = this.#elementwise;
-    return checkSampled("cpu backend", fast ? sampleRows(l.data, l.cols, params, (row) => fast.logSumExp(row)) : sampleRows(l.data, l.cols, params));
+    return checkSampled("cpu backend", sampleRows(l.data, l.cols, params, this.#elementwise ?? undefined));
   }
 
   // ---- training: packed attention, backward ops, target logprobs, optimiser -------------------------------------

@@ -170,6 +170,53 @@
     (local.get $sum))
 
 ;; Σ exp(x − shift) over `vectors` groups (the caller pads the last group with −inf), in f64; `x` is overwritten
+;; The sampler's weights: out = samplingExp(f32((x − max) · inverse)) of sample.ts, which is the CUDA sampler's
+  ;; sampling_exp, bit for bit: the same correctly rounded f32 operations in the same order (never a fused
+  ;; multiply-add), k = floor(t + 1/2) with t = v·log2 e, e^f by the degree-7 Taylor polynomial, times 2^k built in
+  ;; the exponent field; 0 where t is not above −125 (NaN too). For v ≤ 0, the reference's domain. `x` may be `out`.
+  (func (export "sampling_weights") (param $x i32) (param $out i32) (param $vectors i32) (param $max f32) (param $inverse f32)
+    (local $end i32) (local $m v128) (local $s v128) (local $v v128) (local $t v128) (local $k v128) (local $f v128)
+    (local $p v128) (local $floor v128) (local $log2e v128) (local $half v128) (local $ln2hi v128) (local $ln2lo v128)
+    (local $c7 v128) (local $c6 v128) (local $c5 v128) (local $c4 v128) (local $c3 v128) (local $one v128) (local $bias v128)
+    (local.set $m (f32x4.splat (local.get $max)))
+    (local.set $s (f32x4.splat (local.get $inverse)))
+    (local.set $floor (v128.const f32x4 -125 -125 -125 -125))
+    (local.set $log2e (v128.const f32x4 0x1.715476p+0 0x1.715476p+0 0x1.715476p+0 0x1.715476p+0))
+    (local.set $half (v128.const f32x4 0.5 0.5 0.5 0.5))
+    (local.set $ln2hi (v128.const f32x4 0x1.62e4p-1 0x1.62e4p-1 0x1.62e4p-1 0x1.62e4p-1))
+    (local.set $ln2lo (v128.const f32x4 0x1.7f7d1cp-20 0x1.7f7d1cp-20 0x1.7f7d1cp-20 0x1.7f7d1cp-20))
+    ;; f32(1/7!) … f32(1/3!), exactly as sample.ts rounds them
+    (local.set $c7 (v128.const f32x4 0x1.a01a02p-13 0x1.a01a02p-13 0x1.a01a02p-13 0x1.a01a02p-13))
+    (local.set $c6 (v128.const f32x4 0x1.6c16c2p-10 0x1.6c16c2p-10 0x1.6c16c2p-10 0x1.6c16c2p-10))
+    (local.set $c5 (v128.const f32x4 0x1.111112p-7 0x1.111112p-7 0x1.111112p-7 0x1.111112p-7))
+    (local.set $c4 (v128.const f32x4 0x1.555556p-5 0x1.555556p-5 0x1.555556p-5 0x1.555556p-5))
+    (local.set $c3 (v128.const f32x4 0x1.555556p-3 0x1.555556p-3 0x1.555556p-3 0x1.555556p-3))
+    (local.set $one (v128.const f32x4 1 1 1 1))
+    (local.set $bias (v128.const i32x4 127 127 127 127))
+    (local.set $end (i32.add (local.get $x) (i32.shl (local.get $vectors) (i32.const 4))))
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $x) (local.get $end)))
+        (local.set $v (f32x4.mul (f32x4.sub (v128.load (local.get $x)) (local.get $m)) (local.get $s)))
+        (local.set $t (f32x4.mul (local.get $v) (local.get $log2e)))
+        (local.set $k (f32x4.floor (f32x4.add (local.get $t) (local.get $half))))
+        (local.set $f (f32x4.sub (f32x4.sub (local.get $v) (f32x4.mul (local.get $k) (local.get $ln2hi)))
+          (f32x4.mul (local.get $k) (local.get $ln2lo))))
+        (local.set $p (f32x4.add (f32x4.mul (local.get $c7) (local.get $f)) (local.get $c6)))
+        (local.set $p (f32x4.add (f32x4.mul (local.get $p) (local.get $f)) (local.get $c5)))
+        (local.set $p (f32x4.add (f32x4.mul (local.get $p) (local.get $f)) (local.get $c4)))
+        (local.set $p (f32x4.add (f32x4.mul (local.get $p) (local.get $f)) (local.get $c3)))
+        (local.set $p (f32x4.add (f32x4.mul (local.get $p) (local.get $f)) (local.get $half)))
+        (local.set $p (f32x4.add (f32x4.mul (local.get $p) (local.get $f)) (local.get $one)))
+        (local.set $p (f32x4.add (f32x4.mul (local.get $p) (local.get $f)) (local.get $one)))
+        ;; × 2^k, k in −125..0 where the result is kept: (k + 127) << 23 is 2^k's bit pattern
+        (local.set $p (f32x4.mul (local.get $p)
+          (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $k)) (local.get $bias)) (i32.const 23))))
+        (v128.store (local.get $out) (v128.and (local.get $p) (f32x4.gt (local.get $t) (local.get $floor))))
+        (local.set $x (i32.add (local.get $x) (i32.const 16)))
+        (local.set $out (i32.add (local.get $out) (i32.const 16)))
+        (br $next))))
+
   (func (export "sum_exp") (param $x i32) (param $vectors i32) (param $shift f32) (result f64)
     (call $exp_vectors (local.get $x) (local.get $x) (local.get $vectors) (local.get $shift))
     (call $sum_f64 (local.get $x) (i32.shl (local.get $vectors) (i32.const 2))))

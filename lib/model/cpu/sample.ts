@@ -25,11 +25,22 @@
  */
 import { type SampleResult, type SamplingParams, allowedTokenWords, checkSamplingParams } from "../backend.ts";
 
-/**
- * `logSumExp` computes the normaliser of the reported logprobs: the float64 reference here, or the backend's fast
- * path (a few f32 ulps from it) beside a system BLAS.
- */
-export function sampleRows(logits: Float32Array, vocab: number, params: SamplingParams, logSumExp: (row: Float32Array) => number = referenceLogSumExp): SampleResult {
+/** The per-row arithmetic a sampler takes from its backend: the references here, or the WebAssembly kernels. */
+export interface SamplerKernels {
+  /** ln Σ exp(row), the normaliser of the reported logprobs (the fast path is a few f32 ulps from the reference). */
+  logSumExp(row: Float32Array): number;
+  /** out[i] = samplingExp(f32((row[i] − max) · inverseTemperature)), bit for bit on every path. */
+  samplingWeights(row: Float32Array, max: number, inverseTemperature: number, out: Float32Array): void;
+}
+
+export const referenceSamplerKernels: SamplerKernels = {
+  logSumExp: referenceLogSumExp,
+  samplingWeights(row, max, inverseTemperature, out) {
+    for (let i = 0; i < row.length; i++) out[i] = samplingExp(f32(f32(row[i] - max) * inverseTemperature));
+  },
+};
+
+export function sampleRows(logits: Float32Array, vocab: number, params: SamplingParams, kernels: SamplerKernels = referenceSamplerKernels): SampleResult {
   const rows = logits.length / vocab;
   checkSamplingParams("cpu backend", params, rows, vocab);
   const top = params.numTopLogprobs;
@@ -48,8 +59,8 @@ export function sampleRows(logits: Float32Array, vocab: number, params: Sampling
     const greedy = params.temperature[r] === 0;
     if (greedy || top > 0) rankFirst(row, allowed, ranked);
     const id = greedy ? ranked[0]
-      : draw(row, allowed, params.temperature[r], params.topK[r], params.topP[r], params.uniforms[r], weights, pool);
-    const logZ = logSumExp(row);
+      : draw(row, allowed, params.temperature[r], params.topK[r], params.topP[r], params.uniforms[r], weights, pool, kernels);
+    const logZ = kernels.logSumExp(row);
     result.ids[r] = id;
     result.logprobs[r] = row[id] - logZ;
     for (let n = 0; n < top; n++) {
@@ -137,15 +148,14 @@ export function samplingExp(x: number): number {
 
 /** `weights` and `pool` are vocabulary-sized scratch, reused across rows. */
 function draw(row: Float32Array, allowed: Uint32Array | null, temperature: number, topK: number, topP: number,
-              uniform: number, weights: Float32Array, pool: Float32Array): number {
+              uniform: number, weights: Float32Array, pool: Float32Array, kernels: SamplerKernels): number {
   const vocab = row.length;
   let max = -Infinity;
   for (let i = 0; i < vocab; i++) max = Math.max(max, maskedLogit(row, allowed, i));
   // f32 arithmetic as on the device: (logit - max) · (1 / T), then samplingExp: the kernel's weights, bit for bit.
-  const inverseTemperature = f32(1 / temperature);
-  for (let i = 0; i < vocab; i++) {
-    weights[i] = isAllowed(allowed, i) ? samplingExp(f32(f32(row[i] - max) * inverseTemperature)) : 0;
-  }
+  // Every entry's, then 0 for the disallowed (whose logits may lie above the allowed max).
+  kernels.samplingWeights(row, max, f32(1 / temperature), weights);
+  if (allowed) for (let i = 0; i < vocab; i++) if (!isAllowed(allowed, i)) weights[i] = 0;
   let threshold = SMALLEST_POSITIVE;
   if (topK > 0 && topK < vocab) {
     threshold = largestThreshold(pool, gather(weights, threshold, pool), (count) => count >= topK);

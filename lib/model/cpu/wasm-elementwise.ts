@@ -23,6 +23,7 @@ interface ElementwiseExports {
   memory: { readonly buffer: ArrayBuffer; grow(pages: number): number };
   exp_shifted(x: number, out: number, vectors: number, shift: number): void;
   sum_exp(x: number, vectors: number, shift: number): number;
+  sampling_weights(x: number, out: number, vectors: number, max: number, inverse: number): void;
   swiglu(gate: number, up: number, out: number, e: number, vectors: number): void;
   swiglu_backward(gate: number, up: number, dOut: number, dGate: number, dUp: number, sigma: number, complement: number, vectors: number): void;
   softmax_rows(scores: number, stride: number, rows: number, lasts: number, end: number, temp: number): void;
@@ -141,6 +142,22 @@ export class WasmElementwise {
       sum += this.#exports.sum_exp(input, vectors, max);
     }
     return max + Math.log(sum);
+  }
+
+  /**
+   * The sampler's weights, out = samplingExp(f32((row − max) · inverseTemperature)) elementwise: sample.ts'
+   * reference bit for bit (unlike the other kernels here), four lanes at a time where the reference emulates f32
+   * arithmetic in float64 (about 25 ns an element there). For row ≤ max, the reference's domain.
+   */
+  samplingWeights(row: Float32Array, max: number, inverseTemperature: number, out: Float32Array): void {
+    const [input] = this.#layout(1, Math.min(CHUNK, row.length));
+    const heap = this.#floats;
+    for (let start = 0; start < row.length; start += CHUNK) {
+      const end = Math.min(row.length, start + CHUNK), count = end - start;
+      heap.set(row.subarray(start, end), input / 4);
+      this.#exports.sampling_weights(input, input, Math.ceil(count / 4), max, inverseTemperature);
+      out.set(heap.subarray(input / 4, input / 4 + count), start);
+    }
   }
 
   /** out = silu(gate) · up over the fused [rows, 2 · inter] gate/up product (kernels.ts swigluRows). */
