@@ -1,6 +1,6 @@
 ;; The CPU backend's row-wise and elementwise ops on four f32 lanes at a time: its fast path (with a system BLAS), where
 ;; these ops in JavaScript (V8's Math.exp alone costs about 13 ns a call) took a third of a prefill beside the BLAS's
-;; products. The formulas are kernels.ts' and attention.ts' (their references); the caller (wasm-elementwise.ts)
+;; products. The formulas are kernels.ts', attention.ts' and sample.ts' (their references); the caller (wasm-elementwise.ts)
 ;; copies operands into this module's memory and results out. Pointers are byte offsets into that memory; `vectors`
 ;; counts groups of 4 floats (the caller pads the last group); widths passed as `d`/`half` are multiples of 4.
 ;;

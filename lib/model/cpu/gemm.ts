@@ -136,19 +136,20 @@ export function chooseGemm(choice: CpuBlasChoice = process.env.ART_CPU_BLAS || "
     `name its file in ART_CPU_BLAS, or use ART_CPU_BLAS=portable`);
 }
 
-/** Bindings by path: a backend per model or test binds each library once. */
 /**
  * Products of fewer multiply-adds run on one thread whatever the Gemm's count. OpenBLAS shares out even a small
  * product, and a thread that has had work spins (sched_yield) for a while waiting for more, competing with the
  * caller's own work between products. Measured on this project's 2-core machine (OpenBLAS 0.3.21), each product
  * alone: a second thread made 0.6M and 3M multiply-adds 1.5× and 1.2× slower, lost 6% at 6–9M with a 64-long sum
  * but gained 1.2–1.3× from 4.7M with a 384-long one, and 1.6–1.9× from 19M. In a whole run the spinning costs more
- * than these: the tic-tac-toe demo (a 64-wide model, whose products are nearly all under 20M) took 39–47 s on 2
- * threads and 30–32 s on one; with this bound 28–34 s, with 2^22 no gain (40–43 s). The 20M model's prefill and
- * decode on 2 threads did not change beyond noise (their products are larger, or its decode's slices all smaller).
+ * than these: the tic-tac-toe demo (a 64-wide model, whose products are nearly all under 20M) took 41–44 s on 2
+ * threads, 32.5 s on one and 31 s with this bound (runs interleaved); with 2^22, no gain (40–43 s). The 20M
+ * model's prefill and decode on 2 threads did not change beyond noise (their products are larger, or its decode's
+ * slices all smaller).
  */
 const SHARED_PRODUCT_MULTIPLY_ADDS = 1 << 23;
 
+/** Bindings by path: a backend per model or test binds each library once. */
 const opened = new Map<string, Record<string, NativeFunction>>();
 const threadsApplied = new Map<string, number>();
 

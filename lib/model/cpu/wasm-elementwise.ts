@@ -5,7 +5,8 @@
  * scripts/build-wasm.ts). The formulas are kernels.ts', attention.ts' and sample.ts', with an f32 exponential four
  * lanes at a time instead of V8's Math.exp and sums in a different order, so results agree with them to a few f32 ulps
  * (test/model/wasm-elementwise.test.ts), not bit for bit: the backend uses this path only with a system BLAS, whose
- * products already round differently.
+ * products already round differently. The exception is the sampler's weights (`samplingWeights`), which are
+ * sample.ts' samplingExp bit for bit, as the CUDA sampler's are.
  *
  * Operands are copied into the module's memory a chunk at a time and results copied out (a copy costs about a
  * twentieth of the arithmetic); the memory grows to the widest row it is given. Attention's score blocks can instead
