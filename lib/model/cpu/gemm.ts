@@ -145,7 +145,7 @@ export function chooseGemm(choice: CpuBlasChoice = process.env.ART_CPU_BLAS || "
  * than these: the tic-tac-toe demo (a 64-wide model, whose products are nearly all under 20M) took 41–44 s on 2
  * threads, 32.5 s on one and 31 s with this bound (runs interleaved); with 2^22, no gain (40–43 s). The 20M
  * model's prefill and decode on 2 threads did not change beyond noise (their products are larger, or its decode's
- * slices all smaller).
+ * slices all smaller). bench/cpu-threads.ts measures both sides of it.
  */
 const SHARED_PRODUCT_MULTIPLY_ADDS = 1 << 23;
 
