@@ -119,12 +119,17 @@ export class WasmElementwise {
 
   /** out = exp(x − shift) elementwise, for x − shift ≤ 88 (out may be x). */
   expShifted(x: Float32Array, shift: number, out: Float32Array): void {
+    this.#inPlace(x, out, (at, vectors) => this.#exports.exp_shifted(at, at, vectors, shift));
+  }
+
+  /** out = kernel(x) elementwise, a chunk at a time copied into the memory, worked on in place there, copied out. */
+  #inPlace(x: Float32Array, out: Float32Array, kernel: (at: number, vectors: number) => void): void {
     const [input] = this.#layout(1, Math.min(CHUNK, x.length));
     const heap = this.#floats;
     for (let start = 0; start < x.length; start += CHUNK) {
       const end = Math.min(x.length, start + CHUNK), count = end - start;
       heap.set(x.subarray(start, end), input / 4);
-      this.#exports.exp_shifted(input, input, Math.ceil(count / 4), shift);
+      kernel(input, Math.ceil(count / 4));
       out.set(heap.subarray(input / 4, input / 4 + count), start);
     }
   }
@@ -151,14 +156,7 @@ export class WasmElementwise {
    * arithmetic in float64 (about 25 ns an element there). For row ≤ max, the reference's domain.
    */
   samplingWeights(row: Float32Array, max: number, inverseTemperature: number, out: Float32Array): void {
-    const [input] = this.#layout(1, Math.min(CHUNK, row.length));
-    const heap = this.#floats;
-    for (let start = 0; start < row.length; start += CHUNK) {
-      const end = Math.min(row.length, start + CHUNK), count = end - start;
-      heap.set(row.subarray(start, end), input / 4);
-      this.#exports.sampling_weights(input, input, Math.ceil(count / 4), max, inverseTemperature);
-      out.set(heap.subarray(input / 4, input / 4 + count), start);
-    }
+    this.#inPlace(row, out, (at, vectors) => this.#exports.sampling_weights(at, at, vectors, max, inverseTemperature));
   }
 
   /** out = silu(gate) · up over the fused [rows, 2 · inter] gate/up product (kernels.ts swigluRows). */
