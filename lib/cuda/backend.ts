@@ -128,6 +128,10 @@ class CudaKvCache implements KvCache {
   values(layer: number): bigint {
     return this.keys(layer) + BigInt(this.layerElements * 2);
   }
+  /** The attention's split counters, after every layer's K and V. */
+  get splitCounters(): bigint {
+    return this.keys(this.spec.numLayers);
+  }
   free(): void {
     if (this.#freed) return;
     this.#freed = true;
@@ -583,9 +587,11 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   // ---- inference: KV cache, attention over it, sampling ----------------------------------------------------------
 
   createKvCache(spec: KvCacheSpec): KvCache {
-    const bytes = this.kvCacheBytes(spec);
-    const address = this.context.pool.allocate(bytes);
-    this.context.zero(address, bytes);
+    // After K and V, the attention's split counters (attention.cu: one per (tile, kv head) of a pass whose keys are
+    // split, fewer than 2 per multiprocessor, planSplits), zero between launches as the kernel leaves them.
+    const bytes = this.kvCacheBytes(spec), counterBytes = 2 * this.context.device.multiprocessors * 4;
+    const address = this.context.pool.allocate(bytes + counterBytes);
+    this.context.zero(address, bytes + counterBytes);
     return new CudaKvCache({ ...spec }, address, this.#nextCacheId++, (cache) => {
       this.#graphs?.forgetCache(cache.id);
       this.context.pool.free(cache.address);
@@ -643,14 +649,11 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.#launch(`attention_dpl${dpl}`, [tileCount, numKvHeads, splits], [attentionWarps * 32], [
       ["ptr", qs.address], ["ptr", cache.keys(layer)], ["ptr", cache.values(layer)], ["ptr", slots], ["ptr", positions],
       ["ptr", tileStart], ["ptr", tileRows], ["i32", numHeads], ["i32", numKvHeads],
-      ["i32", headDim], ["i32", maxPositions], ["i32", splitLength], ["ptr", o.address], ["ptr", splits > 1 ? 0n : outBf16],
+      ["i32", headDim], ["i32", maxPositions], ["i32", splitLength], ["ptr", o.address], ["ptr", outBf16],
       ["ptr", partialO], ["ptr", partialMl], ["i32", partialRows], ["ptr", decode ? ks.address : 0n], ["ptr", decode ? vs.address : 0n],
-      ["ptr", tileOffset]],
+      ["ptr", tileOffset], ["ptr", splits > 1 ? cache.splitCounters : 0n]],
     attentionSharedBytes(dpl));
     if (splits > 1) {
-      this.#launch("attention_combine", [tileCount, numHeads], [rowThreads(headDim)], [["ptr", partialO], ["ptr", partialMl],
-        ["ptr", tileStart], ["ptr", tileRows], ["ptr", tileOffset], ["ptr", o.address],
-        ["ptr", outBf16], ["i32", splits], ["i32", partialRows], ["i32", numHeads], ["i32", headDim]]);
       this.#release(partialO);
       this.#release(partialMl);
     }

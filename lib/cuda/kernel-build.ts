@@ -20,7 +20,7 @@ import type { KernelArg, KernelArgType } from "./kernel-args.ts";
  * is checked against it, so a kernel signature and its launches cannot drift apart.
  */
 const ptr = "ptr", i32 = "i32", f32 = "f32", i64 = "i64";
-const attentionParameters = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr] as const;
+const attentionParameters = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr] as const;
 const prefillParameters = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32] as const;
 const packedAttentionKernels = Object.fromEntries([16, 32, 64, 128].flatMap((hd) => [
   [`packed_attention_forward_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32]],
@@ -47,7 +47,6 @@ export const kernelModules = {
     kv_copy_slot: [ptr, i32, i32, i32, i32, i32, i32, i32, i32],
     attention_dpl1: attentionParameters, attention_dpl2: attentionParameters, attention_dpl3: attentionParameters,
     attention_dpl4: attentionParameters, attention_dpl8: attentionParameters,
-    attention_combine: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32],
     attention_prefill_hd16: prefillParameters, attention_prefill_hd32: prefillParameters, attention_prefill_hd64: prefillParameters,
     attention_prefill_hd128: prefillParameters,
   },

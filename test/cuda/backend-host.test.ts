@@ -81,9 +81,13 @@ describe("CUDA backend host logic (recording device)", () => {
     };
     pass([0], [1500]);
     const decode = device.launches.filter((l) => l.name.startsWith("attention"));
-    expect(decode.map((l) => l.name)).toEqual(["attention_dpl2", "attention_combine"]);
+    // One launch: the last split block of the tile's kv head merges the splits, counted in the cache's counters (after
+    // its K and V, which took the cache's first kvCacheBytes).
+    expect(decode.map((l) => l.name)).toEqual(["attention_dpl2"]);
+    expect(decode[0].grid).toEqual([1, 2, decode[0].grid[2]]);
     expect(decode[0].grid[2]).toBeGreaterThan(1);
-    expect(decode[1].grid).toEqual([1, 14, 1]); // the one tile × query heads
+    const counters = (cache as unknown as { address: bigint }).address + BigInt(backend.kvCacheBytes(spec));
+    expect(decode[0].args[20]).toEqual(["ptr", counters]);
     device.launches.length = 0;
     pass(Array(512).fill(1), Array.from({ length: 512 }, (_, i) => i));
     const prefill = device.launches.filter((l) => l.name.startsWith("attention"));
@@ -92,10 +96,10 @@ describe("CUDA backend host logic (recording device)", () => {
     device.launches.length = 0;
     pass([0, ...Array(512).fill(1)], [1501, ...Array.from({ length: 512 }, (_, i) => 512 + i)]);
     const mixed = device.launches.filter((l) => l.name.startsWith("attention"));
-    expect(mixed.map((l) => l.name)).toEqual(["attention_prefill_hd64", "attention_dpl2", "attention_combine"]);
+    expect(mixed.map((l) => l.name)).toEqual(["attention_prefill_hd64", "attention_dpl2"]);
     expect(mixed[1].grid[2]).toBeGreaterThan(1);
     expect(mixed[1].args[16]).toEqual(["i32", 1]); // partial_rows
-    expect(mixed[2].grid).toEqual([1, 14, 1]);
+    expect(mixed[1].args[20]).toEqual(["ptr", counters]);
     cache.free();
     backend.dispose();
     expect(device.outstandingBytes).toBe(0);

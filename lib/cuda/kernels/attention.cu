@@ -14,8 +14,11 @@
 // so scores are never materialised. Lanes split the 32 keys of a chunk for q·k (K rows padded by one float:
 // conflict-free), then split the head dims for o += p·v.
 // With one split the block writes the normalised output. With several (long contexts, few rows: decode), each
-// split writes (m, l, o) and attention_combine merges them: o = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s. Whichever
-// writes the output also writes it rounded to bf16 into out_bf16 when that is not null (o_proj's GEMM operand).
+// split writes (m, l, o), and the last of a (tile, kv head)'s split blocks to finish (counted in split_counters)
+// merges them: o = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s, splits in order, so the bits do not depend on which block
+// is last. That merge was a kernel of its own, one launch more per layer of every decode pass (the passes are
+// launch-bound). Whichever writes the output also writes it rounded to bf16 into out_bf16 when that is not null
+// (o_proj's GEMM operand).
 // DPL = ceil(head_dim / 32) dims per lane; instantiated for head_dim up to 32, 64, 96, 128, 256.
 //
 // attention_prefill_hdN: the prefill's long runs of rows (a slot's consecutive positions, at least the host's
@@ -113,6 +116,49 @@ __device__ __forceinline__ void load_key_chunk(float* s_k, float* s_v, const bf1
   }
 }
 
+// One (row, head, dim) of the merged output: the splits' partials in order (a split past the row's position saw no
+// keys: m = -inf, skipped). The partials come from other blocks of this launch, so they are read past the L1 cache.
+__device__ __forceinline__ float merged_split_value(const float* partial_o, const float* partial_ml, long long partial,
+                                                    long long stride, int splits, int head_dim, int j) {
+  float max_m = -INFINITY;
+  for (int s = 0; s < splits; s++) max_m = fmaxf(max_m, __ldcg(partial_ml + (s * stride + partial) * 2));
+  float total_l = 0.0f, acc = 0.0f;
+  for (int s = 0; s < splits; s++) {
+    const float m = __ldcg(partial_ml + (s * stride + partial) * 2);
+    if (m == -INFINITY) continue;
+    const float w = __expf(m - max_m);
+    total_l += w * __ldcg(partial_ml + (s * stride + partial) * 2 + 1);
+    acc += w * __ldcg(partial_o + (s * stride + partial) * head_dim + j);
+  }
+  return acc / total_l;
+}
+
+// Called by every split block of a (tile, kv head) once its partials are written: the last one to arrive merges all
+// splits' partials for the tile's rows and the group's heads, then resets its counter for the next launch (a CUDA
+// graph replays this one). The fence before counting makes a block's partials visible to whichever block is last.
+__device__ __noinline__ void merge_if_last_split(const float* partial_o, const float* partial_ml, const int* tile_offset, int* split_counters,
+                                    int first_row, int rows, int group, int heads, int kv_head, int head_dim, int partial_rows,
+                                    float* out, bf16* out_bf16, float* shared) {
+  int* last = reinterpret_cast<int*>(shared);  // the queries' shared memory, no longer read
+  int* counter = split_counters + blockIdx.x * gridDim.y + blockIdx.y;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) *last = atomicAdd(counter, 1) == (int)gridDim.z - 1;
+  __syncthreads();
+  if (!*last) return;
+  __threadfence();
+  const long long stride = (long long)partial_rows * heads;
+  for (int t = threadIdx.x; t < rows * group * head_dim; t += blockDim.x) {
+    const int vec = t / head_dim, j = t % head_dim;
+    const int row = first_row + vec / group, head = kv_head * group + vec % group;
+    const long long partial = (long long)(tile_offset[blockIdx.x] + vec / group) * heads + head;
+    const float value = merged_split_value(partial_o, partial_ml, partial, stride, gridDim.z, head_dim, j);
+    out[((long long)row * heads + head) * head_dim + j] = value;
+    if (out_bf16) out_bf16[((long long)row * heads + head) * head_dim + j] = __float2bfloat16_rn(value);
+  }
+  if (threadIdx.x == 0) *counter = 0;
+}
+
 // tile_start/tile_rows: the rows of each tile (consecutive batch rows of one slot). Grid: (tiles, kv_heads, splits).
 // split_len: keys per split (a multiple of ATTN_CHUNK). partial_* used only when gridDim.z > 1, over the tiles' rows
 // only (a pass's prefill rows go to the tensor-core kernel): partial_o [splits, partial_rows, heads, hd], partial_ml
@@ -124,7 +170,7 @@ __device__ void attention(const float* __restrict__ q, bf16* __restrict__ cache_
                           int head_dim, int max_positions, int split_len, float* __restrict__ out,
                           bf16* __restrict__ out_bf16, float* __restrict__ partial_o, float* __restrict__ partial_ml,
                           int partial_rows, const float* __restrict__ k_new, const float* __restrict__ v_new,
-                          const int* __restrict__ tile_offset) {
+                          const int* __restrict__ tile_offset, int* __restrict__ split_counters) {
   extern __shared__ float shared[];
   constexpr int HD = DPL * 32;
   float* s_q = shared;                                   // [ATTN_QMAX][HD]
@@ -238,6 +284,8 @@ __device__ void attention(const float* __restrict__ q, bf16* __restrict__ cache_
       }
     }
   }
+  if (gridDim.z > 1) merge_if_last_split(partial_o, partial_ml, tile_offset, split_counters, first_row, rows, group, heads,
+                                         kv_head, head_dim, partial_rows, out, out_bf16, shared);
 }
 
 #define ATTENTION_ENTRY(DPL)                                                                                         \
@@ -245,45 +293,16 @@ __device__ void attention(const float* __restrict__ q, bf16* __restrict__ cache_
       const float* q, bf16* ck, bf16* cv, const int* slots, const int* positions, const int* tile_start,             \
       const int* tile_rows, int heads, int kv_heads, int head_dim, int max_positions, int split_len, float* out,     \
       bf16* out_bf16, float* partial_o, float* partial_ml, int partial_rows, const float* k_new,                    \
-      const float* v_new, const int* tile_offset) {                                                                  \
+      const float* v_new, const int* tile_offset, int* split_counters) {                                             \
     attention<DPL>(q, ck, cv, slots, positions, tile_start, tile_rows, heads, kv_heads, head_dim, max_positions,    \
-                   split_len, out, out_bf16, partial_o, partial_ml, partial_rows, k_new, v_new, tile_offset);       \
+                   split_len, out, out_bf16, partial_o, partial_ml, partial_rows, k_new, v_new, tile_offset,        \
+                   split_counters);                                                                                  \
   }
 ATTENTION_ENTRY(1)
 ATTENTION_ENTRY(2)
 ATTENTION_ENTRY(3)
 ATTENTION_ENTRY(4)
 ATTENTION_ENTRY(8)
-
-// Merges the splits of attention_dplN's rows: a block per (tile, head) of head_dim threads (rounded up to a warp)
-// walks its tile's rows. Only those rows: a call's other rows are the tensor-core prefill's, whose outputs are final.
-extern "C" __global__ void attention_combine(const float* __restrict__ partial_o, const float* __restrict__ partial_ml,
-                                             const int* __restrict__ tile_start, const int* __restrict__ tile_rows,
-                                             const int* __restrict__ tile_offset, float* __restrict__ out,
-                                             bf16* __restrict__ out_bf16, int splits, int partial_rows, int heads,
-                                             int head_dim) {
-  const long long stride = (long long)partial_rows * heads;
-  const int j = threadIdx.x;
-  for (int r = 0; r < tile_rows[blockIdx.x]; r++) {
-    const long long partial = (long long)(tile_offset[blockIdx.x] + r) * heads + blockIdx.y;
-    const long long row_head = (long long)(tile_start[blockIdx.x] + r) * heads + blockIdx.y;
-    float max_m = -INFINITY;
-    for (int s = 0; s < splits; s++) max_m = fmaxf(max_m, partial_ml[(s * stride + partial) * 2]);
-    float total_l = 0.0f, acc = 0.0f;
-    for (int s = 0; s < splits; s++) {
-      const float m = partial_ml[(s * stride + partial) * 2];
-      if (m == -INFINITY) continue;  // a split past this row's position saw no keys
-      const float w = __expf(m - max_m);
-      total_l += w * partial_ml[(s * stride + partial) * 2 + 1];
-      if (j < head_dim) acc += w * partial_o[(s * stride + partial) * head_dim + j];
-    }
-    if (j < head_dim) {
-      const float value = acc / total_l;
-      out[row_head * head_dim + j] = value;
-      if (out_bf16) out_bf16[row_head * head_dim + j] = __float2bfloat16_rn(value);
-    }
-  }
-}
 
 // A prefill tile's keys (flash.cuh's Keys): positions 0 .. of one slot and kv head of the cache, as bf16 rows.
 struct CacheKeys {

@@ -13,6 +13,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __noinline__  // a call the GPU compiler keeps out of line; empty here (so a later __attribute__((__noinline__)) still parses)
 #define __restrict__
 #define __launch_bounds__(...)
 #define __shared__ static
@@ -54,6 +55,11 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __frcp_rn(float a) { return 1.0f / a; }
 // Fibers switch only at barriers, so a plain read-modify-write is atomic here.
 inline float atomicAdd(float* address, float value) { const float old = *address; *address = old + value; return old; }
+inline int atomicAdd(int* address, int value) { const int old = *address; *address = old + value; return old; }
+// Blocks run one after another, so each sees every earlier block's writes: a fence has nothing to order, and a load
+// that bypasses L1 (__ldcg) is a plain load.
+inline void __threadfence() {}
+inline float __ldcg(const float* address) { return *address; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
