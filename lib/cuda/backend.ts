@@ -16,7 +16,7 @@
 import { ArtError } from "../core/errors.ts";
 import {
   type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget,
-  type PackedSegment, type ProjectionGradient, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
+  type PackedSegment, type ProjectionGradient, type RopeRotation, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
   checkSampled, checkSamplingParams, checkTokenIds, columnBlocks, loraTargetShape, projectionGradientShape, segmentsCoverRows, shapeSize, swigluShape, viewShape,
 } from "../model/backend.ts";
 import {
@@ -541,16 +541,31 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     if (!kept) this.#release(down);
   }
 
-  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[]): void {
+  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[], rotate: RopeRotation | null = null): void {
     const xs = f32("splitColumns input", x);
     const widths = columnBlocks("cuda backend", xs, outs, bias);
     if (outs.length > 3) throw new ArtError("wrong_shape", `cuda backend: splitColumns writes at most 3 parts (q, k, v), not ${outs.length}`);
     const os = outs.map((out) => f32("splitColumns output", out));
     for (const o of os) o.version++;
+    const biasAddress = bias ? f32("splitColumns bias", bias).address : 0n;
+    if (rotate) {
+      // q, k, v: split_rope (rope.cu), one block per row.
+      const { positions, invFreq, headDim } = rotate;
+      const f = cuda(invFreq);
+      expectSize("rope inverse frequencies", f, headDim / 2);
+      const heads = widths.map((width) => width / headDim);
+      if (os.length !== 3 || positions.length !== xs.shape[0] || !heads.every(Number.isInteger) || heads[1] !== heads[2]) {
+        throw new ArtError("wrong_shape", `cuda backend: splitColumns with a rotation takes q, k and v of whole heads of ${headDim} (k as wide as v) and a position per row; got widths [${widths}] for ${xs.shape[0]} rows and ${positions.length} positions`);
+      }
+      if (positions.length === 0) return; // a GPU refuses a launch over no rows
+      this.#launch(f.dtype === "bf16" ? "split_rope_bf16" : "split_rope_f32", [positions.length], [rowThreads(((heads[0] + heads[1]) * headDim) / 2, 128)],
+        [["ptr", xs.address], ["ptr", biasAddress], ...os.map((o): KernelArg => ["ptr", o.address]), ["ptr", this.#indices(positions)],
+          ["ptr", f.address], ["i32", heads[0]], ["i32", heads[1]], ["i32", headDim]]);
+      return;
+    }
     const pointers: KernelArg[] = [0, 1, 2].map((j) => ["ptr", os[j]?.address ?? 0n]);
     const partWidths: KernelArg[] = [0, 1, 2].map((j) => ["i32", widths[j] ?? 0]);
-    this.#launch("split_columns", [gridFor(xs.size)], [256],
-      [["ptr", xs.address], ["ptr", bias ? f32("splitColumns bias", bias).address : 0n], ...pointers, ...partWidths, ["i64", xs.shape[0]]]);
+    this.#launch("split_columns", [gridFor(xs.size)], [256], [["ptr", xs.address], ["ptr", biasAddress], ...pointers, ...partWidths, ["i64", xs.shape[0]]]);
   }
 
   rope(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {

@@ -41,7 +41,10 @@ export const kernelModules = {
     add_rmsnorm_f32: [ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, i32], add_rmsnorm_bf16: [ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, i32],
     rmsnorm_backward_f32: [ptr, ptr, ptr, ptr, ptr, ptr, i32], rmsnorm_backward_bf16: [ptr, ptr, ptr, ptr, ptr, ptr, i32],
   },
-  rope: { rope_f32: [ptr, ptr, ptr, ptr, i32, i32, i32, f32], rope_bf16: [ptr, ptr, ptr, ptr, i32, i32, i32, f32] },
+  rope: {
+    rope_f32: [ptr, ptr, ptr, ptr, i32, i32, i32, f32], rope_bf16: [ptr, ptr, ptr, ptr, i32, i32, i32, f32],
+    split_rope_f32: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32], split_rope_bf16: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
+  },
   attention: {
     kv_write: [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
     kv_copy_slot: [ptr, i32, i32, i32, i32, i32, i32, i32, i32],

@@ -79,6 +79,13 @@ export interface KvCacheSpec {
   maxPositions: number;
 }
 
+/** The rotary embedding's arguments, as `rope` takes them: row i rotates by positions[i] · invFreq. */
+export interface RopeRotation {
+  positions: Int32Array;
+  invFreq: Tensor;
+  headDim: number;
+}
+
 /** Keys and values in a cache of `spec`: two planes (K, V) per layer of slots × positions × kv heads × head_dim. */
 export function kvCacheElements(spec: KvCacheSpec): number {
   return 2 * spec.numLayers * spec.numSlots * spec.maxPositions * spec.numKvHeads * spec.headDim;
@@ -351,8 +358,10 @@ export interface Backend {
   /**
    * out_j = x[:, c_j .. c_j + w_j) (+ bias[c_j .. c_j + w_j)) for outs[j]:[n, w_j], c_j = w_0 + … + w_(j−1): the
    * separate outputs of projections computed as one product (q, k, v); x:[n, Σ w_j], bias:[Σ w_j] or null.
+   * With `rotate`, outs[0] and outs[1] (q and k) are then rotated as `rope` rotates them: both in one pass (one
+   * launch on a GPU, where a decode pass is launch-bound).
    */
-  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[]): void;
+  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[], rotate?: RopeRotation | null): void;
   /**
    * Rotary embedding of q and k in place (one launch on a GPU), rotate-half layout (pairs (j, j + hd/2) within each
    * head), angle positions[i] · invFreq[j] rounded to f32; q:[n, heads·headDim], k:[n, kvHeads·headDim],

@@ -250,15 +250,19 @@ export class Transformer {
       addLoras(x, [[projection, out, 0]]);
     };
     if (!chain.normed) b.rmsNorm(input, w.inputNorm, eps, acts.attnInput, acts.rstd1);
-    // q, k, v: one product, split into the three with their biases; then each one's LoRA.
+    // q, k, v: one product, each projection's LoRA added into its columns, then split into the three with their biases
+    // and rotated, one op (after a q/k norm where the model has one).
     b.linear(acts.attnInput, w.qkv.weight, null, acts.qkv);
-    b.splitColumns(acts.qkv, w.qkv.bias, [acts.qRaw, acts.kRaw, acts.v]);
-    addLoras(acts.attnInput, [["q_proj", acts.qRaw, 0], ["k_proj", acts.kRaw, 0], ["v_proj", acts.v, 0]]);
+    const qWidth = c.numHeads * c.headDim, kvWidth = c.numKvHeads * c.headDim;
+    addLoras(acts.attnInput, [["q_proj", acts.qkv, 0], ["k_proj", acts.qkv, qWidth], ["v_proj", acts.qkv, qWidth + kvWidth]]);
     if (w.qNorm && w.kNorm) {
+      b.splitColumns(acts.qkv, w.qkv.bias, [acts.qRaw, acts.kRaw, acts.v]);
       b.rmsNorm(acts.qRaw, w.qNorm, eps, acts.q, acts.qRstd);
       b.rmsNorm(acts.kRaw, w.kNorm, eps, acts.k, acts.kRstd);
+      b.rope(acts.q, acts.k, positions, this.invFreq, c.headDim);
+    } else {
+      b.splitColumns(acts.qkv, w.qkv.bias, [acts.q, acts.k, acts.v], { positions, invFreq: this.invFreq, headDim: c.headDim });
     }
-    b.rope(acts.q, acts.k, positions, this.invFreq, c.headDim);
     acts.attnSaved = attend(layer, acts.q, acts.k, acts.v, acts.attn);
     linear("o_proj", acts.attn, acts.attnOut);
     b.addRmsNorm(input, acts.attnOut, acts.mid, w.postAttentionNorm, eps, acts.mlpInput, acts.rstd2);

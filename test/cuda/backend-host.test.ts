@@ -26,13 +26,15 @@ describe("CUDA backend host logic (recording device)", () => {
       const results = await generate(model, requests);
       expect(results.map((r) => r.tokenIds.length)).toEqual([4, 4, 4]);
       const names = new Set(device.launches.map((l) => l.name));
-      for (const kernel of ["f32_to_bf16", "embedding_bf16", "rmsnorm_f32", "rope_f32", "kv_write", "add_rmsnorm_f32", "swiglu", "add", "gather_rows", "sample"]) {
+      for (const kernel of ["f32_to_bf16", "embedding_bf16", "rmsnorm_f32", "kv_write", "add_rmsnorm_f32", "swiglu", "add", "gather_rows", "sample"]) {
         expect(names.has(kernel)).toBe(true);
       }
-      // qwen2's q/k/v biases ride on the split of their one product; no projection adds a bias of its own here.
-      expect(names.has("split_columns")).toBe(true);
+      // q, k and v are split from their one product and rotated in one launch, unless a q/k norm comes between
+      // (qwen3). qwen2's q/k/v biases ride on the split; no projection adds a bias of its own here.
+      const split = arch === "qwen3" ? "split_columns" : "split_rope_f32";
+      expect([...names].filter((name) => /split|rope/.test(name)).sort()).toEqual(arch === "qwen3" ? ["rope_f32", "split_columns"] : ["split_rope_f32"]);
       expect(names.has("add_bias_f32")).toBe(false);
-      const splits = device.launches.filter((l) => l.name === "split_columns");
+      const splits = device.launches.filter((l) => l.name === split);
       expect(splits.every((l) => (l.args[1][1] !== 0n) === (arch === "qwen2"))).toBe(true);
       // Weights narrowed for bf16 GEMMs: every projection GEMM runs in bf16, the LM head too.
       expect(device.gemms.every((g) => g.type === "bf16")).toBe(true);
@@ -129,9 +131,9 @@ describe("CUDA backend host logic (recording device)", () => {
     const cache = model.createKvCache(1, 16);
     const rows = { slots: new Int32Array(6), positions: Int32Array.from([0, 1, 2, 3, 4, 5]) };
     model.backend.free(model.forward(Int32Array.from([1, 2, 3, 4, 5, 6]), rows, cache, Int32Array.from([5])));
-    const ropes = device.launches.filter((l) => l.name === "rope_f32");
-    expect(ropes.length).toBe(model.config.numLayers); // q and k in one launch
-    expect(new Set(ropes.map((l) => l.args[2][1])).size).toBe(1);
+    const ropes = device.launches.filter((l) => l.name === "split_rope_f32");
+    expect(ropes.length).toBe(model.config.numLayers); // the split and q and k's rotation in one launch
+    expect(new Set(ropes.map((l) => l.args[5][1])).size).toBe(1);
     expect(device.gemms.every((g) => g.type === "f32")).toBe(true);
     cache.free();
     model.free();

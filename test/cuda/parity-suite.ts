@@ -151,6 +151,24 @@ describe.skipIf(skip)(title, () => {
     expect(error(k)).toBeLessThan(2e-3);
   });
 
+  it("splitColumns with a rotation: q, k and v from their one product, biased, q and k rotated, in one launch", () => {
+    const hd = 64, heads = 14, kvHeads = 2, positions = Int32Array.from([0, 1, 2, 100, 4000, 77]), n = positions.length;
+    const widths = [heads * hd, kvHeads * hd, kvHeads * hd], total = (heads + 2 * kvHeads) * hd;
+    const invFreq = Float32Array.from({ length: hd / 2 }, (_, j) => 1 / 1e6 ** ((2 * j) / hd));
+    for (const dtype of ["f32", "bf16"] as const) {
+      const fused = both(random(n * total, 40), [n, total]), bias = both(random(total, 41), [total]), f = both(invFreq, [hd / 2], dtype);
+      const rotated = widths.map((w) => zeros([n, w])), apart = widths.map((w) => zeros([n, w]));
+      run((b, i) => b.splitColumns(fused[i], bias[i], rotated.map((p) => p[i]), { positions, invFreq: f[i], headDim: hd }));
+      gpu.splitColumns(fused[1], bias[1], apart.map((p) => p[1]));
+      gpu.rope(apart[0][1], apart[1][1], positions, f[1], hd);
+      for (const [j, part] of rotated.entries()) {
+        expect(error(part)).toBeLessThan(2e-3);  // rope's tolerance: sincosf against the CPU's f64 angle
+        // The same roundings as the split and the rotation launched apart.
+        expect(relativeError(gpu.download(part[1]), gpu.download(apart[j][1]))).toBeLessThan(1e-6);
+      }
+    }
+  });
+
   for (const [heads, kvHeads, hd] of [[14, 2, 64], [12, 2, 128], [4, 4, 80], [8, 1, 16]] as const) {
     it(`attention ${heads}/${kvHeads} heads, head_dim ${hd}: prefill, mixed prefill + decode, long decode (split keys)`, () => {
       const spec = { numLayers: 2, numKvHeads: kvHeads, headDim: hd, numSlots: 3, maxPositions: maxContext + 1 };

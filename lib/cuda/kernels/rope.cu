@@ -2,8 +2,16 @@
 // angle = sign · position · inv_freq[j] (the product in f32, as the CPU's ropeRows rounds it). The inverse-frequency
 // table comes from the host (it carries Llama-3 scaling), so the kernel needs no knowledge of the scaling rule.
 // sign −1 is the backward: a rotation's transpose is its inverse. In place on q:[rows, q_heads·hd] and
-// k:[rows, k_heads·hd] together (one launch where there were two); one block per row.
+// k:[rows, k_heads·hd] together (one launch where there were two); one block per row. split_rope does the same
+// rotation on its way out of the q/k/v product.
 #include "common.cuh"
+
+// Element j < hd/2 of a head and its partner j + hd/2, rotated by angle position · inv_freq[j] (s: its sine, times
+// sign).
+__device__ __forceinline__ void rotate_pair(float a, float b, float c, float s, float* low, float* high) {
+  *low = a * c - b * s;
+  *high = b * c + a * s;
+}
 
 template <typename F>
 __device__ void rope(float* __restrict__ q, float* __restrict__ k, const int* __restrict__ positions, const F* __restrict__ inv_freq,
@@ -18,9 +26,7 @@ __device__ void rope(float* __restrict__ q, float* __restrict__ k, const int* __
     sincosf(position * to_f32(inv_freq[j]), &s, &c);
     s *= sign;
     float* h = head < q_heads ? q_row + head * head_dim : k_row + (head - q_heads) * head_dim;
-    const float a = h[j], b = h[j + half];
-    h[j] = a * c - b * s;
-    h[j + half] = b * c + a * s;
+    rotate_pair(h[j], h[j + half], c, s, &h[j], &h[j + half]);
   }
 }
 extern "C" __global__ void rope_f32(float* q, float* k, const int* pos, const float* f, int q_heads, int k_heads, int hd, float sign) {
@@ -28,4 +34,34 @@ extern "C" __global__ void rope_f32(float* q, float* k, const int* pos, const fl
 }
 extern "C" __global__ void rope_bf16(float* q, float* k, const int* pos, const bf16* f, int q_heads, int k_heads, int hd, float sign) {
   rope(q, k, pos, f, q_heads, k_heads, hd, sign);
+}
+
+// q, k and v from their one product qkv [rows, (q_heads + 2·k_heads)·hd] plus its bias (null: none), q and k rotated:
+// elementwise.cu's split_columns then rope_* in one launch (a decode pass is launch-bound), with the same roundings
+// (the biased values, then the rotation). One block per row.
+template <typename F>
+__device__ void split_rope(const float* __restrict__ qkv, const float* __restrict__ bias, float* __restrict__ q, float* __restrict__ k,
+                           float* __restrict__ v, const int* __restrict__ positions, const F* __restrict__ inv_freq, int q_heads,
+                           int k_heads, int head_dim) {
+  const int half = head_dim / 2, rotated = (q_heads + k_heads) * head_dim;
+  const long long row = blockIdx.x;
+  const float* x = qkv + row * (rotated + k_heads * head_dim);
+  const auto biased = [&](int column) { return bias ? x[column] + bias[column] : x[column]; };
+  const float position = (float)positions[row];
+  for (int t = threadIdx.x; t < (q_heads + k_heads) * half; t += blockDim.x) {
+    const int head = t / half, j = t % half, column = head * head_dim + j;  // q's heads, then k's, side by side
+    float s, c;
+    sincosf(position * to_f32(inv_freq[j]), &s, &c);
+    float* h = head < q_heads ? q + (row * q_heads + head) * head_dim : k + (row * k_heads + head - q_heads) * head_dim;
+    rotate_pair(biased(column), biased(column + half), c, s, &h[j], &h[j + half]);
+  }
+  for (int t = threadIdx.x; t < k_heads * head_dim; t += blockDim.x) v[row * k_heads * head_dim + t] = biased(rotated + t);
+}
+extern "C" __global__ void split_rope_f32(const float* qkv, const float* bias, float* q, float* k, float* v, const int* pos,
+                                          const float* f, int q_heads, int k_heads, int hd) {
+  split_rope(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd);
+}
+extern "C" __global__ void split_rope_bf16(const float* qkv, const float* bias, float* q, float* k, float* v, const int* pos,
+                                           const bf16* f, int q_heads, int k_heads, int hd) {
+  split_rope(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd);
 }

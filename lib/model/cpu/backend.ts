@@ -9,7 +9,7 @@
 import { ArtError } from "../../core/errors.ts";
 import {
   type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget, type PackedSegment,
-  type ProjectionGradient, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkSampled, checkTokenIds, columnBlocks,
+  type ProjectionGradient, type RopeRotation, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkSampled, checkTokenIds, columnBlocks,
   loraTargetShape, projectionGradientShape, shapeSize, swigluShape, viewShape,
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
@@ -391,7 +391,7 @@ export class CpuBackend implements Backend {
     }
   }
 
-  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[]): void {
+  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[], rotate: RopeRotation | null = null): void {
     const xs = cpu(x).data, b = bias ? cpu(bias).data : null;
     const widths = columnBlocks("cpu backend", x, outs, bias);
     const rows = x.shape[0], width = x.size / rows;
@@ -405,6 +405,7 @@ export class CpuBackend implements Backend {
       }
       column += w;
     });
+    if (rotate) this.rope(outs[0], outs[1], rotate.positions, rotate.invFreq, rotate.headDim);
   }
 
   /**
