@@ -497,13 +497,14 @@ export class CpuBackend implements Backend {
       for (let r = start; r < end; r++) runKeys = Math.max(runKeys, rows.positions[r] + 1);
       const slotKeys = keys.subarray(slot * maxPositions * kvWidth), slotValues = values.subarray(slot * maxPositions * kvWidth);
       if (end - start === 1) {
-        // A decoding row: per head, its scores and then p·v straight from the cache (no transpose for one row).
-        const scores = this.#decodeScores(runKeys);
-        for (let h = 0; h < numHeads; h++) {
-          const kvHead = Math.floor(h / groupSize);
-          attendBlock(this.gemm, this.#elementwise, qs.subarray(start * qStride + h * headDim), slotKeys.subarray(kvHead * headDim),
-            slotValues.subarray(kvHead * headDim), null, o.subarray(start * qStride + h * headDim), rows.positions.subarray(start, end),
-            headDim, qStride, kvWidth, runKeys, scores);
+        // A decoding row: per KV head, its group's query heads (adjacent in the row) as the rows of one block: their
+        // scores in one product and one softmax, then p·v per head straight from the cache (no transpose for a row).
+        const scores = this.#decodeScores(groupSize * runKeys);
+        const positions = new Int32Array(groupSize).fill(rows.positions[start]);
+        for (let kvHead = 0; kvHead < numKvHeads; kvHead++) {
+          const at = start * qStride + kvHead * groupSize * headDim;
+          attendBlock(this.gemm, this.#elementwise, qs.subarray(at), slotKeys.subarray(kvHead * headDim), slotValues.subarray(kvHead * headDim),
+            null, o.subarray(at), positions, headDim, headDim, kvWidth, runKeys, scores);
         }
         start = end;
         continue;
