@@ -16,9 +16,8 @@
 // With one split the block writes the normalised output. With several (long contexts, few rows: decode), each
 // split writes (m, l, o), and the last of a (tile, kv head)'s split blocks to finish (counted in split_counters)
 // merges them: o = Σ e^(m_s - M) o_s / Σ e^(m_s - M) l_s, splits in order, so the bits do not depend on which block
-// is last. That merge was a kernel of its own, one launch more per layer of every decode pass (the passes are
-// launch-bound). Whichever writes the output also writes it rounded to bf16 into out_bf16 when that is not null
-// (o_proj's GEMM operand).
+// is last, and no merge kernel follows (decode passes are launch-bound). Whichever writes the output also writes it
+// rounded to bf16 into out_bf16 when that is not null (o_proj's GEMM operand).
 // DPL = ceil(head_dim / 32) dims per lane; instantiated for head_dim up to 32, 64, 96, 128, 256.
 //
 // attention_prefill_hdN: the prefill's long runs of rows (a slot's consecutive positions, at least the host's
