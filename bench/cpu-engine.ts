@@ -81,13 +81,16 @@ function main(argv: string[]): void {
     // A long prompt (an ART·E research prompt runs to about a thousand tokens): attention's share of prefill grows.
     { name: "20m", batch: 1, promptLength: 1024, decodeTokens: 16, repeats: 1 },
   ];
-  // art-ts on the system BLAS at 1 thread and at all cores (each beside torch at the same count), and on the portable
-  // products (on 1 thread and on all cores) for what a machine without a BLAS gets.
+  // art-ts on the system BLAS at 1 thread and at all cores (each beside torch at the same count), the same at 1 thread
+  // with the weights loaded as bf16 (the option that halves decoding's weight bytes; its numbers are the bf16-rounded
+  // model's, torch's the f32 one's), and on the portable products (on 1 thread and on all cores) for what a machine
+  // without a BLAS gets.
   const system = new CpuBackend({ blas: "auto", threads: 1 }).gemm.library;
-  const sides = [
-    ...(system ? [{ name: "artTs1Thread", blas: system, threads: 1 }, { name: `artTs${cores}Threads`, blas: system, threads: cores }] : []),
-    { name: "artTsPortable", blas: "portable", threads: 1 },
-    ...(cores > 1 ? [{ name: `artTsPortable${cores}Threads`, blas: "portable", threads: cores }] : []),
+  const sides: { name: string; blas: string; threads: number; dtype: "f32" | "bf16" }[] = [
+    ...(system ? [{ name: "artTs1Thread", blas: system, threads: 1, dtype: "f32" as const }, { name: `artTs${cores}Threads`, blas: system, threads: cores, dtype: "f32" as const },
+      { name: "artTs1ThreadBf16Weights", blas: system, threads: 1, dtype: "bf16" as const }] : []),
+    { name: "artTsPortable", blas: "portable", threads: 1, dtype: "f32" },
+    ...(cores > 1 ? [{ name: `artTsPortable${cores}Threads`, blas: "portable", threads: cores, dtype: "f32" as const }] : []),
   ];
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "art-bench-"));
   const results = [];
@@ -97,7 +100,7 @@ function main(argv: string[]): void {
       const dir = path.join(tmp, w.name);
       writeTinyCheckpoint(dir, { arch: "qwen2", size: w.name, seed: 1 });
       const backends = sides.map((side) => new CpuBackend({ blas: side.blas, threads: side.threads }));
-      const models = backends.map((backend) => loadTransformer(dir, backend));
+      const models = backends.map((backend, i) => loadTransformer(dir, backend, sides[i].dtype));
       const rounds = Array.from({ length: quick ? 1 : 3 }, () => ({
         engine: models.map((model) => measureEngine(model, w)),
         torch1: measureTorch(dir, w, 1),
@@ -116,7 +119,7 @@ function main(argv: string[]): void {
       const sameThreads = (i: number) => (sides[i].threads === 1 ? torch1 : torchAll);
       results.push({
         parameters: parameterCount(models[0]), ...w,
-        ...Object.fromEntries(sides.map((side, i) => [side.name, { ...roundAll(engines[i]), products: backends[i].gemm.description }])),
+        ...Object.fromEntries(sides.map((side, i) => [side.name, { ...roundAll(engines[i]), products: backends[i].gemm.description, weights: side.dtype }])),
         torch1Thread: { ...roundAll(torch1), threads: rounds[0].torch1.threads },
         [`torch${cores}Threads`]: { ...roundAll(torchAll), threads: rounds[0].torchAll.threads },
         ratioToTorchSameThreads: Object.fromEntries(sides.map((side, i) => [side.name, ratio(engines[i], sameThreads(i))])),

@@ -3,6 +3,7 @@
 // products), the operand checks that keep a wrong shape from reaching native code, and the choice of provider.
 // CI installs OpenBLAS and sets ART_TEST_SYSTEM_BLAS=1, so there these tests cannot skip.
 import { describe, expect, it } from "vitest";
+import { CpuBackend, CpuTensor } from "../../lib/model/cpu/backend.ts";
 import { WasmMatmul } from "../../lib/model/cpu/wasm-matmul.ts";
 import { blasCandidates, chooseGemm, defaultCpuThreads, type Gemm, portableGemm, systemGemm } from "../../lib/model/cpu/gemm.ts";
 import { random } from "../cuda/compare.ts";
@@ -199,6 +200,34 @@ describe.skipIf(noSystemBlas)(`system BLAS (${detected.reason})`, () => {
       // Against the portable products (float64 sums): measured 7.6e-5 on values up to 182 (a few float32 ulps), bound 4× that.
       result.forEach((value, i) => expect(Math.abs(value - reference[i]!)).toBeLessThan(3e-4));
     }
+  });
+});
+
+describe.skipIf(noSystemBlas)("bf16 weights beside the system BLAS", () => {
+  // Decoding's products (1 to 4 rows) over a bf16 weight read its bf16 copy on the WASM kernel (half the bytes); larger
+  // ones the BLAS's f32 product of the same rounded values. Both against float64 sums over the rounded weights:
+  // measured 8.0e-7 at a depth of 384 (f32 sums), bound 2.5× that.
+  it("1-4 rows read the bf16 copy (a stacked weight's view and a bias too), 5 rows the BLAS; both the rounded weights' product", () => {
+    const backend = new CpuBackend({ blas: detected.gemm.library ?? "portable", threads: 1 });
+    const k = 384, m = 200, rows = 2 * m;
+    const stacked = backend.upload(random(rows * k, 21), [rows, k], "bf16") as CpuTensor;
+    const rounded = backend.download(stacked);
+    expect(rounded.every((v, i) => v === Math.fround(v) && (new Uint32Array(rounded.buffer)[i] & 0xffff) === 0)).toBe(true);
+    const bias = backend.upload(random(m, 22), [m]);
+    for (const n of [1, 2, 3, 4, 5]) {
+      const xs = random(n * k, 30 + n), x = backend.upload(xs.slice(), [n, k]), out = backend.zeros([n, m]);
+      const second = backend.view(stacked, m, m); // the second projection of the stacked weight
+      backend.linear(x, second, bias, out);
+      const b = backend.download(bias);
+      const want = reference(n, m, k, (i, p) => xs[i * k + p], (p, j) => rounded[(m + j) * k + p]).map((v, i) => v + b[i % m]);
+      expect(relativeError(want, backend.download(out))).toBeLessThan(2e-6);
+      if (n === 4) expect(stacked.bf16Resident).not.toBeNull();
+    }
+    const alone = backend.upload(random(m * k, 23), [m, k], "bf16") as CpuTensor, x5 = backend.upload(random(5 * k, 24), [5, k]);
+    backend.linear(x5, alone, null, backend.zeros([5, m]));
+    expect(alone.bf16Resident).toBeNull();  // 5 rows: the BLAS
+    backend.free(stacked);
+    expect(stacked.bf16Resident).toBeNull(); // freeing gives the bf16 copy's block back
   });
 });
 

@@ -34,6 +34,8 @@ export class CpuTensor implements Tensor {
   #data: Float32Array;
   /** Set once `linear` has moved this weight into the WASM matmul's memory: the values then live only there. */
   resident: { kernel: WasmMatmul; offset: number } | null = null;
+  /** A bf16 weight's bf16 copy in a WASM matmul's memory, made by `linear` for decoding's products (system BLAS). */
+  bf16Resident: { kernel: WasmMatmul; offset: number } | null = null;
   constructor(shape: readonly number[], dtype: DType, data: Float32Array) {
     this.shape = shape;
     this.dtype = dtype;
@@ -44,10 +46,10 @@ export class CpuTensor implements Tensor {
   get data(): Float32Array {
     return this.#data;
   }
-  /** New storage (free assigns an empty array): a resident tensor gives its block of WASM memory back. */
+  /** New storage (free assigns an empty array): a resident tensor gives its blocks of WASM memory back. */
   set data(values: Float32Array) {
-    this.resident?.kernel.release(this.resident.offset);
-    this.resident = null;
+    for (const block of [this.resident, this.bf16Resident]) block?.kernel.release(block.offset);
+    this.resident = this.bf16Resident = null;
     this.#data = values;
   }
   get rows(): number {
@@ -134,6 +136,12 @@ function cpu(tensor: Tensor): CpuTensor {
 }
 
 /** Moves a tensor's values into a block of the kernel's memory; null when the memory cannot hold them. */
+/**
+ * Rows of a product over a bf16 weight that read its bf16 copy (`CpuBackend.#bf16Linear`, system BLAS): decoding's
+ * batches, which read each weight once per step and so are bound by its bytes. Larger products are the BLAS's.
+ */
+const BF16_DECODE_ROWS = 4;
+
 function moveIntoWasm(kernel: WasmMatmul, tensor: CpuTensor): CpuTensor["resident"] {
   const offset = kernel.allocate(tensor.size * 4);
   if (offset === null) return null;
@@ -245,6 +253,11 @@ export class CpuBackend implements Backend {
   readonly gemmReason: string;
   /** The WASM SIMD matmul the portable `linear` runs on; null with a system BLAS or without WebAssembly SIMD. */
   readonly #kernel: WasmMatmul | null;
+  /**
+   * With a system BLAS: the WASM matmul that holds bf16 weights' bf16 copies for decoding's products (made on first
+   * use; null where the runtime has no WebAssembly SIMD).
+   */
+  #bf16Kernel: WasmMatmul | null | undefined;
   /** What is not a product (SwiGLU, softmaxes, RMSNorm, RoPE, exponentials) on WebAssembly SIMD, with the system
    * BLAS only (the portable products keep the references' bits). */
   readonly #elementwise: WasmElementwise | null;
@@ -367,6 +380,13 @@ export class CpuBackend implements Backend {
     expectSize("linear out", o, n * outFeatures);
     if (bias) expectSize("linear bias", bias, outFeatures);
     if (this.gemm.library !== null) {
+      if (w.dtype === "bf16" && n <= BF16_DECODE_ROWS && this.#bf16Linear(xs, w, n, inFeatures, outFeatures, o)) {
+        if (bias) {
+          const b = cpu(bias).data, out = o.data;
+          for (let i = 0; i < n; i++) for (let j = 0; j < outFeatures; j++) out[i * outFeatures + j] += b[j];
+        }
+        return;
+      }
       // The bias first, and the BLAS adds the product to it (one pass fewer over the output).
       const out = o.data, b = bias ? cpu(bias).data : null;
       if (b) for (let i = 0; i < n; i++) out.set(b, i * outFeatures);
@@ -419,6 +439,27 @@ export class CpuBackend implements Backend {
     const resident = owner.resident ?? (this.#kernel && moveIntoWasm(this.#kernel, owner));
     if (!resident) return false;
     return resident.kernel.linearArrays(x.data, resident.offset + start, out.data, n, k, m);
+  }
+
+  /**
+   * out = x Wᵀ for a decoding product (1 to BF16_DECODE_ROWS rows) over a bf16 weight, read as bf16 (half the bytes of
+   * its f32 values, which hold the same bf16-rounded numbers for the BLAS's larger products): the weight's bf16 copy
+   * goes into the WASM matmul's memory on first use. False where that cannot be (no WebAssembly SIMD, a width not a
+   * multiple of 8, the memory past 4 GiB): the caller's BLAS product then computes the same values.
+   */
+  #bf16Linear(x: CpuTensor, w: CpuTensor, n: number, k: number, m: number, out: CpuTensor): boolean {
+    if (k % 8 !== 0) return false;
+    if (this.#bf16Kernel === undefined) this.#bf16Kernel = WasmMatmul.create(1);
+    const kernel = this.#bf16Kernel;
+    if (!kernel) return false;
+    // A view (one projection of a stacked weight) is read where its owner's copy holds its rows.
+    const owner = w instanceof CpuTensorView ? w.owner : w, start = w instanceof CpuTensorView ? w.offset : 0;
+    if (!owner.bf16Resident) {
+      const offset = kernel.residentBf16(owner.data);
+      if (offset === null) return false;
+      owner.bf16Resident = { kernel, offset };
+    }
+    return owner.bf16Resident.kernel.linearBf16Arrays(x.data, owner.bf16Resident.offset + start * 2, out.data, n, k, m);
   }
 
   rope(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
