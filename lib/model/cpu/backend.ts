@@ -135,13 +135,13 @@ function cpu(tensor: Tensor): CpuTensor {
   return tensor;
 }
 
-/** Moves a tensor's values into a block of the kernel's memory; null when the memory cannot hold them. */
 /**
  * Rows of a product over a bf16 weight that read its bf16 copy (`CpuBackend.#bf16Linear`, system BLAS): decoding's
  * batches, which read each weight once per step and so are bound by its bytes. Larger products are the BLAS's.
  */
 const BF16_DECODE_ROWS = 4;
 
+/** Moves a tensor's values into a block of the kernel's memory; null when the memory cannot hold them. */
 function moveIntoWasm(kernel: WasmMatmul, tensor: CpuTensor): CpuTensor["resident"] {
   const offset = kernel.allocate(tensor.size * 4);
   if (offset === null) return null;
@@ -380,7 +380,7 @@ export class CpuBackend implements Backend {
     expectSize("linear out", o, n * outFeatures);
     if (bias) expectSize("linear bias", bias, outFeatures);
     if (this.gemm.library !== null) {
-      if (w.dtype === "bf16" && n <= BF16_DECODE_ROWS && this.#bf16Linear(xs, w, n, inFeatures, outFeatures, o)) {
+      if (w.dtype === "bf16" && n >= 1 && n <= BF16_DECODE_ROWS && this.#bf16Linear(xs, w, n, inFeatures, outFeatures, o)) {
         if (bias) {
           const b = cpu(bias).data, out = o.data;
           for (let i = 0; i < n; i++) for (let j = 0; j < outFeatures; j++) out[i * outFeatures + j] += b[j];
