@@ -138,6 +138,14 @@ describe("TrainableModel", () => {
     expect(() => readSftConversations(path.join(root, "missing.jsonl"))).toThrow("missing.jsonl does not exist");
   });
 
+  it("stores its base weights as bf16 when asked (dtype), and trains its f32 LoRA over them", async () => {
+    const model = await TrainableModel.load({ name: "bf16-agent", project: "proj", baseModel: baseDir, artDir, dtype: "bf16", lora: { rank: 2 }, log: quiet });
+    const layer = model.lm.model.weights.layers[0];
+    expect([layer.qkv.weight.dtype, layer.gateUp.weight.dtype, layer.projections.down_proj.weight.dtype]).toEqual(["bf16", "bf16", "bf16"]);
+    expect(model.network.parameterTensors().every((p) => p.value.dtype === "f32")).toBe(true);
+    await model.close();
+  });
+
   it("answers over loopback HTTP with the unmodified openai client", async () => {
     const model = await TrainableModel.load({ name: "http-agent", project: "proj", baseModel: baseDir, artDir, log: quiet });
     const server = await model.serve({ port: 0 });
