@@ -15,6 +15,9 @@ describe("art-ts serve", () => {
     expect(parseServeArgs(["--model", "m"])).toMatchObject({ model: "m", name: "m", host: "127.0.0.1", port: 8000, apiKey: null, device: "auto", adapter: null });
     expect(parseServeArgs(["--model=m", "--port=0", "--api-key", "k", "--name", "agent"])).toMatchObject({ port: 0, apiKey: "k", name: "agent", maxRequestMb: 8 });
     expect(parseServeArgs(["--model", "m", "--max-request-mb", "2"]).maxRequestMb).toBe(2);
+    expect(parseServeArgs(["--model", "m"]).dtype).toBeNull(); // the device's default
+    expect(parseServeArgs(["--model", "m", "--dtype", "bf16"]).dtype).toBe("bf16");
+    expect(() => parseServeArgs(["--model", "m", "--dtype", "fp16"])).toThrow(/--dtype must be f32 or bf16, got "fp16"/);
     // No --slots: the KV cache is sized from free memory (on CUDA), half of it unless --kv-memory says otherwise.
     expect(parseServeArgs(["--model", "m"])).toMatchObject({ slots: null, kvMemory: 0.5 });
     expect(parseServeArgs(["--model", "m", "--slots", "8", "--kv-memory", "0.3"])).toMatchObject({ slots: 8, kvMemory: 0.3 });
@@ -55,12 +58,12 @@ describe("art-ts serve", () => {
     }
   });
 
-  it("serves a checkpoint directory over loopback HTTP with an api key", async () => {
+  it("serves a checkpoint directory over loopback HTTP with an api key (bf16 weights: decoding on their bf16 copy)", async () => {
     const dir = mkdtempSync(join(tmpdir(), "art-ts-cli-"));
     writeSmallQwenTokenizer(dir);
     writeTinyCheckpoint(dir, { arch: "qwen2", configOverrides: { vocab_size: 682 } });
     const lines: string[] = [];
-    const { server, http } = await runServe(parseServeArgs(["--model", dir, "--name", "tiny", "--port", "0", "--api-key", "k", "--device", "cpu"]), (l) => lines.push(l));
+    const { server, http } = await runServe(parseServeArgs(["--model", dir, "--name", "tiny", "--port", "0", "--api-key", "k", "--device", "cpu", "--dtype", "bf16"]), (l) => lines.push(l));
     try {
       expect(http.host).toBe("127.0.0.1");
       expect(lines.join("\n")).toContain(http.baseURL);
