@@ -99,13 +99,21 @@ export function attentionKeyWindow(keys: number, maxPositions: number): number {
 }
 
 /**
+ * (tile, kv head) pairs below which planSplits splits keys: twice the multiprocessors. So a pass with split keys has
+ * fewer pairs than this, and as many split counters (attention.cu) serve every such pass.
+ */
+export function splitPairsBound(multiprocessors: number): number {
+  return 2 * multiprocessors;
+}
+
+/**
  * Key-range split: enough blocks to fill the GPU twice over (tiles × kv heads × splits ≈ 2 · SMs), each split at
  * least 64 keys and a whole number of 32-key chunks. One split when the grid is already large or keys are few.
  */
 export function planSplits(tiles: number, kvHeads: number, maxKeys: number, multiprocessors: number):
   { splits: number; splitLength: number } {
   const blocks = tiles * kvHeads;
-  const wanted = Math.ceil((2 * multiprocessors) / blocks);
+  const wanted = Math.ceil(splitPairsBound(multiprocessors) / blocks);
   const splits = Math.max(1, Math.min(wanted, Math.floor(maxKeys / 64)));
   const splitLength = Math.ceil(Math.ceil(maxKeys / splits) / attentionChunk) * attentionChunk;
   return { splits: Math.ceil(maxKeys / splitLength), splitLength };

@@ -21,7 +21,7 @@ import {
 } from "../model/backend.ts";
 import {
   attentionDimsPerLane, attentionKeyWindow, attentionQueryVectors, attentionSharedBytes, attentionWarps, checkPackedHeadDim,
-  type AttentionPlan, checkRowsInCache, flashForwardBytes, flashHeadSize, packedAttentionKernels, packedKeyTiles, packedQueryTiles, planAttention, planSplits,
+  type AttentionPlan, checkRowsInCache, flashForwardBytes, flashHeadSize, packedAttentionKernels, packedKeyTiles, packedQueryTiles, planAttention, planSplits, splitPairsBound,
   tensorCoreTileRows,
 } from "./attention-plan.ts";
 import { type DecodeGraphStats, DecodeGraphs, type DeferredUpload } from "./decode-graphs.ts";
@@ -603,8 +603,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
 
   createKvCache(spec: KvCacheSpec): KvCache {
     // After K and V, the attention's split counters (attention.cu: one per (tile, kv head) of a pass whose keys are
-    // split, fewer than 2 per multiprocessor, planSplits), zero between launches as the kernel leaves them.
-    const bytes = this.kvCacheBytes(spec), counterBytes = 2 * this.context.device.multiprocessors * 4;
+    // split, fewer than splitPairsBound), zero between launches as the kernel leaves them.
+    const bytes = this.kvCacheBytes(spec), counterBytes = splitPairsBound(this.context.device.multiprocessors) * 4;
     const address = this.context.pool.allocate(bytes + counterBytes);
     this.context.zero(address, bytes + counterBytes);
     return new CudaKvCache({ ...spec }, address, this.#nextCacheId++, (cache) => {

@@ -379,25 +379,16 @@ export class CpuBackend implements Backend {
     const n = xs.size / inFeatures;
     expectSize("linear out", o, n * outFeatures);
     if (bias) expectSize("linear bias", bias, outFeatures);
-    if (this.gemm.library !== null) {
-      if (w.dtype === "bf16" && n >= 1 && n <= BF16_DECODE_ROWS && this.#bf16Linear(xs, w, n, inFeatures, outFeatures, o)) {
-        if (bias) {
-          const b = cpu(bias).data, out = o.data;
-          for (let i = 0; i < n; i++) for (let j = 0; j < outFeatures; j++) out[i * outFeatures + j] += b[j];
-        }
-        return;
-      }
+    const y = o.data, b = bias ? cpu(bias).data : null, system = this.gemm.library !== null;
+    const bf16 = system && w.dtype === "bf16" && n >= 1 && n <= BF16_DECODE_ROWS && this.#bf16Linear(xs, w, n, inFeatures, outFeatures, o);
+    if (system && !bf16) {
       // The bias first, and the BLAS adds the product to it (one pass fewer over the output).
-      const out = o.data, b = bias ? cpu(bias).data : null;
-      if (b) for (let i = 0; i < n; i++) out.set(b, i * outFeatures);
-      this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, out, { accumulate: bias !== null });
-    } else {
-      if (!this.#wasmMatmul(xs, w, n, inFeatures, outFeatures, o)) this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, o.data);
-      if (bias) {
-        const b = cpu(bias).data, out = o.data;
-        for (let i = 0; i < n; i++) for (let j = 0; j < outFeatures; j++) out[i * outFeatures + j] += b[j];
-      }
+      if (b) for (let i = 0; i < n; i++) y.set(b, i * outFeatures);
+      this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, y, { accumulate: b !== null });
+      return;
     }
+    if (!bf16 && !this.#wasmMatmul(xs, w, n, inFeatures, outFeatures, o)) this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, y);
+    if (b) for (let i = 0; i < n; i++) for (let j = 0; j < outFeatures; j++) y[i * outFeatures + j] += b[j];
   }
 
   addLoras(x: Tensor, targets: readonly LoraTarget[]): void {
