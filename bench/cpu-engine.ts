@@ -55,7 +55,7 @@ function measureEngine(model: Transformer, w: Workload): Throughput {
   };
 }
 
-interface TorchThroughput extends Throughput { blas: string[]; threads: number; torch: string }
+interface TorchThroughput extends Throughput { blas: string[]; openblasCore: string | null; threads: number; torch: string }
 
 function measureTorch(dir: string, w: Workload, threads: number): TorchThroughput {
   const script = path.join(import.meta.dirname, "peers", "torch_cpu_engine.py");
@@ -94,7 +94,7 @@ function main(argv: string[]): void {
   ];
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "art-bench-"));
   const results = [];
-  let torch: { version: string; blas: string[] } | null = null;
+  let torch: { version: string; blas: string[]; openblasCore: string | null } | null = null;
   try {
     for (const w of workloads) {
       const dir = path.join(tmp, w.name);
@@ -125,7 +125,7 @@ function main(argv: string[]): void {
         ratioToTorchSameThreads: Object.fromEntries(sides.map((side, i) => [side.name, ratio(engines[i], sameThreads(i))])),
       });
       for (const model of models) model.free();
-      torch = { version: rounds[0].torch1.torch, blas: rounds[0].torch1.blas };
+      torch = { version: rounds[0].torch1.torch, blas: rounds[0].torch1.blas, openblasCore: rounds[0].torch1.openblasCore };
     }
   } finally {
     fs.rmSync(tmp, { recursive: true, force: true });

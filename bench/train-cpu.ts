@@ -69,7 +69,7 @@ fs.writeFileSync(batchFile, JSON.stringify({
   rank, alpha, tokens: sequences.map((s) => s.tokens), trainable: sequences.map((s) => Array.from(s.trainable)),
   advantages: sequences.map((s) => s.advantage),
 }));
-interface PeerRun { stepSeconds: number[]; blas: string[]; threads: number; torch: string }
+interface PeerRun { stepSeconds: number[]; blas: string[]; openblasCore: string | null; threads: number; torch: string }
 const peer = (threads: number): PeerRun => JSON.parse(execFileSync(peerPython(),
   [path.join(import.meta.dirname, "peers", "torch_train_step.py"), root, batchFile, "1", String(threads)], { encoding: "utf8", env: peerEnvironment(threads) }));
 
@@ -104,6 +104,7 @@ const result = {
   batch: { sequences: seqs, tokensPerSequence: len, lora: { rank, alpha, targets: "all 7 projections" } },
   machine: { cpus: cores, cpu: os.cpus()[0]?.model ?? "unknown", loadAverageBefore: loadBefore, loadAverageAfter: os.loadavg() },
   torchBlas: torchInfo?.blas,
+  torchOpenblasCore: torchInfo?.openblasCore,
   artTs: Object.fromEntries(sides.map((side, i) => [side.name, ours[i]])),
   peers: [torchOne, torchAll],
   // Each art-ts side against torch on the same number of threads.

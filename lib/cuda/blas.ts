@@ -13,7 +13,7 @@
 import { ArtError } from "../core/errors.ts";
 import { type DiscoveryInputs, type FoundLibrary, findCudaLibrary, systemDiscoveryInputs } from "./discovery.ts";
 import { type NativeLibrary, openLibrary } from "../core/ffi.ts";
-import { hostMemory } from "./host-memory.ts";
+import { hostMemory } from "../core/host-memory.ts";
 
 import type { NativeSignature } from "../core/ffi.ts";
 

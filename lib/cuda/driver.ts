@@ -7,7 +7,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import { cString, type NativeLibrary, type NativeSignature, openLibrary } from "../core/ffi.ts";
-import { type HostMemory, hostMemory } from "./host-memory.ts";
+import { type HostMemory, hostMemory } from "../core/host-memory.ts";
 import { type KernelArg, kernelArgBlockBytes, packKernelArgs } from "./kernel-args.ts";
 import { MemoryPool } from "./memory-pool.ts";
 

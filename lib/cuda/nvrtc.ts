@@ -6,7 +6,7 @@
 import { ArtError } from "../core/errors.ts";
 import type { FoundLibrary } from "./discovery.ts";
 import { cString, type NativeLibrary, type NativeSignature, openLibrary } from "../core/ffi.ts";
-import { hostMemory } from "./host-memory.ts";
+import { hostMemory } from "../core/host-memory.ts";
 
 /** Every NVRTC symbol bound, with its C signature (test/cuda/abi.test.ts checks them against nvrtc.h and libnvrtc). */
 export const nvrtcSignatures = {

@@ -12,7 +12,7 @@ import {
 } from "../../lib/cuda/discovery.ts";
 import { driverConstants, driverSignatures } from "../../lib/cuda/driver.ts";
 import type { NativeSignature } from "../../lib/core/ffi.ts";
-import { libcSignatures, memcpySignatures } from "../../lib/cuda/host-memory.ts";
+import { libcSignatures, memcpySignatures } from "../../lib/core/host-memory.ts";
 import { nvrtcSignatures } from "../../lib/cuda/nvrtc.ts";
 import { type BindingGroup, exportedSymbols, generateAbiCheck, missingExports, runAbiCheck } from "./abi-check.ts";
 import { findCompiler } from "./emulated-device.ts";

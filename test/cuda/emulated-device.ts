@@ -13,7 +13,7 @@ import { CudaBackend, type CudaBackendOptions, type DeviceQueue, type GemmRunner
 import { type GemmExArguments, gemmExArguments, linearGemmArguments } from "../../lib/cuda/blas.ts";
 import type { KernelFunction, LaunchConfig } from "../../lib/cuda/driver.ts";
 import { cString, type NativeLibrary, openLibrary } from "../../lib/core/ffi.ts";
-import { hostMemory } from "../../lib/cuda/host-memory.ts";
+import { hostMemory } from "../../lib/core/host-memory.ts";
 import { type KernelArg, kernelArgBlockBytes, packKernelArgs } from "../../lib/cuda/kernel-args.ts";
 import { type KernelName, kernelModules, kernelSourceDirectory } from "../../lib/cuda/kernel-build.ts";
 import { MemoryPool } from "../../lib/cuda/memory-pool.ts";

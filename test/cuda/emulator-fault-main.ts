@@ -2,7 +2,7 @@
 // named by argv[2] (probe_read_past_end or probe_misaligned_load) on the emulator, then prints "not stopped".
 import { join } from "node:path";
 import { cString, openLibrary } from "../../lib/core/ffi.ts";
-import { hostMemory } from "../../lib/cuda/host-memory.ts";
+import { hostMemory } from "../../lib/core/host-memory.ts";
 import { kernelArgBlockBytes, packKernelArgs } from "../../lib/cuda/kernel-args.ts";
 import { buildEmulator, findCompiler } from "./emulated-device.ts";
 

@@ -8,7 +8,7 @@ import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
 import { openLibrary, type NativeLibrary } from "../../lib/core/ffi.ts";
-import { hostMemory } from "../../lib/cuda/host-memory.ts";
+import { hostMemory } from "../../lib/core/host-memory.ts";
 import { type KernelArg, kernelArgBlockBytes, packKernelArgs } from "../../lib/cuda/kernel-args.ts";
 import { cString } from "../../lib/core/ffi.ts";
 import { f32ToBf16 } from "../../lib/model/safetensors.ts";

@@ -1,6 +1,6 @@
 // FFI checks against libc, shared by the Node test and the Deno run of the same checks (no test framework here).
 import { cString, ffiRuntime, openLibrary } from "../../lib/core/ffi.ts";
-import { hostMemory } from "../../lib/cuda/host-memory.ts";
+import { hostMemory } from "../../lib/core/host-memory.ts";
 import { packKernelArgs } from "../../lib/cuda/kernel-args.ts";
 
 export function runFfiChecks(): Record<string, unknown> {

@@ -3,7 +3,7 @@
 // layer's case is also covered end to end by the emulated parity suite.
 import { describe, expect, it } from "vitest";
 import { gemmExArguments } from "../../lib/cuda/blas.ts";
-import { hostMemory } from "../../lib/cuda/host-memory.ts";
+import { hostMemory } from "../../lib/core/host-memory.ts";
 import { seededRandom } from "../../lib/core/random.ts";
 import { buildEmulator, emulatedGemmEx, findCompiler } from "./emulated-device.ts";
 

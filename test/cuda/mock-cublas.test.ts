@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { Blas } from "../../lib/cuda/blas.ts";
 import { openLibrary } from "../../lib/core/ffi.ts";
-import { hostMemory } from "../../lib/cuda/host-memory.ts";
+import { hostMemory } from "../../lib/core/host-memory.ts";
 import { seededRandom } from "../../lib/core/random.ts";
 import { findCompiler } from "./emulated-device.ts";
 import { buildMock, mockDirectory } from "./mocks/build.ts";

@@ -3,7 +3,7 @@
 import { ArtError } from "../../lib/core/errors.ts";
 import { CudaContext } from "../../lib/cuda/driver.ts";
 import { openLibrary } from "../../lib/core/ffi.ts";
-import { hostMemory } from "../../lib/cuda/host-memory.ts";
+import { hostMemory } from "../../lib/core/host-memory.ts";
 
 const mebibyte = 1 << 20;
 function pattern(bytes: number, seed: number): Uint8Array {

@@ -243,6 +243,13 @@ describe("choosing the products", () => {
     expect(blasCandidates("darwin")[0]).toContain("Accelerate.framework");
   });
 
+  it.skipIf(!detected.gemm.library?.includes("openblas"))("names the kernels OpenBLAS chose (the ones OPENBLAS_CORETYPE pins, where set)", () => {
+    const core = /\(OpenBLAS (\w+) kernels\), 1 thread$/.exec(detected.gemm.description)?.[1];
+    expect(core, detected.gemm.description).toBeDefined();
+    const pinned = process.env.OPENBLAS_CORETYPE;
+    if (pinned) expect(core!.toLowerCase()).toBe(pinned.toLowerCase());
+  });
+
   it("reads ART_CPU_THREADS and refuses a count that is not one", () => {
     expect(defaultCpuThreads({ ART_CPU_THREADS: "3" })).toBe(3);
     expect(defaultCpuThreads({})).toBeGreaterThan(0);

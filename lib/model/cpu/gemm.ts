@@ -15,12 +15,13 @@
 import * as os from "node:os";
 import { ArtError } from "../../core/errors.ts";
 import { type NativeArg, type NativeFunction, type NativeSignature, openLibrary } from "../../core/ffi.ts";
+import { hostMemory } from "../../core/host-memory.ts";
 import { matmulNNAccumulate, matmulNT, matmulTNAccumulate, type MatmulOptions, type TNStrides, weightedRowSum } from "./matmul.ts";
 import { checkThreadCount } from "./matmul-workers.ts";
 import type { WasmMatmul } from "./wasm-matmul.ts";
 
 export interface Gemm {
-  /** Who computes: "portable (JavaScript)" or e.g. "system BLAS libopenblas.so.0, 2 threads". */
+  /** Who computes: "portable (JavaScript)" or e.g. "system BLAS libopenblas.so.0 (OpenBLAS Haswell kernels), 2 threads". */
   readonly description: string;
   /** The system library, or null for the portable products. */
   readonly library: string | null;
@@ -93,6 +94,8 @@ export const cblasSignatures: Record<string, NativeSignature> = {
   openblas_set_num_threads: { result: "void", args: ["i32"], optional: true },
   MKL_Set_Num_Threads: { result: "void", args: ["i32"], optional: true },
   bli_thread_set_num_threads: { result: "void", args: ["i64"], optional: true },
+  // const char* openblas_get_corename(void): the CPU whose kernels OpenBLAS chose, for the description.
+  openblas_get_corename: { result: "pointer", args: [], optional: true },
 };
 
 /** Where optimised BLAS libraries are, most common first; the loader resolves sonames. */
@@ -149,6 +152,16 @@ export function chooseGemm(choice: CpuBlasChoice = process.env.ART_CPU_BLAS || "
  */
 const SHARED_PRODUCT_MULTIPLY_ADDS = 1 << 23;
 
+/** The kernels an OpenBLAS reports using ("Haswell", "SkylakeX", …), or null for another library. */
+function openblasCore(symbols: Record<string, NativeFunction>): string | null {
+  if (!symbols.openblas_get_corename) return null;
+  try {
+    return hostMemory().readCString(symbols.openblas_get_corename() as bigint) || null;
+  } catch {
+    return null;  // no libc.so.6 to read the name with (musl): the description goes without it
+  }
+}
+
 /** Bindings by path: a backend per model or test binds each library once. */
 const opened = new Map<string, Record<string, NativeFunction>>();
 const threadsApplied = new Map<string, number>();
@@ -158,6 +171,7 @@ export function systemGemm(path: string, threads: number): Gemm {
   checkThreadCount(threads);
   const symbols = opened.get(path) ?? openLibrary(path, cblasSignatures).symbols;
   opened.set(path, symbols);
+  const core = openblasCore(symbols);
   // The library's thread count is process-wide: before each product a Gemm applies the count that product takes
   // (its own, or one for a small product) when the last product, of any Gemm, ran on another.
   const onThreads = (fn: NativeFunction, multiplyAdds: (args: NativeArg[]) => number): NativeFunction => (...args) => {
@@ -174,7 +188,7 @@ export function systemGemm(path: string, threads: number): Gemm {
   const sgemm = onThreads(symbols.cblas_sgemm, (args) => Number(args[3]) * Number(args[4]) * Number(args[5]));
   const sgemv = onThreads(symbols.cblas_sgemv, (args) => Number(args[2]) * Number(args[3]));
   return {
-    description: `system BLAS ${path}, ${threads} thread${threads === 1 ? "" : "s"}`,
+    description: `system BLAS ${path}${core ? ` (OpenBLAS ${core} kernels)` : ""}, ${threads} thread${threads === 1 ? "" : "s"}`,
     library: path,
     threads,
     nt(x, w, n, k, m, out, options = {}) {

@@ -3,8 +3,8 @@
  * (kernel argument blocks, pointer arrays), and copy between JS typed arrays and raw addresses (pinned staging,
  * C strings a library returns). Copies go through memcpy, so no runtime-specific "view an address" API is needed.
  */
-import { ArtError } from "../core/errors.ts";
-import { type NativeLibrary, type NativeSignature, openLibrary } from "../core/ffi.ts";
+import { ArtError } from "./errors.ts";
+import { type NativeLibrary, type NativeSignature, openLibrary } from "./ffi.ts";
 
 export interface HostMemory {
   malloc(bytes: number): bigint;
