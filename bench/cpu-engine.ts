@@ -19,7 +19,7 @@ import { decode } from "../lib/model/generate.ts";
 import { loadTransformer } from "../lib/model/transformer.ts";
 import { type Transformer } from "../lib/model/transformer.ts";
 import { writeTinyCheckpoint } from "../scripts/make-tiny-checkpoint.ts";
-import { peerEnvironment, peerPython } from "./peers/environment.ts";
+import { openblasPins, peerEnvironment, peerPython } from "./peers/environment.ts";
 
 interface Workload { name: "tiny" | "20m"; batch: number; promptLength: number; decodeTokens: number; repeats: number }
 
@@ -134,6 +134,7 @@ function main(argv: string[]): void {
     benchmark: "cpu-engine", command: `node bench/cpu-engine.ts${quick ? " --quick" : ""}`,
     machine: `${os.cpus()[0]?.model ?? "cpu"} × ${cores}`, node: process.version,
     loadAverageAtEnd: os.loadavg().map((l) => Number(l.toFixed(2))),
+    openblasEnvironment: openblasPins(),
     note: "tokens/s = best over rounds of best-of-repeats after one warm-up; ratio = art-ts / torch at the same thread count " +
       "(each portable side too). Each side's products are named in the results.",
     torch,

@@ -16,6 +16,7 @@ import { seededRandom } from "../lib/core/random.ts";
 import { chooseGemm, type Gemm, systemGemm } from "../lib/model/cpu/gemm.ts";
 import { matmulNNAccumulate, matmulNT } from "../lib/model/cpu/matmul.ts";
 import { WasmMatmul } from "../lib/model/cpu/wasm-matmul.ts";
+import { openblasPins } from "./peers/environment.ts";
 import { compare } from "./timing.ts";
 
 // hidden 384, intermediate 1536, 6 query heads and 2 KV heads of 64, vocabulary 8192 (scripts/make-tiny-checkpoint.ts).
@@ -101,7 +102,8 @@ async function main(argv: string[]): Promise<void> {
   }
   const report = {
     benchmark: "cpu-matmul", command: "node bench/cpu-matmul.ts",
-    machine: `${os.cpus()[0]?.model ?? "cpu"} × ${cores}`, node: process.version, systemBlas: library,
+    machine: `${os.cpus()[0]?.model ?? "cpu"} × ${cores}`, node: process.version,
+    systemBlas: blas[0]?.gemm.description ?? null, openblasEnvironment: openblasPins(),
     loadAverageAtEnd: os.loadavg().map((l) => Number(l.toFixed(2))),
     note: "GFLOP/s = 2·n·k·m / best of 5 alternating 300 ms windows; javascript is single-threaded; the WASM kernel " +
       "splits a product of at least 2M multiply-adds over its threads (smaller ones run on one); " +

@@ -17,7 +17,7 @@ import { type TrainingSequence } from "../lib/grpo/tokenize.ts";
 import { CpuBackend } from "../lib/model/cpu/backend.ts";
 import { loadTransformer } from "../lib/model/transformer.ts";
 import { writeTinyCheckpoint } from "../scripts/make-tiny-checkpoint.ts";
-import { peerEnvironment, peerPython } from "./peers/environment.ts";
+import { openblasPins, peerEnvironment, peerPython } from "./peers/environment.ts";
 
 function arg(name: string, fallback: string): string {
   const i = process.argv.indexOf(`--${name}`);
@@ -105,6 +105,7 @@ const result = {
   machine: { cpus: cores, cpu: os.cpus()[0]?.model ?? "unknown", loadAverageBefore: loadBefore, loadAverageAfter: os.loadavg() },
   torchBlas: torchInfo?.blas,
   torchOpenblasCore: torchInfo?.openblasCore,
+  openblasEnvironment: openblasPins(),
   artTs: Object.fromEntries(sides.map((side, i) => [side.name, ours[i]])),
   peers: [torchOne, torchAll],
   // Each art-ts side against torch on the same number of threads.

@@ -17,3 +17,11 @@ export function peerEnvironment(threads: number): NodeJS.ProcessEnv {
   const count = String(threads);
   return { ...process.env, OMP_NUM_THREADS: count, OPENBLAS_NUM_THREADS: count, MKL_NUM_THREADS: count, BLIS_NUM_THREADS: count };
 }
+
+/**
+ * The OpenBLAS settings both sides of a CPU bench inherit: OPENBLAS_CORETYPE pins its kernels (some machines, this
+ * project's among them, pin older ones for older OpenBLAS builds), so a report says which were set; `null` is unset.
+ */
+export function openblasPins(): { OPENBLAS_CORETYPE: string | null; OPENBLAS_L2_SIZE: string | null } {
+  return { OPENBLAS_CORETYPE: process.env.OPENBLAS_CORETYPE ?? null, OPENBLAS_L2_SIZE: process.env.OPENBLAS_L2_SIZE ?? null };
+}
