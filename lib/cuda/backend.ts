@@ -15,7 +15,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import {
-  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget,
+  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DecodePass, type DType, type InputLoras, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget,
   type PackedSegment, type ProjectionGradient, type RopeRotation, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy,
   checkSampled, checkSamplingParams, checkTokenIds, columnBlocks, loraTargetShape, projectionGradientShape, segmentsCoverRows, shapeSize, swigluShape, viewShape,
 } from "../model/backend.ts";
@@ -438,17 +438,43 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
         ["ptr", this.#rstd(rstd, xs.size / w.size)], ["i32", w.size]]);
   }
 
-  addRmsNorm(a: Tensor, b: Tensor, sum: Tensor, weight: Tensor, eps: number, out: Tensor, rstd: Tensor | null = null): void {
+  /**
+   * With `loras` (one LoRA into b, an inference pass's: nothing kept for a backward), add_rmsnorm_lora adds it on
+   * the way in (rmsnorm.cu), lora.cu's sums in its order: the same bits as addLoras then add_rmsnorm, and b is left
+   * without it. Other LoRAs go through addLoras first.
+   */
+  addRmsNorm(a: Tensor, b: Tensor, sum: Tensor, weight: Tensor, eps: number, out: Tensor, rstd: Tensor | null = null,
+    loras: InputLoras | null = null): void {
     const as = cuda(a), bs = cuda(b), s = cuda(sum), w = cuda(weight), o = cuda(out);
-    s.version++;
-    o.version++;
     expectSize("residual add input", bs, as.size);
     expectSize("addRmsNorm sum", s, as.size);
     expectSize("addRmsNorm out", o, as.size);
     expectMultiple("addRmsNorm input", as, w.size);
-    this.#launch(w.dtype === "bf16" ? "add_rmsnorm_bf16" : "add_rmsnorm_f32", [as.size / w.size], [rowThreads(w.size)],
-      [["ptr", as.address], ["ptr", bs.address], ["ptr", s.address], ["ptr", w.address], ["f32", eps], ["ptr", o.address],
-        ["ptr", this.#bf16Output(o)], ["ptr", this.#rstd(rstd, as.size / w.size)], ["i32", w.size]]);
+    const folded = loras ? this.#foldableLora(loras, bs) : null;
+    if (loras && !folded) this.addLoras(loras.x, loras.targets);
+    s.version++;
+    o.version++;
+    const norm = w.dtype === "bf16" ? "bf16" : "f32";
+    const args: KernelArg[] = [["ptr", as.address], ["ptr", bs.address], ["ptr", s.address], ["ptr", w.address], ["f32", eps],
+      ["ptr", o.address], ["ptr", this.#bf16Output(o)], ["ptr", this.#rstd(rstd, as.size / w.size)], ["i32", w.size]];
+    if (!folded) {
+      this.#launch(`add_rmsnorm_${norm}`, [as.size / w.size], [rowThreads(w.size)], args);
+      return;
+    }
+    const { x, a: loraA, b: loraB, scale, inFeatures, rank } = folded;
+    this.#launch(`add_rmsnorm_lora_${norm}_${loraA.dtype === "bf16" ? "bf16" : "f32"}`, [as.size / w.size], [rowThreads(w.size)],
+      [...args, ["ptr", x.address], ["ptr", loraA.address], ["ptr", loraB.address], ["f32", scale], ["i32", inFeatures], ["i32", rank]]);
+  }
+
+  /** An addRmsNorm LoRA that add_rmsnorm_lora can add: one target, all of b, nothing kept, a rank lora.cuh stages. */
+  #foldableLora({ x, targets }: InputLoras, b: CudaTensor) {
+    if (targets.length !== 1) return null;
+    const target = targets[0], xs = f32("LoRA input", x);
+    const { rank, inFeatures, outFeatures, n, width } = loraTargetShape("cuda backend", xs, target);
+    const a = cuda(target.lora.a), loraB = cuda(target.lora.b);
+    const whole = cuda(target.out).address === b.address && target.column === 0 && width === outFeatures && n * width === b.size;
+    if (!whole || target.down || rank > loraKernelMaxRank || a.dtype !== loraB.dtype || n === 0) return null;
+    return { x: xs, a, b: loraB, scale: target.lora.scale, inFeatures, rank };
   }
 
   linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor): void {

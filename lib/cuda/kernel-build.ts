@@ -39,6 +39,8 @@ export const kernelModules = {
   rmsnorm: {
     rmsnorm_f32: [ptr, ptr, f32, ptr, ptr, ptr, i32], rmsnorm_bf16: [ptr, ptr, f32, ptr, ptr, ptr, i32],
     add_rmsnorm_f32: [ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, i32], add_rmsnorm_bf16: [ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, i32],
+    ...Object.fromEntries(["f32_f32", "f32_bf16", "bf16_f32", "bf16_bf16"].map((types) =>
+      [`add_rmsnorm_lora_${types}`, [ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, i32, ptr, ptr, ptr, f32, i32, i32]])),
     rmsnorm_backward_f32: [ptr, ptr, ptr, ptr, ptr, ptr, i32], rmsnorm_backward_bf16: [ptr, ptr, ptr, ptr, ptr, ptr, i32],
   },
   rope: {

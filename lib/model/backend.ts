@@ -57,6 +57,17 @@ export interface LoraTarget {
 }
 
 /**
+ * The unmerged LoRAs an op adds into one of its inputs before reading it: `addLoras(x, targets)` then the op, which a
+ * backend may run as one (the CUDA backend folds a decode pass's o and down LoRAs into the add + RMSNorm that reads
+ * their outputs, one launch where there were two, with the same bits). Afterwards that input may or may not hold the
+ * LoRA's part (the fused op leaves it out): read the op's outputs.
+ */
+export interface InputLoras {
+  x: Tensor;
+  targets: readonly LoraTarget[];
+}
+
+/**
  * One projection y = x Wᵀ (+ bias) (+ scale · (x Aᵀ) Bᵀ) in projectionsBackward, with dOut = dLoss/dy [n, outF]:
  * dWeight and dBias (full-parameter training) take the base weight's gradients when given; `lora` its LoRA's, from
  * the x Aᵀ addLoras kept.
@@ -344,9 +355,10 @@ export interface Backend {
   rmsNorm(x: Tensor, weight: Tensor, eps: number, out: Tensor, rstd?: Tensor | null): void;
   /**
    * sum = a + b, then out = rmsNorm(sum) (`rstd` as in rmsNorm): the pre-norm transformer's seam between sublayers.
-   * `sum` may be `a` (decoding updates the residual stream in place; training keeps the layer's input).
+   * `sum` may be `a` (decoding updates the residual stream in place; training keeps the layer's input). `loras`: the
+   * LoRAs of the projection whose output b is, added into b first (InputLoras).
    */
-  addRmsNorm(a: Tensor, b: Tensor, sum: Tensor, weight: Tensor, eps: number, out: Tensor, rstd?: Tensor | null): void;
+  addRmsNorm(a: Tensor, b: Tensor, sum: Tensor, weight: Tensor, eps: number, out: Tensor, rstd?: Tensor | null, loras?: InputLoras | null): void;
   /** out = x Wᵀ (+ bias); x:[n, in], weight:[outF, in], bias:[outF], out:[n, outF]. */
   linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor): void;
   /**

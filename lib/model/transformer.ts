@@ -12,7 +12,7 @@
  * statistics).
  */
 import { ArtError } from "../core/errors.ts";
-import { type Backend, type DType, type KvCache, type LoraDown, type LoraTarget, type RowPlacement, type Tensor, checkTokenIds, stackedParts } from "./backend.ts";
+import { type Backend, type DType, type InputLoras, type KvCache, type LoraDown, type LoraTarget, type RowPlacement, type Tensor, checkTokenIds, stackedParts } from "./backend.ts";
 import { type ModelConfig, type RopeScaling, readConfig } from "./config.ts";
 import { type LayerLoras, PROJECTIONS, type Projection, projectionPath, projectionShape } from "./lora.ts";
 import { openSafetensors, type TensorStore } from "./safetensors.ts";
@@ -235,19 +235,25 @@ export class Transformer {
   layerForward(layer: number, input: Tensor, output: Tensor, acts: LayerActivations, positions: Int32Array, attend: Attend,
     loras?: LayerLoras, chain: { normed: boolean; nextNorm: Tensor | null } = { normed: false, nextNorm: null }): void {
     const b = this.backend, w = this.weights.layers[layer], c = this.config, eps = c.rmsNormEps;
-    /** The LoRAs of projections that read x, each into its output at its column: one call per group. */
-    const addLoras = (x: Tensor, outputs: [Projection, Tensor, number][]) => {
+    /** The LoRAs of projections that read x, each into its output at its column (none: null). */
+    const inputLoras = (x: Tensor, outputs: [Projection, Tensor, number][]): InputLoras | null => {
       const targets: LoraTarget[] = [];
       for (const [projection, out, column] of outputs) {
         const lora = loras?.[projection];
         if (lora) targets.push({ lora, out, column, down: acts.loraDown[projection] });
       }
-      if (targets.length > 0) b.addLoras(x, targets);
+      return targets.length > 0 ? { x, targets } : null;
     };
-    const linear = (projection: Projection, x: Tensor, out: Tensor) => {
+    /** The LoRAs of a group of projections that read x: one call per group. */
+    const addLoras = (x: Tensor, outputs: [Projection, Tensor, number][]) => {
+      const group = inputLoras(x, outputs);
+      if (group) b.addLoras(group.x, group.targets);
+    };
+    /** A lone projection's product; its LoRA is left to the op that reads its output (addRmsNorm's `loras`). */
+    const linear = (projection: Projection, x: Tensor, out: Tensor): InputLoras | null => {
       const { weight, bias } = w.projections[projection];
       b.linear(x, weight, bias, out);
-      addLoras(x, [[projection, out, 0]]);
+      return inputLoras(x, [[projection, out, 0]]);
     };
     if (!chain.normed) b.rmsNorm(input, w.inputNorm, eps, acts.attnInput, acts.rstd1);
     // q, k, v: one product, each projection's LoRA added into its columns, then split into the three with their biases
@@ -264,15 +270,19 @@ export class Transformer {
       b.splitColumns(acts.qkv, w.qkv.bias, [acts.q, acts.k, acts.v], { positions, invFreq: this.invFreq, headDim: c.headDim });
     }
     acts.attnSaved = attend(layer, acts.q, acts.k, acts.v, acts.attn);
-    linear("o_proj", acts.attn, acts.attnOut);
-    b.addRmsNorm(input, acts.attnOut, acts.mid, w.postAttentionNorm, eps, acts.mlpInput, acts.rstd2);
+    const oLoras = linear("o_proj", acts.attn, acts.attnOut);
+    b.addRmsNorm(input, acts.attnOut, acts.mid, w.postAttentionNorm, eps, acts.mlpInput, acts.rstd2, oLoras);
     // gate and up: one product into the two halves of each row, each half's LoRA added in place.
     b.linear(acts.mlpInput, w.gateUp.weight, null, acts.gateUp);
     addLoras(acts.mlpInput, [["gate_proj", acts.gateUp, 0], ["up_proj", acts.gateUp, c.intermediateSize]]);
     b.swiglu(acts.gateUp, acts.hidden);
-    linear("down_proj", acts.hidden, acts.mlpOut);
-    if (chain.nextNorm) b.addRmsNorm(acts.mid, acts.mlpOut, output, chain.nextNorm, eps, acts.attnInput, acts.rstd1);
-    else b.add(acts.mid, acts.mlpOut, output);
+    const downLoras = linear("down_proj", acts.hidden, acts.mlpOut);
+    if (chain.nextNorm) {
+      b.addRmsNorm(acts.mid, acts.mlpOut, output, chain.nextNorm, eps, acts.attnInput, acts.rstd1, downLoras);
+    } else {
+      if (downLoras) b.addLoras(downLoras.x, downLoras.targets);
+      b.add(acts.mid, acts.mlpOut, output);
+    }
   }
 
   /**

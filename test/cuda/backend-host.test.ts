@@ -172,7 +172,7 @@ describe("CUDA backend host logic (recording device)", () => {
     }
   });
 
-  it("an inference pass runs each group's LoRAs as two launches (one for a few sequences), a prefill chunk's too", () => {
+  it("an inference pass runs each group's LoRAs as two launches (one for a few sequences), a prefill chunk's too; o's and down's ride the add + RMSNorm after them", () => {
     const { device, backend } = recordingBackend();
     const model = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 4 }), backend, "bf16");
     const layers = model.config.numLayers;
@@ -187,16 +187,20 @@ describe("CUDA backend host logic (recording device)", () => {
       const placement = { slots: Int32Array.from({ length: rows }, (_, i) => (rows === 3 ? i : 0)), positions: Int32Array.from({ length: rows }, (_, i) => positions(i)) };
       backend.free(model.forward(new Int32Array(rows).fill(1), placement, cache, null, loras));
       const named = (name: string) => device.launches.filter((l) => l.name === name).length;
-      return { fused: named("lora_fused_f32"), down: named("lora_down_f32"), up: named("lora_up_f32"), gemms: device.gemms.length };
+      return { fused: named("lora_fused_f32"), down: named("lora_down_f32"), up: named("lora_up_f32"), norms: named("add_rmsnorm_lora_f32_f32"),
+        plainNorms: named("add_rmsnorm_f32"), gemms: device.gemms.length };
     };
-    // Prefill of 80 rows: one lora_down and one lora_up (two tiles of 64 rows) per group, no GEMM beside the four
-    // products of each layer and the head (it was two GEMMs per projection's LoRA).
-    expect(count(80, (i) => i)).toEqual({ fused: 0, down: 4 * layers, up: 4 * layers, gemms: 4 * layers + 1 });
+    // o's LoRA rides the add + RMSNorm after attention, down's the one before the next layer (the last layer's down,
+    // followed by a plain add, takes addLoras): 2·layers − 1 add_rmsnorm_lora and no plain add_rmsnorm. The groups
+    // (q/k/v, gate/up) and that last down: prefill of 80 rows, one lora_down and one lora_up (two tiles of 64 rows)
+    // each, no GEMM beside the four products of each layer and the head (it was two GEMMs per projection's LoRA).
+    const norms = { norms: 2 * layers - 1, plainNorms: 0 };
+    expect(count(80, (i) => i)).toEqual({ fused: 0, down: 2 * layers + 1, up: 2 * layers + 1, ...norms, gemms: 4 * layers + 1 });
     expect(device.launches.filter((l) => l.name === "lora_up_f32").every((l) => l.grid[2] === 2)).toBe(true);
-    // Decoding three slots (24 row-rank pairs): one lora_fused per group (q/k/v, o, gate/up, down).
-    expect(count(3, () => 80)).toEqual({ fused: 4 * layers, down: 0, up: 0, gemms: 4 * layers + 1 });
-    // A chunk of 9 rows (72 pairs, over the fused kernel's 64): one lora_down and one lora_up per group.
-    expect(count(9, (i) => 80 + i)).toEqual({ fused: 0, down: 4 * layers, up: 4 * layers, gemms: 4 * layers + 1 });
+    // Decoding three slots (24 row-rank pairs): one lora_fused each.
+    expect(count(3, () => 80)).toEqual({ fused: 2 * layers + 1, down: 0, up: 0, ...norms, gemms: 4 * layers + 1 });
+    // A chunk of 9 rows (72 pairs, over the fused kernel's 64): one lora_down and one lora_up each.
+    expect(count(9, (i) => 80 + i)).toEqual({ fused: 0, down: 2 * layers + 1, up: 2 * layers + 1, ...norms, gemms: 4 * layers + 1 });
     cache.free();
     model.free();
     backend.dispose();

@@ -234,6 +234,28 @@ describe.skipIf(skip)(title, () => {
     }
   });
 
+  // A decode pass's o and down LoRAs ride the add + RMSNorm that reads their outputs (add_rmsnorm_lora): the same bits
+  // as addLoras then addRmsNorm on the GPU, and the CPU's numbers; b is left without the LoRA (only sum and out count).
+  it("addRmsNorm with the LoRA of the projection it adds: one launch, the same bits as addLoras then addRmsNorm", () => {
+    const d = 192;
+    for (const [n, inF, rank, loraType, normType] of [[1, 96, 8, "f32", "f32"], [3, 300, 16, "bf16", "bf16"], [70, 96, 64, "bf16", "f32"], [5, 130, 8, "f32", "bf16"]] as const) {
+      const tolerance = loraType === "f32" ? 1e-5 : 1e-2;
+      const x = both(random(n * inF, 80 + n), [n, inF]), residual = random(n * d, 81), projected = random(n * d, 82);
+      const a = both(random(rank * inF, 83, 0.1), [rank, inF], loraType), loraB = both(random(d * rank, 84, 0.1), [d, rank], loraType);
+      const w = both(random(d, 85), [d], normType);
+      const fresh = () => ({ residual: both(residual, [n, d]), b: both(projected, [n, d]), out: zeros([n, d]) });
+      const target = (t: { b: [Tensor, Tensor] }, i: 0 | 1) => [{ lora: { a: a[i], b: loraB[i], scale: 1.5 }, out: t.b[i], column: 0 }];
+      const folded = fresh(), apart = fresh();
+      run((b, i) => b.addRmsNorm(folded.residual[i], folded.b[i], folded.residual[i], w[i], 1e-6, folded.out[i], null, { x: x[i], targets: target(folded, i) }));
+      gpu.addLoras(x[1], target(apart, 1));
+      gpu.addRmsNorm(apart.residual[1], apart.b[1], apart.residual[1], w[1], 1e-6, apart.out[1]);
+      for (const key of ["residual", "out"] as const) {
+        expect(relativeError(gpu.download(apart[key][1]), gpu.download(folded[key][1]))).toBe(0);
+        expect(error(folded[key])).toBeLessThan(tolerance);
+      }
+    }
+  });
+
   it("swiglu, add, gatherRows, logSoftmax", () => {
     const gu = both(random(4 * 2 * 4864, 19), [4, 2 * 4864]), h = zeros([4, 4864]);
     run((b, i) => b.swiglu(gu[i], h[i]));

@@ -4,11 +4,11 @@
 // projections: lora_down computes x A_pᵀ of every part, lora_up adds every part's product into its output, a block per
 // 256 columns and 64 rows; for the fewest rows (at most LORA_MAX_FUSED_PAIRS row-rank pairs: a decode pass of a few
 // sequences) one launch, lora_fused, whose every block computes its part's x A_pᵀ itself (the same warp sums, so the
-// same bits) before adding its columns. Training takes the GEMMs, which keep x A_pᵀ for the backward.
-#include "common.cuh"
+// same bits) before adding its columns. Training takes the GEMMs, which keep x A_pᵀ for the backward. The sums are
+// lora.cuh's, which rmsnorm.cu's add_rmsnorm_lora shares.
+#include "lora.cuh"
 
 constexpr int LORA_TILE_ROWS = 64;
-constexpr int LORA_MAX_RANK = 64;
 constexpr int LORA_MAX_FUSED_PAIRS = 64;
 constexpr int LORA_WARPS = 8;      // lora_down: a block of 8 warps, a warp per (row, rank) pair
 constexpr int LORA_COLUMNS = 256;  // lora_up, lora_fused: a block per 256 output columns of a part, a thread per column
@@ -19,22 +19,10 @@ __device__ P lora_part(P p0, P p1, P p2) {
   return blockIdx.y == 0 ? p0 : blockIdx.y == 1 ? p1 : p2;
 }
 
-// x[r] · A[j] by one warp: its lanes stride over the `in` columns, then a warp sum (every lane gets it).
-template <typename T>
-__device__ float lora_dot(const float* __restrict__ x, const T* __restrict__ a, int r, int j, int in) {
-  float sum = 0.0f;
-  for (int i = threadIdx.x % 32; i < in; i += 32) sum += x[(long long)r * in + i] * to_f32(a[(long long)j * in + i]);
-  return warp_sum(sum);
-}
-
 // out[r, c] += scale · Σ_j down[r, j] · B[c, j] for every row r, down [rows, rank] staged in shared memory.
 template <typename T>
 __device__ void lora_add(const float* staged, const T* __restrict__ b, float* out, int c, int ld, float scale, int rows, int rank) {
-  for (int r = 0; r < rows; r++) {
-    float sum = 0.0f;
-    for (int j = 0; j < rank; j++) sum += staged[r * rank + j] * to_f32(b[(long long)c * rank + j]);
-    out[(long long)r * ld + c] += scale * sum;
-  }
+  for (int r = 0; r < rows; r++) out[(long long)r * ld + c] += scale * lora_column(staged + r * rank, b, c, rank);
 }
 
 // down[p, r, j] = Σ_i x[r, i] · A_p[j, i] for part p = blockIdx.y (A_p [rank, in], x [rows, in]): a warp per (r, j).

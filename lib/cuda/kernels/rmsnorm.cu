@@ -3,7 +3,7 @@
 // is read by stride, reduced in f32, then written scaled. `out_bf16`, when not null, gets the same values rounded to
 // bf16: the operand of the bf16 GEMM that reads `out` next, without a conversion kernel of its own. `rstd`, when not
 // null, keeps 1/rms per group for the backward (training). The CPU reference is rmsNormRows in lib/model/cpu/kernels.ts.
-#include "common.cuh"
+#include "lora.cuh"
 
 __device__ __forceinline__ void store(float* __restrict__ out, bf16* __restrict__ out_bf16, long long at, float value) {
   out[at] = value;
@@ -30,15 +30,23 @@ extern "C" __global__ void rmsnorm_bf16(const float* x, const bf16* w, float eps
 }
 
 // sum = a + b; out = rmsnorm(sum). `sum` may be `a` (decoding updates the residual in place). Each thread re-reads
-// only what it wrote, so no barrier is needed between the add and the sum of squares.
-template <typename W>
+// only what it wrote, so no barrier is needed between the add and the sum of squares. With `lora_a` (the _lora
+// kernels), b is a projection's output whose unmerged LoRA is added on the way in, b + scale · (x Aᵀ) Bᵀ for this row
+// (x [rows, in], A [rank, in], B [d, rank]): lora.cu's sums in lora.cu's order, so the same bits as lora_fused or
+// lora_down + lora_up writing into b first, one launch fewer (a decode pass's o and down LoRAs).
+template <typename W, typename T>
 __device__ void add_rmsnorm(const float* a, const float* __restrict__ b, float* sum, const W* __restrict__ weight, float eps,
-                            float* __restrict__ out, bf16* __restrict__ out_bf16, float* __restrict__ rstd, int d) {
+                            float* __restrict__ out, bf16* __restrict__ out_bf16, float* __restrict__ rstd, int d,
+                            const float* __restrict__ lora_x, const T* __restrict__ lora_a, const T* __restrict__ lora_b,
+                            float lora_scale, int lora_in, int lora_rank) {
   __shared__ float scratch[32];
+  __shared__ float down[LORA_MAX_RANK];
+  if (lora_a) lora_stage_row(lora_x, lora_a, blockIdx.x, lora_in, lora_rank, down);
   const long long base = (long long)blockIdx.x * d;
   float sum_sq = 0.0f;
   for (int j = threadIdx.x; j < d; j += blockDim.x) {
-    const float r = a[base + j] + b[base + j];
+    const float projected = lora_a ? b[base + j] + lora_scale * lora_column(down, lora_b, j, lora_rank) : b[base + j];
+    const float r = a[base + j] + projected;
     sum[base + j] = r;
     sum_sq += r * r;
   }
@@ -48,12 +56,23 @@ __device__ void add_rmsnorm(const float* a, const float* __restrict__ b, float* 
 }
 extern "C" __global__ void add_rmsnorm_f32(const float* a, const float* b, float* sum, const float* w, float eps, float* out,
                                            bf16* out_bf16, float* rstd, int d) {
-  add_rmsnorm(a, b, sum, w, eps, out, out_bf16, rstd, d);
+  add_rmsnorm<float, float>(a, b, sum, w, eps, out, out_bf16, rstd, d, nullptr, nullptr, nullptr, 0.0f, 0, 0);
 }
 extern "C" __global__ void add_rmsnorm_bf16(const float* a, const float* b, float* sum, const bf16* w, float eps, float* out,
                                             bf16* out_bf16, float* rstd, int d) {
-  add_rmsnorm(a, b, sum, w, eps, out, out_bf16, rstd, d);
+  add_rmsnorm<bf16, float>(a, b, sum, w, eps, out, out_bf16, rstd, d, nullptr, nullptr, nullptr, 0.0f, 0, 0);
 }
+// add_rmsnorm_lora_<norm weight>_<LoRA>: the same with b's LoRA added on the way in.
+#define ADD_RMSNORM_LORA(suffix, W, T)                                                                                  \
+  extern "C" __global__ void add_rmsnorm_lora_##suffix(const float* a, const float* b, float* sum, const W* w, float eps, \
+                                                       float* out, bf16* out_bf16, float* rstd, int d, const float* x,  \
+                                                       const T* lora_a, const T* lora_b, float scale, int in, int rank) { \
+    add_rmsnorm<W, T>(a, b, sum, w, eps, out, out_bf16, rstd, d, x, lora_a, lora_b, scale, in, rank);                    \
+  }
+ADD_RMSNORM_LORA(f32_f32, float, float)
+ADD_RMSNORM_LORA(f32_bf16, float, bf16)
+ADD_RMSNORM_LORA(bf16_f32, bf16, float)
+ADD_RMSNORM_LORA(bf16_bf16, bf16, bf16)
 
 // Backward: dx += s · (g − x̂ · mean(g · x̂)) with g = dout · w, x̂ = x · s, s the saved rstd. One block per group.
 // dx_bf16 (when not null) gets the new dx rounded to bf16: the residual stream's gradient is the next projection's

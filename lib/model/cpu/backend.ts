@@ -8,7 +8,7 @@
  */
 import { ArtError } from "../../core/errors.ts";
 import {
-  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget, type PackedSegment,
+  type AdamWScalars, type AdamWTensors, type Backend, type ChunkSizes, type DType, type InputLoras, type KvCache, type KvCacheSpec, kvCacheElements, type LoraTarget, type PackedSegment,
   type ProjectionGradient, type RopeRotation, type RowPlacement, type SampleResult, type SamplingParams, type Tensor, type TokenLogprobs, checkKvSlotCopy, checkSampled, checkTokenIds, columnBlocks,
   loraTargetShape, projectionGradientShape, shapeSize, swigluShape, viewShape,
 } from "../backend.ts";
@@ -361,11 +361,13 @@ export class CpuBackend implements Backend {
     if (!this.#elementwise?.rmsNorm(xs.data, w.data, eps, o.data, inverses)) rmsNormRows(xs.data, w.data, eps, o.data, inverses);
   }
 
-  addRmsNorm(a: Tensor, b: Tensor, sum: Tensor, weight: Tensor, eps: number, out: Tensor, rstd: Tensor | null = null): void {
+  addRmsNorm(a: Tensor, b: Tensor, sum: Tensor, weight: Tensor, eps: number, out: Tensor, rstd: Tensor | null = null,
+    loras: InputLoras | null = null): void {
     const w = cpu(weight);
     for (const [name, tensor] of [["b", b], ["sum", sum], ["out", out]] as const) expectSize(`addRmsNorm ${name}`, tensor, a.size);
     expectMultiple("addRmsNorm input", a, w.size);
     if (rstd) expectSize("addRmsNorm rstd", rstd, a.size / w.size);
+    if (loras) this.addLoras(loras.x, loras.targets);
     const addend = { values: cpu(b).data, sum: cpu(sum).data };
     if (this.#elementwise?.rmsNorm(cpu(a).data, w.data, eps, cpu(out).data, rstd ? cpu(rstd).data : null, addend)) return;
     this.add(a, b, sum);
