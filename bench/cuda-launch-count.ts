@@ -1,7 +1,10 @@
 // Host-side work of one CUDA decode pass, counted without a GPU: the CUDA backend on the recording device
 // (test/cuda/recording-device.ts), which records every kernel launch, cuBLAS call, upload and graph launch instead of
 // running them. The models keep the real shapes' structure (layers, heads, biases, tied head), with small widths:
-// the count depends on the structure, not on the widths. A decode pass is counted eagerly and as a replayed CUDA
+// the count depends on the structure, not on the widths, except where an op adds its input's LoRAs on its way in,
+// which it does while the rows times their B matrices' bytes stay within 8 MiB (lib/cuda/backend.ts LORA_FOLD_BYTES):
+// at these widths every LoRA of a decode pass and of the prefill chunk folds until that bound (docs/cuda.md gives
+// the real widths' counts). A decode pass is counted eagerly and as a replayed CUDA
 // graph, without and with a LoRA adapter on all seven projections (a GRPO rollout after the first training step);
 // and the prefill of a 512-token prompt chunk with that LoRA (eager, as every pass with prompt rows runs).
 // And a LoRA training micro-batch (forward keeping activations, backward: what the GPU step repeats per packed row)

@@ -225,6 +225,15 @@ function stackable(loras: readonly { a: CudaTensor; dA?: CudaTensor; kept: KeptD
 /** lora.cu's rows per lora_up tile (LORA_TILE_ROWS), limits (LORA_MAX_RANK, LORA_MAX_FUSED_PAIRS) and block shapes (LORA_WARPS, LORA_COLUMNS). */
 const loraKernelTileRows = 64, loraKernelMaxRank = 64, loraFusedMaxPairs = 64, loraDownWarps = 8, loraUpColumns = 256;
 
+/**
+ * Bytes of LoRA B matrices an op may read on its way in (rows × each row's B bytes) when it adds its input's LoRAs
+ * itself. Each row's block reads all of its B (at 0.5B and rank 16: 37 KB for q/k/v, 29 KB for o and for down, 311 KB
+ * for gate/up), where lora_up reads B once per 64 rows; 8 MiB of L2 reads take about 1.5 µs on an H100, less than
+ * the launch a fold saves, so a few sequences' decode folds every LoRA and batch 64 all but gate/up's. Not yet tuned
+ * on a GPU; every path gives the same bits, so this changes only speed.
+ */
+const LORA_FOLD_BYTES = 8 << 20;
+
 /** Blocks of the sum-of-squares reduction per tensor. */
 const sumSquaresBlocks = 64;
 
@@ -466,7 +475,34 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       [...args, ["ptr", x.address], ["ptr", loraA.address], ["ptr", loraB.address], ["f32", scale], ["i32", inFeatures], ["i32", rank]]);
   }
 
-  /** An addRmsNorm LoRA that add_rmsnorm_lora can add: one target, all of b, nothing kept, a rank lora.cuh stages. */
+  /**
+   * The LoRAs a fused op can add on its way in (split_rope_lora, swiglu_lora), by part of `fused`'s columns (q, k, v;
+   * gate, up): each into all of one part, nothing kept, one rank that lora.cuh stages, one input width and dtype, their
+   * B read by each row within LORA_FOLD_BYTES.
+   */
+  #foldableLoras({ x, targets }: InputLoras, fused: CudaTensor, widths: readonly number[]) {
+    const xs = f32("LoRA input", x);
+    const starts = widths.map((_, j) => widths.slice(0, j).reduce((sum, w) => sum + w, 0));
+    const parts: ({ a: CudaTensor; b: CudaTensor; scale: number } | undefined)[] = [];
+    let shape: { rank: number; inFeatures: number; dtype: DType } | null = null;
+    let readBytes = 0;
+    for (const target of targets) {
+      const { rank, inFeatures, outFeatures, n, width } = loraTargetShape("cuda backend", xs, target);
+      const a = cuda(target.lora.a), b = cuda(target.lora.b), p = starts.indexOf(target.column);
+      shape ??= { rank, inFeatures, dtype: a.dtype };
+      const fits = cuda(target.out).address === fused.address && p >= 0 && !parts[p] && outFeatures === widths[p] && n * width === fused.size && n > 0;
+      if (!fits || target.down || b.dtype !== a.dtype || rank > loraKernelMaxRank || rank !== shape.rank || inFeatures !== shape.inFeatures || a.dtype !== shape.dtype) return null;
+      parts[p] = { a, b, scale: target.lora.scale };
+      readBytes += n * b.bytes;
+    }
+    if (readBytes > LORA_FOLD_BYTES) return null;
+    return shape && { x: xs, parts, rank: shape.rank, inFeatures: shape.inFeatures, dtype: shape.dtype === "bf16" ? "bf16" : "f32" };
+  }
+
+  /**
+   * An addRmsNorm LoRA that add_rmsnorm_lora can add: one target, all of b, nothing kept, a rank lora.cuh stages, its
+   * B read by each row within LORA_FOLD_BYTES.
+   */
   #foldableLora({ x, targets }: InputLoras, b: CudaTensor) {
     if (targets.length !== 1) return null;
     const target = targets[0], xs = f32("LoRA input", x);
@@ -474,6 +510,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const a = cuda(target.lora.a), loraB = cuda(target.lora.b);
     const whole = cuda(target.out).address === b.address && target.column === 0 && width === outFeatures && n * width === b.size;
     if (!whole || target.down || rank > loraKernelMaxRank || a.dtype !== loraB.dtype || n === 0) return null;
+    if (n * loraB.bytes > LORA_FOLD_BYTES) return null;
     return { x: xs, a, b: loraB, scale: target.lora.scale, inFeatures, rank };
   }
 
@@ -567,10 +604,17 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     if (!kept) this.#release(down);
   }
 
-  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[], rotate: RopeRotation | null = null): void {
+  /**
+   * With `rotate` and an inference pass's q/k/v LoRAs (nothing kept, one rank, each into all of its part's columns),
+   * split_rope_lora adds them on the way in (rope.cu), lora.cu's sums in its order: the same bits as addLoras then
+   * split_rope, and x is left without them. Other LoRAs go through addLoras first.
+   */
+  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[], rotate: RopeRotation | null = null, loras: InputLoras | null = null): void {
     const xs = f32("splitColumns input", x);
     const widths = columnBlocks("cuda backend", xs, outs, bias);
     if (outs.length > 3) throw new ArtError("wrong_shape", `cuda backend: splitColumns writes at most 3 parts (q, k, v), not ${outs.length}`);
+    const folded = loras && rotate ? this.#foldableLoras(loras, xs, widths) : null;
+    if (loras && !folded) this.addLoras(loras.x, loras.targets);
     const os = outs.map((out) => f32("splitColumns output", out));
     for (const o of os) o.version++;
     const biasAddress = bias ? f32("splitColumns bias", bias).address : 0n;
@@ -584,9 +628,18 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
         throw new ArtError("wrong_shape", `cuda backend: splitColumns with a rotation takes q, k and v of whole heads of ${headDim} (k as wide as v) and a position per row; got widths [${widths}] for ${xs.shape[0]} rows and ${positions.length} positions`);
       }
       if (positions.length === 0) return; // a GPU refuses a launch over no rows
-      this.#launch(f.dtype === "bf16" ? "split_rope_bf16" : "split_rope_f32", [positions.length], [rowThreads(((heads[0] + heads[1]) * headDim) / 2, 128)],
-        [["ptr", xs.address], ["ptr", biasAddress], ...os.map((o): KernelArg => ["ptr", o.address]), ["ptr", this.#indices(positions)],
-          ["ptr", f.address], ["i32", heads[0]], ["i32", heads[1]], ["i32", headDim]]);
+      const frequencies = f.dtype === "bf16" ? "bf16" : "f32";
+      const args: KernelArg[] = [["ptr", xs.address], ["ptr", biasAddress], ...os.map((o): KernelArg => ["ptr", o.address]),
+        ["ptr", this.#indices(positions)], ["ptr", f.address], ["i32", heads[0]], ["i32", heads[1]], ["i32", headDim]];
+      const threads: [number] = [rowThreads(((heads[0] + heads[1]) * headDim) / 2, 128)];
+      if (!folded) {
+        this.#launch(`split_rope_${frequencies}`, [positions.length], threads, args);
+        return;
+      }
+      const part = (p: number) => folded.parts[p];
+      this.#launch(`split_rope_lora_${frequencies}_${folded.dtype}`, [positions.length], threads, [...args, ["ptr", folded.x.address],
+        ...[0, 1, 2].map((p): KernelArg => ["ptr", part(p)?.a.address ?? 0n]), ...[0, 1, 2].map((p): KernelArg => ["ptr", part(p)?.b.address ?? 0n]),
+        ...[0, 1, 2].map((p): KernelArg => ["f32", part(p)?.scale ?? 0]), ["i32", folded.inFeatures], ["i32", folded.rank]]);
       return;
     }
     const pointers: KernelArg[] = [0, 1, 2].map((j) => ["ptr", os[j]?.address ?? 0n]);
@@ -598,12 +651,27 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.#rotate(q, k, positions, invFreq, headDim, 1);
   }
 
-  swiglu(gateUp: Tensor, out: Tensor): void {
+  /**
+   * With an inference pass's gate/up LoRAs (nothing kept, one rank, each into all of its half), swiglu_lora adds them
+   * on the way in (elementwise.cu), lora.cu's sums in its order: the same bits as addLoras then swiglu, and gateUp is
+   * left without them. Other LoRAs go through addLoras first.
+   */
+  swiglu(gateUp: Tensor, out: Tensor, loras: InputLoras | null = null): void {
     const g = f32("swiglu gate/up", gateUp), o = f32("swiglu out", out);
     const { inter } = swigluShape("cuda backend", g, o);
+    const folded = loras ? this.#foldableLoras(loras, g, [inter, inter]) : null;
+    if (loras && !folded) this.addLoras(loras.x, loras.targets);
     o.version++;
-    this.#launch("swiglu", [gridFor(o.size)], [256], [["ptr", g.address], ["ptr", o.address], ["ptr", this.#bf16Output(o)],
-      ["i32", inter], ["i64", o.size]]);
+    if (!folded) {
+      this.#launch("swiglu", [gridFor(o.size)], [256], [["ptr", g.address], ["ptr", o.address], ["ptr", this.#bf16Output(o)],
+        ["i32", inter], ["i64", o.size]]);
+      return;
+    }
+    const part = (p: number) => folded.parts[p];
+    this.#launch(`swiglu_lora_${folded.dtype}`, [o.size / inter], [rowThreads(inter)], [["ptr", g.address], ["ptr", o.address],
+      ["ptr", this.#bf16Output(o)], ["i32", inter], ["ptr", folded.x.address], ...[0, 1].map((p): KernelArg => ["ptr", part(p)?.a.address ?? 0n]),
+      ...[0, 1].map((p): KernelArg => ["ptr", part(p)?.b.address ?? 0n]), ...[0, 1].map((p): KernelArg => ["f32", part(p)?.scale ?? 0]),
+      ["i32", folded.inFeatures], ["i32", folded.rank]]);
   }
 
   add(a: Tensor, b: Tensor, out: Tensor): void {

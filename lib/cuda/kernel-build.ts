@@ -33,6 +33,7 @@ export const kernelModules = {
     embedding_f32: [ptr, ptr, ptr, i32], embedding_bf16: [ptr, ptr, ptr, i32],
     add_bias_f32: [ptr, ptr, i64, i32], add_bias_bf16: [ptr, ptr, i64, i32],
     add: [ptr, ptr, ptr, i64], swiglu: [ptr, ptr, ptr, i32, i64], gather_rows: [ptr, ptr, ptr, i32],
+    swiglu_lora_f32: [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, f32, f32, i32, i32], swiglu_lora_bf16: [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, f32, f32, i32, i32],
     swiglu_backward: [ptr, ptr, ptr, ptr, i32, i32, i64], gather_rows_backward: [ptr, ptr, ptr, i32],
     split_columns: [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i64], merge_columns_bf16: [ptr, ptr, ptr, ptr, i32, i32, i32, i64],
   },
@@ -46,6 +47,8 @@ export const kernelModules = {
   rope: {
     rope_f32: [ptr, ptr, ptr, ptr, i32, i32, i32, f32], rope_bf16: [ptr, ptr, ptr, ptr, i32, i32, i32, f32],
     split_rope_f32: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32], split_rope_bf16: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
+    ...Object.fromEntries(["f32_f32", "f32_bf16", "bf16_f32", "bf16_bf16"].map((types) => [`split_rope_lora_${types}`,
+      [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, f32, f32, f32, i32, i32]])),
   },
   attention: {
     kv_write: [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],

@@ -58,8 +58,9 @@ export interface LoraTarget {
 
 /**
  * The unmerged LoRAs an op adds into one of its inputs before reading it: `addLoras(x, targets)` then the op, which a
- * backend may run as one (the CUDA backend folds a decode pass's o and down LoRAs into the add + RMSNorm that reads
- * their outputs, one launch where there were two, with the same bits). Afterwards that input may or may not hold the
+ * backend may run as one (the CUDA backend folds an inference pass's q/k/v LoRAs into the split that rotates q and k,
+ * gate's and up's into the SwiGLU, and o's and down's into the add + RMSNorm that reads their outputs: one launch
+ * where there were two, with the same bits). Afterwards that input may or may not hold the
  * LoRA's part (the fused op leaves it out): read the op's outputs.
  */
 export interface InputLoras {
@@ -371,9 +372,10 @@ export interface Backend {
    * out_j = x[:, c_j .. c_j + w_j) (+ bias[c_j .. c_j + w_j)) for outs[j]:[n, w_j], c_j = w_0 + … + w_(j−1): the
    * separate outputs of projections computed as one product (q, k, v); x:[n, Σ w_j], bias:[Σ w_j] or null.
    * With `rotate`, outs[0] and outs[1] (q and k) are then rotated as `rope` rotates them: both in one pass (one
-   * launch on a GPU, where a decode pass is launch-bound).
+   * launch on a GPU, where a decode pass is launch-bound). `loras`: the LoRAs of the projections whose columns x holds,
+   * added into x first (InputLoras).
    */
-  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[], rotate?: RopeRotation | null): void;
+  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[], rotate?: RopeRotation | null, loras?: InputLoras | null): void;
   /**
    * Rotary embedding of q and k in place (one launch on a GPU), rotate-half layout (pairs (j, j + hd/2) within each
    * head), angle positions[i] · invFreq[j] rounded to f32; q:[n, heads·headDim], k:[n, kvHeads·headDim],
@@ -382,9 +384,10 @@ export interface Backend {
   rope(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void;
   /**
    * out = silu(gate) · up, elementwise, over the fused gate/up product: gateUp:[n, 2I] holds gate in its first I
-   * columns and up in the rest (the MLP's ProjectionGroup), out:[n, I].
+   * columns and up in the rest (the MLP's ProjectionGroup), out:[n, I]. `loras`: gate's and up's LoRAs, added into
+   * gateUp first (InputLoras).
    */
-  swiglu(gateUp: Tensor, out: Tensor): void;
+  swiglu(gateUp: Tensor, out: Tensor, loras?: InputLoras | null): void;
   /** out = a + b, elementwise; `out` may be `a` or `b`. */
   add(a: Tensor, b: Tensor, out: Tensor): void;
   /** out[i] = x[rowIndex[i]]; picks rows (those that need logits). */

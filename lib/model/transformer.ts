@@ -235,7 +235,10 @@ export class Transformer {
   layerForward(layer: number, input: Tensor, output: Tensor, acts: LayerActivations, positions: Int32Array, attend: Attend,
     loras?: LayerLoras, chain: { normed: boolean; nextNorm: Tensor | null } = { normed: false, nextNorm: null }): void {
     const b = this.backend, w = this.weights.layers[layer], c = this.config, eps = c.rmsNormEps;
-    /** The LoRAs of projections that read x, each into its output at its column (none: null). */
+    /**
+     * The LoRAs of projections that read x, each into its output at its column (none: null), for the op that reads
+     * those outputs to add on its way in (InputLoras: one launch on a GPU where there were two).
+     */
     const inputLoras = (x: Tensor, outputs: [Projection, Tensor, number][]): InputLoras | null => {
       const targets: LoraTarget[] = [];
       for (const [projection, out, column] of outputs) {
@@ -244,11 +247,6 @@ export class Transformer {
       }
       return targets.length > 0 ? { x, targets } : null;
     };
-    /** The LoRAs of a group of projections that read x: one call per group. */
-    const addLoras = (x: Tensor, outputs: [Projection, Tensor, number][]) => {
-      const group = inputLoras(x, outputs);
-      if (group) b.addLoras(group.x, group.targets);
-    };
     /** A lone projection's product; its LoRA is left to the op that reads its output (addRmsNorm's `loras`). */
     const linear = (projection: Projection, x: Tensor, out: Tensor): InputLoras | null => {
       const { weight, bias } = w.projections[projection];
@@ -256,26 +254,25 @@ export class Transformer {
       return inputLoras(x, [[projection, out, 0]]);
     };
     if (!chain.normed) b.rmsNorm(input, w.inputNorm, eps, acts.attnInput, acts.rstd1);
-    // q, k, v: one product, each projection's LoRA added into its columns, then split into the three with their biases
-    // and rotated, one op (after a q/k norm where the model has one).
+    // q, k, v: one product, then split into the three with each projection's LoRA and bias added into its columns and
+    // rotated, one op (after a q/k norm where the model has one).
     b.linear(acts.attnInput, w.qkv.weight, null, acts.qkv);
     const qWidth = c.numHeads * c.headDim, kvWidth = c.numKvHeads * c.headDim;
-    addLoras(acts.attnInput, [["q_proj", acts.qkv, 0], ["k_proj", acts.qkv, qWidth], ["v_proj", acts.qkv, qWidth + kvWidth]]);
+    const qkvLoras = inputLoras(acts.attnInput, [["q_proj", acts.qkv, 0], ["k_proj", acts.qkv, qWidth], ["v_proj", acts.qkv, qWidth + kvWidth]]);
     if (w.qNorm && w.kNorm) {
-      b.splitColumns(acts.qkv, w.qkv.bias, [acts.qRaw, acts.kRaw, acts.v]);
+      b.splitColumns(acts.qkv, w.qkv.bias, [acts.qRaw, acts.kRaw, acts.v], null, qkvLoras);
       b.rmsNorm(acts.qRaw, w.qNorm, eps, acts.q, acts.qRstd);
       b.rmsNorm(acts.kRaw, w.kNorm, eps, acts.k, acts.kRstd);
       b.rope(acts.q, acts.k, positions, this.invFreq, c.headDim);
     } else {
-      b.splitColumns(acts.qkv, w.qkv.bias, [acts.q, acts.k, acts.v], { positions, invFreq: this.invFreq, headDim: c.headDim });
+      b.splitColumns(acts.qkv, w.qkv.bias, [acts.q, acts.k, acts.v], { positions, invFreq: this.invFreq, headDim: c.headDim }, qkvLoras);
     }
     acts.attnSaved = attend(layer, acts.q, acts.k, acts.v, acts.attn);
     const oLoras = linear("o_proj", acts.attn, acts.attnOut);
     b.addRmsNorm(input, acts.attnOut, acts.mid, w.postAttentionNorm, eps, acts.mlpInput, acts.rstd2, oLoras);
-    // gate and up: one product into the two halves of each row, each half's LoRA added in place.
+    // gate and up: one product into the two halves of each row, each half's LoRA added by the SwiGLU that reads them.
     b.linear(acts.mlpInput, w.gateUp.weight, null, acts.gateUp);
-    addLoras(acts.mlpInput, [["gate_proj", acts.gateUp, 0], ["up_proj", acts.gateUp, c.intermediateSize]]);
-    b.swiglu(acts.gateUp, acts.hidden);
+    b.swiglu(acts.gateUp, acts.hidden, inputLoras(acts.mlpInput, [["gate_proj", acts.gateUp, 0], ["up_proj", acts.gateUp, c.intermediateSize]]));
     const downLoras = linear("down_proj", acts.hidden, acts.mlpOut);
     if (chain.nextNorm) {
       b.addRmsNorm(acts.mid, acts.mlpOut, output, chain.nextNorm, eps, acts.attnInput, acts.rstd1, downLoras);

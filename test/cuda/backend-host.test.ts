@@ -172,15 +172,16 @@ describe("CUDA backend host logic (recording device)", () => {
     }
   });
 
-  it("an inference pass runs each group's LoRAs as two launches (one for a few sequences), a prefill chunk's too; o's and down's ride the add + RMSNorm after them", () => {
+  it("an inference pass's LoRAs ride the ops after their products: q/k/v's the split, gate/up's the SwiGLU, o's and down's the add + RMSNorm", () => {
     const { device, backend } = recordingBackend();
     const model = loadTransformer(tinyCheckpoint({ arch: "qwen2", seed: 4 }), backend, "bf16");
     const layers = model.config.numLayers;
-    const loras = Array.from({ length: layers }, () => Object.fromEntries(PROJECTIONS.map((name) => {
+    const adapter = (rank: number) => Array.from({ length: layers }, () => Object.fromEntries(PROJECTIONS.map((name) => {
       const { outFeatures, inFeatures } = projectionShape(model.config, name);
-      return [name, { a: backend.zeros([8, inFeatures]), b: backend.zeros([outFeatures, 8]), scale: 2 }];
+      return [name, { a: backend.zeros([rank, inFeatures]), b: backend.zeros([outFeatures, rank]), scale: 2 }];
     })));
-    const cache = model.createKvCache(3, 128);
+    let loras = adapter(8);
+    const cache = model.createKvCache(3, 320);
     const count = (rows: number, positions: (i: number) => number) => {
       device.launches.length = 0;
       device.gemms.length = 0;
@@ -188,19 +189,26 @@ describe("CUDA backend host logic (recording device)", () => {
       backend.free(model.forward(new Int32Array(rows).fill(1), placement, cache, null, loras));
       const named = (name: string) => device.launches.filter((l) => l.name === name).length;
       return { fused: named("lora_fused_f32"), down: named("lora_down_f32"), up: named("lora_up_f32"), norms: named("add_rmsnorm_lora_f32_f32"),
-        plainNorms: named("add_rmsnorm_f32"), gemms: device.gemms.length };
+        plainNorms: named("add_rmsnorm_f32"), splits: named("split_rope_lora_f32_f32"), plainSplits: named("split_rope_f32"),
+        swiglus: named("swiglu_lora_f32"), plainSwiglus: named("swiglu"), gemms: device.gemms.length };
     };
-    // o's LoRA rides the add + RMSNorm after attention, down's the one before the next layer (the last layer's down,
-    // followed by a plain add, takes addLoras): 2·layers − 1 add_rmsnorm_lora and no plain add_rmsnorm. The groups
-    // (q/k/v, gate/up) and that last down: prefill of 80 rows, one lora_down and one lora_up (two tiles of 64 rows)
-    // each, no GEMM beside the four products of each layer and the head (it was two GEMMs per projection's LoRA).
-    const norms = { norms: 2 * layers - 1, plainNorms: 0 };
-    expect(count(80, (i) => i)).toEqual({ fused: 0, down: 2 * layers + 1, up: 2 * layers + 1, ...norms, gemms: 4 * layers + 1 });
+    // q/k/v's LoRAs ride the split that rotates q and k, gate/up's the SwiGLU, o's the add + RMSNorm after attention,
+    // down's the one before the next layer: none of those ops runs without its LoRA, and no GEMM runs beside the four
+    // products of each layer and the head (it was two GEMMs per projection's LoRA). The last layer's down, followed by
+    // a plain add, takes addLoras: prefill of 80 rows, one lora_down and one lora_up (two tiles of 64 rows).
+    const folded = { norms: 2 * layers - 1, plainNorms: 0, splits: layers, plainSplits: 0, swiglus: layers, plainSwiglus: 0, gemms: 4 * layers + 1 };
+    expect(count(80, (i) => i)).toEqual({ fused: 0, down: 1, up: 1, ...folded });
     expect(device.launches.filter((l) => l.name === "lora_up_f32").every((l) => l.grid[2] === 2)).toBe(true);
-    // Decoding three slots (24 row-rank pairs): one lora_fused each.
-    expect(count(3, () => 80)).toEqual({ fused: 2 * layers + 1, down: 0, up: 0, ...norms, gemms: 4 * layers + 1 });
-    // A chunk of 9 rows (72 pairs, over the fused kernel's 64): one lora_down and one lora_up each.
-    expect(count(9, (i) => 80 + i)).toEqual({ fused: 0, down: 2 * layers + 1, up: 2 * layers + 1, ...norms, gemms: 4 * layers + 1 });
+    // Decoding three slots (24 row-rank pairs): one lora_fused.
+    expect(count(3, () => 80)).toEqual({ fused: 1, down: 0, up: 0, ...folded });
+    // A chunk of 9 rows (72 pairs, over the fused kernel's 64): one lora_down and one lora_up.
+    expect(count(9, (i) => 80 + i)).toEqual({ fused: 0, down: 1, up: 1, ...folded });
+    // Rank 64 over 300 rows: each row re-reading gate/up's B (2 × 64 × 64 f32, 32 KiB) would pass LORA_FOLD_BYTES
+    // (8 MiB), so gate/up's LoRAs take lora_down and lora_up before a plain SwiGLU; q/k/v's (16 KiB a row) and o's and
+    // down's (8 KiB) still ride their ops.
+    expect([model.config.hiddenSize, model.config.intermediateSize]).toEqual([32, 64]);
+    loras = adapter(64);
+    expect(count(300, (i) => i)).toEqual({ fused: 0, down: layers + 1, up: layers + 1, ...folded, swiglus: 0, plainSwiglus: layers });
     cache.free();
     model.free();
     backend.dispose();

@@ -169,6 +169,34 @@ describe.skipIf(skip)(title, () => {
     }
   });
 
+  // An inference pass's q/k/v LoRAs ride the split that rotates q and k (split_rope_lora): the same bits as addLoras
+  // then splitColumns on the GPU, and the CPU's numbers; a projection without a LoRA (k here, once) is left alone.
+  it("splitColumns with a rotation and the q/k/v LoRAs: one launch, the same bits as addLoras then the split", () => {
+    const hd = 32, heads = 6, kvHeads = 2, widths = [heads * hd, kvHeads * hd, kvHeads * hd], total = (heads + 2 * kvHeads) * hd;
+    const invFreq = Float32Array.from({ length: hd / 2 }, (_, j) => 1 / 1e4 ** ((2 * j) / hd));
+    for (const [n, inF, rank, loraType, freqType, parts] of [[1, 96, 8, "f32", "f32", [0, 1, 2]], [3, 200, 16, "bf16", "bf16", [0, 2]],
+      [70, 64, 64, "bf16", "f32", [0, 1, 2]]] as const) {
+      const tolerance = loraType === "f32" ? 2e-3 : 1e-2;  // rope's sincosf against the CPU's f64 angle
+      const positions = Int32Array.from({ length: n }, (_, i) => 3 + 7 * i);
+      const x = both(random(n * inF, 90 + n), [n, inF]), product = random(n * total, 91), bias = both(random(total, 92), [total]);
+      const f = both(invFreq, [hd / 2], freqType);
+      const adapters = parts.map((p) => ({ p, a: both(random(rank * inF, 93 + p, 0.1), [rank, inF], loraType),
+        b: both(random(widths[p] * rank, 96 + p, 0.1), [widths[p], rank], loraType), scale: 0.5 + p }));
+      const fresh = () => ({ fused: both(product, [n, total]), outs: widths.map((w) => zeros([n, w])) });
+      const targets = (t: { fused: [Tensor, Tensor] }, i: 0 | 1) => adapters.map(({ p, a, b, scale }) =>
+        ({ lora: { a: a[i], b: b[i], scale }, out: t.fused[i], column: widths.slice(0, p).reduce((sum, w) => sum + w, 0) }));
+      const rotate = (i: 0 | 1) => ({ positions, invFreq: f[i], headDim: hd });
+      const folded = fresh(), apart = fresh();
+      run((b, i) => b.splitColumns(folded.fused[i], bias[i], folded.outs.map((o) => o[i]), rotate(i), { x: x[i], targets: targets(folded, i) }));
+      gpu.addLoras(x[1], targets(apart, 1));
+      gpu.splitColumns(apart.fused[1], bias[1], apart.outs.map((o) => o[1]), rotate(1));
+      for (const [j, part] of folded.outs.entries()) {
+        expect(relativeError(gpu.download(apart.outs[j][1]), gpu.download(part[1]))).toBe(0);
+        expect(error(part)).toBeLessThan(tolerance);
+      }
+    }
+  });
+
   for (const [heads, kvHeads, hd] of [[14, 2, 64], [12, 2, 128], [4, 4, 80], [8, 1, 16]] as const) {
     it(`attention ${heads}/${kvHeads} heads, head_dim ${hd}: prefill, mixed prefill + decode, long decode (split keys)`, () => {
       const spec = { numLayers: 2, numKvHeads: kvHeads, headDim: hd, numSlots: 3, maxPositions: maxContext + 1 };
@@ -253,6 +281,26 @@ describe.skipIf(skip)(title, () => {
         expect(relativeError(gpu.download(apart[key][1]), gpu.download(folded[key][1]))).toBe(0);
         expect(error(folded[key])).toBeLessThan(tolerance);
       }
+    }
+  });
+
+  // An inference pass's gate/up LoRAs ride the SwiGLU (swiglu_lora, a block per row): the same bits as addLoras then
+  // swiglu on the GPU, and the CPU's numbers; up alone once.
+  it("swiglu with gate's and up's LoRAs: one launch, the same bits as addLoras then swiglu", () => {
+    for (const [n, inF, inter, rank, loraType, parts] of [[1, 96, 300, 8, "f32", [0, 1]], [4, 130, 260, 16, "bf16", [1]], [70, 64, 96, 64, "bf16", [0, 1]]] as const) {
+      const tolerance = loraType === "f32" ? 1e-5 : 1e-2;
+      const x = both(random(n * inF, 100 + n), [n, inF]), product = random(n * 2 * inter, 101);
+      const adapters = parts.map((p) => ({ p, a: both(random(rank * inF, 102 + p, 0.1), [rank, inF], loraType),
+        b: both(random(inter * rank, 104 + p, 0.1), [inter, rank], loraType), scale: 2 - p }));
+      const fresh = () => ({ gateUp: both(product, [n, 2 * inter]), out: zeros([n, inter]) });
+      const targets = (t: { gateUp: [Tensor, Tensor] }, i: 0 | 1) => adapters.map(({ p, a, b, scale }) =>
+        ({ lora: { a: a[i], b: b[i], scale }, out: t.gateUp[i], column: p * inter }));
+      const folded = fresh(), apart = fresh();
+      run((b, i) => b.swiglu(folded.gateUp[i], folded.out[i], { x: x[i], targets: targets(folded, i) }));
+      gpu.addLoras(x[1], targets(apart, 1));
+      gpu.swiglu(apart.gateUp[1], apart.out[1]);
+      expect(relativeError(gpu.download(apart.out[1]), gpu.download(folded.out[1]))).toBe(0);
+      expect(error(folded.out)).toBeLessThan(tolerance);
     }
   });
 

@@ -1,6 +1,7 @@
 // Small row-wise and elementwise ops around the GEMMs: embedding lookup, bias add, residual add, SwiGLU and row
-// gather, with the backwards of the last two. CPU references: lib/model/cpu/kernels.ts and backend.ts.
-#include "common.cuh"
+// gather, with the backwards of the last two (SwiGLU also with gate's and up's LoRAs added on the way in). CPU
+// references: lib/model/cpu/kernels.ts and backend.ts.
+#include "lora.cuh"
 
 // out[i, :] = table[ids[i], :]. One block per row.
 template <typename T>
@@ -61,16 +62,45 @@ extern "C" __global__ void add(const float* a, const float* b, float* out, long 
 // out = silu(gate) * up, silu(g) = g / (1 + e^-g), out [rows, inter] and n = rows · inter; gate and up are the two
 // halves of each row of gate_up [rows, 2 · inter] (the one product of both projections). out_bf16 (when not null) the
 // same rounded to bf16.
+__device__ __forceinline__ void swiglu_store(float g, float up, float* __restrict__ out, bf16* __restrict__ out_bf16, long long i) {
+  const float h = g / (1.0f + __expf(-g)) * up;
+  out[i] = h;
+  if (out_bf16) out_bf16[i] = __float2bfloat16_rn(h);  // the down projection's bf16 operand
+}
 extern "C" __global__ void swiglu(const float* __restrict__ gate_up, float* __restrict__ out, bf16* __restrict__ out_bf16,
                                   int inter, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const long long gate = i + (i / inter) * inter;  // row r, column c: at 2 · inter · r + c
-    const float g = gate_up[gate];
-    const float h = g / (1.0f + __expf(-g)) * gate_up[gate + inter];
-    out[i] = h;
-    if (out_bf16) out_bf16[i] = __float2bfloat16_rn(h);  // the down projection's bf16 operand
+    swiglu_store(gate_up[gate], gate_up[gate + inter], out, out_bf16, i);
   }
 }
+
+// swiglu with gate's and up's LoRAs (A_p, B_p; null where that projection has none; one rank over x [rows, in]) added
+// on the way in, gate_up + scale_p · (x A_pᵀ) B_pᵀ, in lora.cu's order (lora.cuh): the same bits as lora_fused or
+// lora_down + lora_up adding into gate_up first, one launch fewer. One block per row, which stages its x A_pᵀ.
+template <typename T>
+__device__ void swiglu_lora(const float* __restrict__ gate_up, float* __restrict__ out, bf16* __restrict__ out_bf16, int inter,
+                            const float* __restrict__ x, const T* a_gate, const T* a_up, const T* b_gate, const T* b_up,
+                            float scale_gate, float scale_up, int in, int rank) {
+  __shared__ float down[2][LORA_MAX_RANK];
+  const int row = blockIdx.x;
+  if (a_gate) lora_stage_row(x, a_gate, row, in, rank, down[0]);
+  if (a_up) lora_stage_row(x, a_up, row, in, rank, down[1]);
+  const float* gates = gate_up + 2LL * inter * row;
+  for (int c = threadIdx.x; c < inter; c += blockDim.x) {
+    const float g = a_gate ? gates[c] + scale_gate * lora_column(down[0], b_gate, c, rank) : gates[c];
+    const float up = a_up ? gates[inter + c] + scale_up * lora_column(down[1], b_up, c, rank) : gates[inter + c];
+    swiglu_store(g, up, out, out_bf16, (long long)inter * row + c);
+  }
+}
+#define SWIGLU_LORA(suffix, T)                                                                                          \
+  extern "C" __global__ void swiglu_lora_##suffix(const float* gate_up, float* out, bf16* out_bf16, int inter, const float* x, \
+                                                  const T* a_gate, const T* a_up, const T* b_gate, const T* b_up,       \
+                                                  float scale_gate, float scale_up, int in, int rank) {                  \
+    swiglu_lora(gate_up, out, out_bf16, inter, x, a_gate, a_up, b_gate, b_up, scale_gate, scale_up, in, rank);            \
+  }
+SWIGLU_LORA(f32, float)
+SWIGLU_LORA(bf16, bf16)
 
 // out[i, :] = x[row_index[i], :]. One block per output row.
 extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* __restrict__ row_index,

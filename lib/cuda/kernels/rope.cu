@@ -4,7 +4,7 @@
 // sign −1 is the backward: a rotation's transpose is its inverse. In place on q:[rows, q_heads·hd] and
 // k:[rows, k_heads·hd] together (one launch where there were two); one block per row. split_rope does the same
 // rotation on its way out of the q/k/v product.
-#include "common.cuh"
+#include "lora.cuh"
 
 // Element j < hd/2 of a head and its partner j + hd/2, rotated by angle position · inv_freq[j] (s: its sine, times
 // sign).
@@ -38,15 +38,29 @@ extern "C" __global__ void rope_bf16(float* q, float* k, const int* pos, const b
 
 // q, k and v from their one product qkv [rows, (q_heads + 2·k_heads)·hd] plus its bias (null: none), q and k rotated:
 // elementwise.cu's split_columns then rope_* in one launch (a decode pass is launch-bound), with the same roundings
-// (the biased values, then the rotation). One block per row.
-template <typename F>
+// (the biased values, then the rotation). One block per row. With LoRAs (the _lora kernels: A_p, B_p of part p = q,
+// k, v, null where that projection has none, all of one rank over x [rows, in]), each column first gets its part's
+// LoRA, qkv + scale_p · (x A_pᵀ) B_pᵀ, in lora.cu's order (lora.cuh): the same bits as lora_fused or lora_down +
+// lora_up adding into qkv before the split, one launch fewer.
+template <typename F, typename T>
 __device__ void split_rope(const float* __restrict__ qkv, const float* __restrict__ bias, float* __restrict__ q, float* __restrict__ k,
                            float* __restrict__ v, const int* __restrict__ positions, const F* __restrict__ inv_freq, int q_heads,
-                           int k_heads, int head_dim) {
+                           int k_heads, int head_dim, const float* __restrict__ lora_x, const T* a0, const T* a1, const T* a2,
+                           const T* b0, const T* b1, const T* b2, float scale0, float scale1, float scale2, int in, int rank) {
+  __shared__ float down[3][LORA_MAX_RANK];
   const int half = head_dim / 2, rotated = (q_heads + k_heads) * head_dim;
+  const int starts[3] = {0, q_heads * head_dim, rotated};
+  const T* const as[3] = {a0, a1, a2};
+  const T* const bs[3] = {b0, b1, b2};
+  const float scales[3] = {scale0, scale1, scale2};
   const long long row = blockIdx.x;
+  for (int p = 0; p < 3; p++) if (as[p]) lora_stage_row(lora_x, as[p], (int)row, in, rank, down[p]);
   const float* x = qkv + row * (rotated + k_heads * head_dim);
-  const auto biased = [&](int column) { return bias ? x[column] + bias[column] : x[column]; };
+  const auto biased = [&](int column) {
+    const int p = column < starts[1] ? 0 : column < starts[2] ? 1 : 2;
+    const float projected = as[p] ? x[column] + scales[p] * lora_column(down[p], bs[p], column - starts[p], rank) : x[column];
+    return bias ? projected + bias[column] : projected;
+  };
   const float position = (float)positions[row];
   for (int t = threadIdx.x; t < (q_heads + k_heads) * half; t += blockDim.x) {
     const int head = t / half, j = t % half, column = head * head_dim + j;  // q's heads, then k's, side by side
@@ -59,9 +73,25 @@ __device__ void split_rope(const float* __restrict__ qkv, const float* __restric
 }
 extern "C" __global__ void split_rope_f32(const float* qkv, const float* bias, float* q, float* k, float* v, const int* pos,
                                           const float* f, int q_heads, int k_heads, int hd) {
-  split_rope(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd);
+  split_rope<float, float>(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                           nullptr, 0.0f, 0.0f, 0.0f, 0, 0);
 }
 extern "C" __global__ void split_rope_bf16(const float* qkv, const float* bias, float* q, float* k, float* v, const int* pos,
                                            const bf16* f, int q_heads, int k_heads, int hd) {
-  split_rope(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd);
+  split_rope<bf16, float>(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                          nullptr, 0.0f, 0.0f, 0.0f, 0, 0);
 }
+// split_rope_lora_<inverse frequencies>_<LoRA>: the same with q's, k's and v's LoRAs added on the way in.
+#define SPLIT_ROPE_LORA(suffix, F, T)                                                                                    \
+  extern "C" __global__ void split_rope_lora_##suffix(const float* qkv, const float* bias, float* q, float* k, float* v,  \
+                                                      const int* pos, const F* f, int q_heads, int k_heads, int hd,     \
+                                                      const float* x, const T* a0, const T* a1, const T* a2, const T* b0, \
+                                                      const T* b1, const T* b2, float scale0, float scale1, float scale2, \
+                                                      int in, int rank) {                                               \
+    split_rope<F, T>(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd, x, a0, a1, a2, b0, b1, b2, scale0, scale1, scale2, in, \
+                     rank);                                                                                              \
+  }
+SPLIT_ROPE_LORA(f32_f32, float, float)
+SPLIT_ROPE_LORA(f32_bf16, float, bf16)
+SPLIT_ROPE_LORA(bf16_f32, bf16, float)
+SPLIT_ROPE_LORA(bf16_bf16, bf16, bf16)

@@ -404,9 +404,10 @@ export class CpuBackend implements Backend {
     }
   }
 
-  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[], rotate: RopeRotation | null = null): void {
-    const xs = cpu(x).data, b = bias ? cpu(bias).data : null;
+  splitColumns(x: Tensor, bias: Tensor | null, outs: readonly Tensor[], rotate: RopeRotation | null = null, loras: InputLoras | null = null): void {
     const widths = columnBlocks("cpu backend", x, outs, bias);
+    if (loras) this.addLoras(loras.x, loras.targets);
+    const xs = cpu(x).data, b = bias ? cpu(bias).data : null;
     const rows = x.shape[0], width = x.size / rows;
     let column = 0;
     outs.forEach((out, j) => {
@@ -459,8 +460,9 @@ export class CpuBackend implements Backend {
     for (const x of [q, k]) this.#rotate(x, positions, invFreq, headDim, 1);
   }
 
-  swiglu(gateUp: Tensor, out: Tensor): void {
+  swiglu(gateUp: Tensor, out: Tensor, loras: InputLoras | null = null): void {
     const { inter } = swigluShape("cpu backend", gateUp, out);
+    if (loras) this.addLoras(loras.x, loras.targets);
     if (this.#elementwise) this.#elementwise.swiglu(cpu(gateUp).data, cpu(out).data, inter);
     else swigluRows(cpu(gateUp).data, cpu(out).data, inter);
   }
