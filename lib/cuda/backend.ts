@@ -459,7 +459,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     expectSize("addRmsNorm sum", s, as.size);
     expectSize("addRmsNorm out", o, as.size);
     expectMultiple("addRmsNorm input", as, w.size);
-    const folded = loras ? this.#foldableLora(loras, bs) : null;
+    const folded = loras ? this.#foldableLoras(loras, bs, [w.size]) : null;
     if (loras && !folded) this.addLoras(loras.x, loras.targets);
     s.version++;
     o.version++;
@@ -470,14 +470,14 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       this.#launch(`add_rmsnorm_${norm}`, [as.size / w.size], [rowThreads(w.size)], args);
       return;
     }
-    const { x, a: loraA, b: loraB, scale, inFeatures, rank } = folded;
-    this.#launch(`add_rmsnorm_lora_${norm}_${loraA.dtype === "bf16" ? "bf16" : "f32"}`, [as.size / w.size], [rowThreads(w.size)],
-      [...args, ["ptr", x.address], ["ptr", loraA.address], ["ptr", loraB.address], ["f32", scale], ["i32", inFeatures], ["i32", rank]]);
+    const { x, parts: [lora], inFeatures, rank, dtype } = folded;
+    this.#launch(`add_rmsnorm_lora_${norm}_${dtype}`, [as.size / w.size], [rowThreads(w.size)],
+      [...args, ["ptr", x.address], ["ptr", lora!.a.address], ["ptr", lora!.b.address], ["f32", lora!.scale], ["i32", inFeatures], ["i32", rank]]);
   }
 
   /**
-   * The LoRAs a fused op can add on its way in (split_rope_lora, swiglu_lora), by part of `fused`'s columns (q, k, v;
-   * gate, up): each into all of one part, nothing kept, one rank that lora.cuh stages, one input width and dtype, their
+   * The LoRAs a fused op can add on its way in (split_rope_lora, swiglu_lora, add_rmsnorm_lora), by part of `fused`'s
+   * columns (q, k, v; gate, up; o or down alone): each into all of one part, nothing kept, one rank that lora.cuh stages, one input width and dtype, their
    * B read by each row within LORA_FOLD_BYTES.
    */
   #foldableLoras({ x, targets }: InputLoras, fused: CudaTensor, widths: readonly number[]) {
@@ -497,21 +497,6 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
     if (readBytes > LORA_FOLD_BYTES) return null;
     return shape && { x: xs, parts, rank: shape.rank, inFeatures: shape.inFeatures, dtype: shape.dtype === "bf16" ? "bf16" : "f32" };
-  }
-
-  /**
-   * An addRmsNorm LoRA that add_rmsnorm_lora can add: one target, all of b, nothing kept, a rank lora.cuh stages, its
-   * B read by each row within LORA_FOLD_BYTES.
-   */
-  #foldableLora({ x, targets }: InputLoras, b: CudaTensor) {
-    if (targets.length !== 1) return null;
-    const target = targets[0], xs = f32("LoRA input", x);
-    const { rank, inFeatures, outFeatures, n, width } = loraTargetShape("cuda backend", xs, target);
-    const a = cuda(target.lora.a), loraB = cuda(target.lora.b);
-    const whole = cuda(target.out).address === b.address && target.column === 0 && width === outFeatures && n * width === b.size;
-    if (!whole || target.down || rank > loraKernelMaxRank || a.dtype !== loraB.dtype || n === 0) return null;
-    if (n * loraB.bytes > LORA_FOLD_BYTES) return null;
-    return { x: xs, a, b: loraB, scale: target.lora.scale, inFeatures, rank };
   }
 
   linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor): void {
