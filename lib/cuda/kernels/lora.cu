@@ -5,7 +5,8 @@
 // 256 columns and 64 rows; for the fewest rows (at most LORA_MAX_FUSED_PAIRS row-rank pairs: a decode pass of a few
 // sequences) one launch, lora_fused, whose every block computes its part's x A_pᵀ itself (the same warp sums, so the
 // same bits) before adding its columns. Training takes the GEMMs, which keep x A_pᵀ for the backward. The sums are
-// lora.cuh's, which rmsnorm.cu's add_rmsnorm_lora shares.
+// lora.cuh's, which the kernels that add their input's LoRAs on the way in share (split_rope_lora, swiglu_lora,
+// add_rmsnorm_lora: the CUDA backend uses them for the fewest rows).
 #include "lora.cuh"
 
 constexpr int LORA_TILE_ROWS = 64;

@@ -1,6 +1,7 @@
-// The two sums of an unmerged LoRA's inference products, shared by lora.cu's kernels and by the kernels that add a
-// projection's LoRA on their way in (rmsnorm.cu's add_rmsnorm_lora: a decode pass's o and down LoRAs), so that every
-// path rounds a LoRA's contribution alike: out[r, c] + scale · Σ_j (x[r] · A[j]) · B[c, j].
+// The two sums of an unmerged LoRA's inference products, shared by lora.cu's kernels and by the kernels that add
+// their input's LoRAs on the way in (rope.cu's split_rope_lora: q, k, v; elementwise.cu's swiglu_lora: gate, up;
+// rmsnorm.cu's add_rmsnorm_lora: o, down), so that every path rounds a LoRA's contribution alike:
+// out[r, c] + scale · Σ_j (x[r] · A[j]) · B[c, j].
 #pragma once
 #include "common.cuh"
 

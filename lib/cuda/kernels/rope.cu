@@ -48,17 +48,19 @@ __device__ void split_rope(const float* __restrict__ qkv, const float* __restric
                            int k_heads, int head_dim, const float* __restrict__ lora_x, const T* a0, const T* a1, const T* a2,
                            const T* b0, const T* b1, const T* b2, float scale0, float scale1, float scale2, int in, int rank) {
   __shared__ float down[3][LORA_MAX_RANK];
-  const int half = head_dim / 2, rotated = (q_heads + k_heads) * head_dim;
-  const int starts[3] = {0, q_heads * head_dim, rotated};
-  const T* const as[3] = {a0, a1, a2};
-  const T* const bs[3] = {b0, b1, b2};
-  const float scales[3] = {scale0, scale1, scale2};
+  const int half = head_dim / 2, k_start = q_heads * head_dim, rotated = (q_heads + k_heads) * head_dim;
   const long long row = blockIdx.x;
-  for (int p = 0; p < 3; p++) if (as[p]) lora_stage_row(lora_x, as[p], (int)row, in, rank, down[p]);
+  if (a0) lora_stage_row(lora_x, a0, (int)row, in, rank, down[0]);
+  if (a1) lora_stage_row(lora_x, a1, (int)row, in, rank, down[1]);
+  if (a2) lora_stage_row(lora_x, a2, (int)row, in, rank, down[2]);
   const float* x = qkv + row * (rotated + k_heads * head_dim);
+  // Part p's LoRA of column `column`, p's first column `start` (selects, not arrays: no local memory without LoRAs).
+  const auto lora = [&](const T* a, const T* b, float scale, int p, int column, int start) {
+    return a ? x[column] + scale * lora_column(down[p], b, column - start, rank) : x[column];
+  };
   const auto biased = [&](int column) {
-    const int p = column < starts[1] ? 0 : column < starts[2] ? 1 : 2;
-    const float projected = as[p] ? x[column] + scales[p] * lora_column(down[p], bs[p], column - starts[p], rank) : x[column];
+    const float projected = column < k_start ? lora(a0, b0, scale0, 0, column, 0)
+                          : column < rotated ? lora(a1, b1, scale1, 1, column, k_start) : lora(a2, b2, scale2, 2, column, rotated);
     return bias ? projected + bias[column] : projected;
   };
   const float position = (float)positions[row];
