@@ -477,8 +477,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
 
   /**
    * The LoRAs a fused op can add on its way in (split_rope_lora, swiglu_lora, add_rmsnorm_lora), by part of `fused`'s
-   * columns (q, k, v; gate, up; o or down alone): each into all of one part, nothing kept, one rank that lora.cuh stages, one input width and dtype, their
-   * B read by each row within LORA_FOLD_BYTES.
+   * columns (q, k, v; gate, up; o or down alone): each into all of one part, nothing kept, one rank that lora.cuh
+   * stages, one input width and dtype, their B read by each row within LORA_FOLD_BYTES.
    */
   #foldableLoras({ x, targets }: InputLoras, fused: CudaTensor, widths: readonly number[]) {
     const xs = f32("LoRA input", x);

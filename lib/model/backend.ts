@@ -60,8 +60,8 @@ export interface LoraTarget {
  * The unmerged LoRAs an op adds into one of its inputs before reading it: `addLoras(x, targets)` then the op, which a
  * backend may run as one (the CUDA backend folds an inference pass's q/k/v LoRAs into the split that rotates q and k,
  * gate's and up's into the SwiGLU, and o's and down's into the add + RMSNorm that reads their outputs: one launch
- * where there were two, with the same bits). Afterwards that input may or may not hold the
- * LoRA's part (the fused op leaves it out): read the op's outputs.
+ * where there were two, with the same bits). Afterwards that input may or may not hold the LoRA's part (the fused op
+ * leaves it out): read the op's outputs.
  */
 export interface InputLoras {
   x: Tensor;
