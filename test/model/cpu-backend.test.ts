@@ -96,6 +96,40 @@ describe("CPU kernels", () => {
       .toThrowError("cpu backend: a LoRA of 6 outputs at column 10 does not fit an output of [4,15] for 4 rows");
   });
 
+  // The ops that take their input's LoRAs (InputLoras) are addLoras then the op, bit for bit: the transformer hands
+  // them the LoRAs a GPU folds, and the CPU's numbers must not move with that.
+  it("splitColumns, swiglu and addRmsNorm with `loras` give addLoras then the op, bit for bit", () => {
+    const b = new CpuBackend();
+    const [n, k, r, hd] = [5, 24, 4, 8];
+    const widths = [4 * hd, 2 * hd, 2 * hd], total = 8 * hd, inter = 20, d = 16;
+    const x = b.upload(random(n * k, 21), [n, k]);
+    const lora = (out: number, seed: number) => ({ a: b.upload(random(r * k, seed), [r, k]), b: b.upload(random(out * r, seed + 1), [out, r]), scale: 1.5 });
+    const rotate = { positions: Int32Array.from([0, 3, 9, 1, 40]), invFreq: b.upload(Float32Array.from({ length: hd / 2 }, (_, j) => 1 / 100 ** (j / hd)), [hd / 2]), headDim: hd };
+    const bias = b.upload(random(total, 22), [total]);
+    const q = lora(widths[0], 23), v = lora(widths[2], 25), gate = lora(inter, 27), up = lora(inter, 29), o = lora(d, 31);
+    const product = random(n * total, 33), gateUp = random(n * 2 * inter, 34), projected = random(n * d, 35), residual = random(n * d, 36);
+    const norm = b.upload(random(d, 37), [d]);
+    const results = (mode: "apart" | "folded" | "none") => {
+      const folded = mode === "folded";
+      const fused = b.upload(Float32Array.from(product), [n, total]), parts = widths.map((w) => b.zeros([n, w]));
+      const qkv = { x, targets: [{ lora: q, out: fused, column: 0 }, { lora: v, out: fused, column: widths[0] + widths[1] }] };
+      const halves = b.upload(Float32Array.from(gateUp), [n, 2 * inter]), hidden = b.zeros([n, inter]);
+      const mlp = { x, targets: [{ lora: gate, out: halves, column: 0 }, { lora: up, out: halves, column: inter }] };
+      const oOut = b.upload(Float32Array.from(projected), [n, d]), sum = b.upload(Float32Array.from(residual), [n, d]), normed = b.zeros([n, d]);
+      const attention = { x, targets: [{ lora: o, out: oOut, column: 0 }] };
+      for (const group of mode === "apart" ? [qkv, mlp, attention] : []) b.addLoras(group.x, group.targets);
+      b.splitColumns(fused, bias, parts, rotate, folded ? qkv : null);
+      b.swiglu(halves, hidden, folded ? mlp : null);
+      b.addRmsNorm(sum, oOut, sum, norm, 1e-6, normed, null, folded ? attention : null);
+      return [...parts, hidden, sum, normed].map((t) => b.download(t));
+    };
+    const [apart, folded, none] = [results("apart"), results("folded"), results("none")];
+    folded.forEach((values, i) => {
+      expect(values).toEqual(apart[i]);
+      if (i !== 1) expect(values).not.toEqual(none[i]);  // every LoRA counts (k has none)
+    });
+  });
+
   it("splitColumns hands each part its columns plus its bias (q, k, v from one product)", () => {
     const b = new CpuBackend();
     const rows = 3, widths = [5, 2, 2], width = 9;
