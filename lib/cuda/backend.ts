@@ -10,8 +10,8 @@
  * transient memory from the graph arena and reads the pass's ids, slots and positions from the graph's input buffer.
  *
  * Training runs here for LoRA adapters: the frozen base weights are the engine's own tensors (f32 or bf16); LoRA A/B,
- * their gradients, the AdamW moments and every activation are f32. Weight, bias, norm and embedding gradients
- * (full-parameter training) have no kernels here and are refused with what to do instead.
+ * their gradients, the AdamW moments and every activation but q, k and v (bf16: attentionInputs) are f32. Weight, bias,
+ * norm and embedding gradients (full-parameter training) have no kernels here and are refused with what to do instead.
  */
 import { ArtError } from "../core/errors.ts";
 import {
@@ -278,6 +278,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   readonly fullParameterTraining = false;
   /** 1024 rows × 16384 vocabulary entries: a 64 MB f32 block, 80 blocks for 8 × 1024 tokens of a 152k vocabulary. */
   readonly logitChunks: ChunkSizes = { rowChunk: 1024, vocabChunk: 16384 };
+  /** The tensor-core attention multiplies bf16 tiles: q, k and v stored as bf16 lose nothing and halve its reads. */
+  readonly attentionInputs: DType = "bf16";
   readonly context: Device;
   readonly blas: GemmRunner;
   readonly #kernels: Record<KernelName, KernelFunction>;
@@ -344,8 +346,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     return tensor;
   }
 
-  empty(shape: readonly number[]): Tensor {
-    return this.#allocate(shape, "f32");
+  empty(shape: readonly number[], dtype: DType = "f32"): Tensor {
+    return this.#allocate(shape, dtype);
   }
 
   copy(x: Tensor): Tensor {
@@ -598,9 +600,14 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const xs = f32("splitColumns input", x);
     const widths = columnBlocks("cuda backend", xs, outs, bias);
     if (outs.length > 3) throw new ArtError("wrong_shape", `cuda backend: splitColumns writes at most 3 parts (q, k, v), not ${outs.length}`);
-    const folded = loras && rotate ? this.#foldableLoras(loras, xs, widths) : null;
+    // Parts as a training pass keeps them for the tensor-core attention (bf16, split_rope_to_bf16), or f32.
+    const narrowed = outs.some((out) => out.dtype === "bf16");
+    if (narrowed && !(rotate && outs.every((out) => out.dtype === "bf16"))) {
+      throw new ArtError("wrong_dtype", `cuda backend: splitColumns writes bf16 parts only as q, k and v all bf16 with a rotation; got [${outs.map((out) => out.dtype)}]${rotate ? "" : " without one"}`);
+    }
+    const folded = loras && rotate && !narrowed ? this.#foldableLoras(loras, xs, widths) : null;
     if (loras && !folded) this.addLoras(loras.x, loras.targets);
-    const os = outs.map((out) => f32("splitColumns output", out));
+    const os = outs.map((out) => (narrowed ? cuda(out) : f32("splitColumns output", out)));
     for (const o of os) o.version++;
     const biasAddress = bias ? f32("splitColumns bias", bias).address : 0n;
     if (rotate) {
@@ -618,7 +625,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
         ["ptr", this.#indices(positions)], ["ptr", f.address], ["i32", heads[0]], ["i32", heads[1]], ["i32", headDim]];
       const threads: [number] = [rowThreads(((heads[0] + heads[1]) * headDim) / 2, 128)];
       if (!folded) {
-        this.#launch(`split_rope_${frequencies}`, [positions.length], threads, args);
+        this.#launch(narrowed ? `split_rope_to_bf16_${frequencies}` : `split_rope_${frequencies}`, [positions.length], threads, args);
         return;
       }
       const part = (p: number) => folded.parts[p];
@@ -831,7 +838,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
 
   /** Saves the log-sum-exp of every (row, head): [rows, heads]. */
   packedAttention(q: Tensor, k: Tensor, v: Tensor, segments: readonly PackedSegment[], headDim: number, out: Tensor): Tensor {
-    const o = f32("attention out", out), qs = f32("attention q", q), ks = f32("attention k", k), vs = f32("attention v", v);
+    const o = f32("attention out", out), qs = cuda(q), ks = cuda(k), vs = cuda(v);
     const { rows, heads, kvHeads } = packedShape(qs, ks, headDim);
     expectSize("attention v", vs, ks.size);
     expectSize("attention out", o, qs.size);
@@ -843,15 +850,33 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const lse = cuda(covered ? this.empty([rows, heads]) : this.zeros([rows, heads]));
     const tiles = packedQueryTiles(segments);
     if (tiles.length === 0) return lse;
-    this.#withIndices(tiles, (index) => this.#launch(`packed_attention_forward_hd${hd}`, [tiles.length / 5, heads], [2 * tensorCoreTileRows],
-      [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", index], ["ptr", o.address],
-        ["ptr", covered ? this.#bf16Output(o) : 0n], ["ptr", lse.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim]], forwardBytes));
+    this.#withAttentionInputs([qs, ks, vs], ([qb, kb, vb]) => this.#withIndices(tiles, (index) =>
+      this.#launch(`packed_attention_forward_hd${hd}`, [tiles.length / 5, heads], [2 * tensorCoreTileRows],
+        [["ptr", qb], ["ptr", kb], ["ptr", vb], ["ptr", index], ["ptr", o.address],
+          ["ptr", covered ? this.#bf16Output(o) : 0n], ["ptr", lse.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim]], forwardBytes)));
     return lse;
+  }
+
+  /**
+   * q, k and v as the packed attention kernels read them, bf16: as they are, or f32 ones narrowed into scratch (the
+   * rounding the tiles' loads applied to f32 values before, so the same bits either way) for the duration of `use`.
+   */
+  #withAttentionInputs(tensors: readonly CudaTensor[], use: (addresses: bigint[]) => void): void {
+    const scratch: bigint[] = [];
+    try {
+      use(tensors.map((t) => {
+        if (t.dtype === "bf16") return t.address;
+        scratch.push(this.#narrow(t.address, t.size));
+        return scratch.at(-1)!;
+      }));
+    } finally {
+      for (const address of scratch) this.#release(address);
+    }
   }
 
   packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
     dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor, overwrite = false): void {
-    const qs = f32("attention q", q), ks = f32("attention k", k), vs = f32("attention v", v), o = f32("attention out", out);
+    const qs = cuda(q), ks = cuda(k), vs = cuda(v), o = f32("attention out", out);
     const lse = f32("attention log-sum-exp", saved);
     const g = f32("attention output gradient", dOut), dqs = f32("attention dq", dq), dks = f32("attention dk", dk), dvs = f32("attention dv", dv);
     const { rows, heads, kvHeads } = packedShape(qs, ks, headDim);
@@ -881,16 +906,18 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     try {
       const delta = allocate([rows, heads]);
       const dkHeads = allocate([rows, heads * headDim]), dvHeads = allocate([rows, heads * headDim]);
-      this.#withIndices(queryTiles, (index) => this.#launch(`packed_attention_backward_dq_hd${hd}`, [queryTiles.length / 5, heads],
-        [2 * tensorCoreTileRows], [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", o.address], ["ptr", g.address],
-          ["ptr", lse.address], ["ptr", index], ["ptr", dqs.address], ["ptr", delta.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim],
-          ["i32", overwrite && covered ? 1 : 0]], dqBytes));
-      const keyTiles = packedKeyTiles(segments);
-      this.#withIndices(keyTiles.tiles, (tileIndex) => this.#withIndices(keyTiles.ranges, (rangeIndex) =>
-        this.#launch(`packed_attention_backward_dkdv_hd${hd}`, [keyTiles.tiles.length / 4, heads], [2 * tensorCoreTileRows],
-          [["ptr", qs.address], ["ptr", ks.address], ["ptr", vs.address], ["ptr", g.address], ["ptr", lse.address], ["ptr", delta.address],
-            ["ptr", tileIndex], ["ptr", rangeIndex], ["ptr", dkHeads.address], ["ptr", dvHeads.address], ["i32", heads], ["i32", kvHeads],
-            ["i32", headDim]], dkdvBytes)));
+      this.#withAttentionInputs([qs, ks, vs], ([qb, kb, vb]) => {
+        this.#withIndices(queryTiles, (index) => this.#launch(`packed_attention_backward_dq_hd${hd}`, [queryTiles.length / 5, heads],
+          [2 * tensorCoreTileRows], [["ptr", qb], ["ptr", kb], ["ptr", vb], ["ptr", o.address], ["ptr", g.address],
+            ["ptr", lse.address], ["ptr", index], ["ptr", dqs.address], ["ptr", delta.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim],
+            ["i32", overwrite && covered ? 1 : 0]], dqBytes));
+        const keyTiles = packedKeyTiles(segments);
+        this.#withIndices(keyTiles.tiles, (tileIndex) => this.#withIndices(keyTiles.ranges, (rangeIndex) =>
+          this.#launch(`packed_attention_backward_dkdv_hd${hd}`, [keyTiles.tiles.length / 4, heads], [2 * tensorCoreTileRows],
+            [["ptr", qb], ["ptr", kb], ["ptr", vb], ["ptr", g.address], ["ptr", lse.address], ["ptr", delta.address],
+              ["ptr", tileIndex], ["ptr", rangeIndex], ["ptr", dkHeads.address], ["ptr", dvHeads.address], ["i32", heads], ["i32", kvHeads],
+              ["i32", headDim]], dkdvBytes)));
+      });
       this.#launch("packed_attention_group_sum", [gridFor(dks.size)], [256], [["ptr", dkHeads.address], ["ptr", dvHeads.address],
         ["ptr", dks.address], ["ptr", dvs.address], ["i64", dks.size], ["i32", heads / kvHeads], ["i32", headDim], ["i32", overwrite ? 1 : 0]]);
     } finally {

@@ -46,7 +46,8 @@ export const kernelModules = {
   },
   rope: {
     rope_f32: [ptr, ptr, ptr, ptr, i32, i32, i32, f32], rope_bf16: [ptr, ptr, ptr, ptr, i32, i32, i32, f32],
-    split_rope_f32: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32], split_rope_bf16: [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32],
+    ...Object.fromEntries(["split_rope_f32", "split_rope_bf16", "split_rope_to_bf16_f32", "split_rope_to_bf16_bf16"].map((name) =>
+      [name, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32]])),
     ...Object.fromEntries(["f32_f32", "f32_bf16", "bf16_f32", "bf16_bf16"].map((types) => [`split_rope_lora_${types}`,
       [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, f32, f32, f32, i32, i32]])),
   },

@@ -313,6 +313,12 @@ export interface Backend {
    * absent where that is not known (the CPU). Training uses it to decide which layers' activations to keep.
    */
   availableMemory?(): number;
+  /**
+   * The type packedAttention and its backward read q, k and v in: the values they round those to anyway, so a training
+   * pass that stores them so loses nothing and moves half the bytes. "bf16" on CUDA (tensor-core tiles; splitColumns
+   * with a rotation writes bf16 parts there), "f32" on the CPU. Both backends also take f32 q, k and v.
+   */
+  readonly attentionInputs: DType;
 
   // Memory and host transfers.
   /**
@@ -323,11 +329,11 @@ export interface Backend {
   /** A new f32 tensor of zeros (activations, scratch). */
   zeros(shape: readonly number[]): Tensor;
   /**
-   * A new f32 tensor whose values are unspecified until written: for an output that the op writing it fills whole
+   * A new tensor whose values are unspecified until written: for an output that the op writing it fills whole
    * (a product, a norm, an embedding), it saves zeroing the memory first, a launch on a GPU. Never for an output an op
-   * adds into.
+   * adds into. f32 unless `dtype` says otherwise, which only `attentionInputs` does.
    */
-  empty(shape: readonly number[]): Tensor;
+  empty(shape: readonly number[], dtype?: DType): Tensor;
   /** A new f32 tensor holding x's values. */
   copy(x: Tensor): Tensor;
   /** Copies a tensor back to the host as f32 (waits for queued ops). */

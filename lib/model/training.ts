@@ -16,7 +16,7 @@
  */
 import { ArtError } from "../core/errors.ts";
 import { seededRandom } from "../core/random.ts";
-import { type Backend, type ChunkSizes, type PackedSegment, type ProjectionGradient, type Tensor, checkTokenIds, segmentsCoverRows, stackedParts } from "./backend.ts";
+import { type Backend, type ChunkSizes, type DType, type PackedSegment, type ProjectionGradient, type Tensor, checkTokenIds, segmentsCoverRows, stackedParts } from "./backend.ts";
 import type { ModelConfig } from "./config.ts";
 import { type LayerLoras, type LoraConfig, loraScale, PROJECTION_GROUPS, PROJECTIONS, type Projection, projectionPath } from "./lora.ts";
 import { type Adapter, writeAdapter } from "./peft.ts";
@@ -407,12 +407,14 @@ export class DifferentiableTransformer {
           column += loras![projection]!.a.shape[0];
         }
       }
-      // Without the q/k norm, RoPE rotates the projections in place: nothing before it is needed by the backward.
+      // Without the q/k norm, the split writes q, k and v rotated, for the attention alone: as attentionInputs (bf16 on
+      // a GPU, half the bytes, the same values the attention reads). With it, the norms and RoPE in between work in f32.
       const qkNorm = w.qNorm !== null && w.kNorm !== null;
-      const qRaw = z(h * hd), kRaw = z(kv * hd);
+      const attentionInput = (width: number) => held.empty([n, width], qkNorm ? "f32" : b.attentionInputs);
+      const qRaw = qkNorm ? z(h * hd) : attentionInput(h * hd), kRaw = qkNorm ? z(kv * hd) : attentionInput(kv * hd);
       const acts: LayerActivations = {
         attnInput: z(d), rstd1: held.empty([n]), qkv: z((h + 2 * kv) * hd), qRaw, kRaw, qRstd: qkNorm ? held.empty([n * h]) : null,
-        kRstd: qkNorm ? held.empty([n * kv]) : null, q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: z(kv * hd),
+        kRstd: qkNorm ? held.empty([n * kv]) : null, q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: attentionInput(kv * hd),
         attn: covered ? z(h * hd) : held.zeros([n, h * hd]), attnSaved: null, attnOut: z(d), mid: z(d), mlpInput: z(d), rstd2: held.empty([n]), gateUp: z(2 * inter),
         hidden: z(inter), mlpOut: z(d), loraDown,
       };
@@ -566,8 +568,8 @@ class Holdings {
     return this.hold(this.#backend.zeros(shape));
   }
   /** Backend.empty: for an output its op writes whole. */
-  empty(shape: readonly number[]): Tensor {
-    return this.hold(this.#backend.empty(shape));
+  empty(shape: readonly number[], dtype?: DType): Tensor {
+    return this.hold(this.#backend.empty(shape, dtype));
   }
   free(tensor: Tensor): void {
     this.#tensors.delete(tensor);

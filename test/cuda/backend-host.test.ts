@@ -241,6 +241,14 @@ describe("CUDA backend host logic (recording device)", () => {
     // The bf16 base weights' input gradients: q/k/v's and gate/up's output gradients merged into one bf16 operand each
     // (a launch), then one GEMM with the stacked weight; o's and down's narrowed alone.
     expect(device.launches.filter((l) => l.name === "merge_columns_bf16")).toHaveLength(2 * layers);
+    // q, k and v leave the split rotated and in bf16 (attentionInputs), and both attention passes read those very
+    // tensors: nothing narrows them in between.
+    const splits = device.launches.filter((l) => l.name.startsWith("split"));
+    expect([...new Set(splits.map((l) => l.name))]).toEqual(["split_rope_to_bf16_f32"]);
+    const written = new Set(splits.flatMap((l) => l.args.slice(2, 5).map(([, value]) => value)));
+    const attention = device.launches.filter((l) => /^packed_attention_(forward|backward_dq|backward_dkdv)_/.test(l.name));
+    expect(attention).toHaveLength(3 * layers);
+    expect(attention.every((l) => l.args.slice(0, 3).every(([, value]) => written.has(value)))).toBe(true);
     // Beside bf16 weights every f32 product (the LoRAs', forward and backward) runs on TF32 tensor cores.
     const types = (list: typeof forward) => [...new Set(list.map((g) => g.type))].sort();
     expect(types(forward)).toEqual(["bf16", "tf32"]);

@@ -161,11 +161,19 @@ describe.skipIf(skip)(title, () => {
       run((b, i) => b.splitColumns(fused[i], bias[i], rotated.map((p) => p[i]), { positions, invFreq: f[i], headDim: hd }));
       gpu.splitColumns(fused[1], bias[1], apart.map((p) => p[1]));
       gpu.rope(apart[0][1], apart[1][1], positions, f[1], hd);
+      // Written as bf16 (a training pass's q, k and v for the tensor-core attention): the f32 results rounded.
+      const narrowed = widths.map((w) => gpu.empty([n, w], "bf16"));
+      gpu.splitColumns(fused[1], bias[1], narrowed, { positions, invFreq: f[1], headDim: hd });
       for (const [j, part] of rotated.entries()) {
         expect(error(part)).toBeLessThan(2e-3);  // rope's tolerance: sincosf against the CPU's f64 angle
         // The same roundings as the split and the rotation launched apart.
         expect(relativeError(gpu.download(part[1]), gpu.download(apart[j][1]))).toBeLessThan(1e-6);
+        expect(gpu.download(narrowed[j])).toEqual(cpu.download(cpu.upload(gpu.download(part[1]), [n, widths[j]], "bf16")));
       }
+      // bf16 parts only as all three, rotated: the plain split and the separate rope write f32.
+      expect(() => gpu.splitColumns(fused[1], bias[1], narrowed)).toThrow(/bf16 parts only as q, k and v all bf16 with a rotation/);
+      expect(() => gpu.splitColumns(fused[1], bias[1], [narrowed[0], rotated[1][1], rotated[2][1]], { positions, invFreq: f[1], headDim: hd }))
+        .toThrow(/bf16 parts only/);
     }
   });
 

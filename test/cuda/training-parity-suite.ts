@@ -114,6 +114,18 @@ describe.skipIf(skip)(title, () => {
         expect(gpu.download(fresh[j][1])).toEqual(gpu.download(grad[1]));
         expect(cpu.download(fresh[j][0])).toEqual(cpu.download(grad[0]));
       }
+      // q, k and v stored as bf16 (attentionInputs: as a training pass keeps them on the GPU) give the same bits as the
+      // f32 ones, which the kernels narrow first: output, log-sum-exp and gradients.
+      const narrowed = [q, k, v].map(([, t]) => gpu.upload(gpu.download(t), [...t.shape], "bf16"));
+      expect(narrowed.map((t) => t.dtype)).toEqual(["bf16", "bf16", "bf16"]);
+      const narrowedOut = gpu.empty([rows, qw]);
+      const narrowedSaved = gpu.packedAttention(narrowed[0], narrowed[1], narrowed[2], segments, headDim, narrowedOut);
+      expect(gpu.download(narrowedOut).subarray(0, 178 * qw)).toEqual(gpu.download(out[1]).subarray(0, 178 * qw));
+      expect(gpu.download(narrowedSaved)).toEqual(gpu.download(saved[1]));
+      const narrowedGrads = [qw, kw, kw].map((width) => gpu.empty([rows, width]));
+      gpu.packedAttentionBackward(narrowed[0], narrowed[1], narrowed[2], out[1], saved[1], segments, headDim, dOut[1], narrowedGrads[0],
+        narrowedGrads[1], narrowedGrads[2], true);
+      for (const [j, grad] of [dq, dk, dv].entries()) expect(gpu.download(narrowedGrads[j])).toEqual(gpu.download(grad[1]));
     });
   }
 

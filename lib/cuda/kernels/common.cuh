@@ -1,5 +1,6 @@
 // Shared helpers for the art-ts kernels. Every kernel is extern "C" (stable names for cuModuleGetFunction) and
-// computes in f32; tensors are stored as f32 (activations) or bf16 (weights, KV cache). A kernel that reads a
+// computes in f32; tensors are stored as f32 (activations) or bf16 (weights, KV cache, and the q, k and v a training
+// pass hands the tensor-core attention, which reads bf16 tiles anyway). A kernel that reads a
 // weight comes in two instantiations, suffixed _f32 and _bf16, picked by the host from the tensor's dtype.
 #pragma once
 #include <cuda_bf16.h>
@@ -12,6 +13,10 @@ typedef __nv_bfloat16 bf16;
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+
+// An f32 result stored as its tensor's type: as it is, or rounded to the nearest bf16 (ties to even).
+__device__ __forceinline__ void store_f32(float* at, float x) { *at = x; }
+__device__ __forceinline__ void store_f32(bf16* at, float x) { *at = __float2bfloat16_rn(x); }
 
 __device__ __forceinline__ float warp_sum(float x) {
   for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);

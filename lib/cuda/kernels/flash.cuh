@@ -191,8 +191,8 @@ __device__ __forceinline__ void load_tile(bf16* tile, const T* source, long long
 // [first_row, first_row + rows) and the head's columns of [rows, heads · head_dim]; lse (when not null) gets
 // log Σ exp(q·k/√d) at [row, head]. Dynamic shared memory: (64 + KEY_TILE) rows of HD + 8 bf16, then HD rows of
 // KEY_TILE + 8 (V transposed).
-template <int HD, int KEY_TILE, typename Keys>
-__device__ void flash_forward(const float* __restrict__ q, const Keys& keys, int first_row, int rows, int head, int heads,
+template <int HD, int KEY_TILE, typename Q, typename Keys>
+__device__ void flash_forward(const Q* __restrict__ q, const Keys& keys, int first_row, int rows, int head, int heads,
                               int head_dim, float* __restrict__ out, bf16* __restrict__ out_bf16, float* __restrict__ lse) {
   extern __shared__ float shared[];
   constexpr int STRIDE = HD + 8;

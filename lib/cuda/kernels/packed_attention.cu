@@ -4,7 +4,8 @@
 // per (row, head), and the backward rebuilds the probabilities from it. The CPU reference is packedAttention in
 // lib/model/cpu/attention.ts.
 //
-// Layout: q, out, dout, dq are [rows, heads · head_dim], k, v, dk, dv [rows, kv_heads · head_dim], f32; lse and delta
+// Layout: q, out, dout, dq are [rows, heads · head_dim], k, v, dk, dv [rows, kv_heads · head_dim]; q, k and v bf16
+// (the tiles' type: a training pass writes them so, and the host narrows f32 ones first), the rest f32; lse and delta
 // [rows, heads]. Kernels come per HD (flash.cuh), at most 128.
 #include "flash.cuh"
 
@@ -14,11 +15,11 @@
 // then its segment's rows up to the tile's last row: "virtual" key j is prefix row j, or segment row j − prefix
 // length, and segment row r sees virtual keys 0 .. prefix length + r. (flash.cuh's Keys.)
 struct PackedKeys {
-  const float* k;
-  const float* v;
+  const bf16* k;
+  const bf16* v;
   long long kv_stride;
   int column, head_dim, first_row, rows, segment_start, prefix_start, prefix_length;
-  __device__ PackedKeys(const float* k_, const float* v_, const int* tiles, int kv_head, int kv_heads, int head_dim_)
+  __device__ PackedKeys(const bf16* k_, const bf16* v_, const int* tiles, int kv_head, int kv_heads, int head_dim_)
       : k(k_), v(v_), kv_stride((long long)kv_heads * head_dim_), column(kv_head * head_dim_), head_dim(head_dim_) {
     const int* tile = tiles + 5 * blockIdx.x;
     first_row = tile[0], rows = tile[1], segment_start = tile[2], prefix_start = tile[3], prefix_length = tile[4];
@@ -38,7 +39,7 @@ struct PackedKeys {
 // Forward. out_bf16 (when not null) gets out rounded to bf16, o_proj's GEMM operand. Grid: (query tiles, heads).
 // Block: 128. Dynamic shared memory: flash_forward's.
 template <int HD>
-__device__ void packed_attention_forward(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+__device__ void packed_attention_forward(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                                          const int* __restrict__ tiles, float* __restrict__ out, bf16* __restrict__ out_bf16,
                                          float* __restrict__ lse, int heads, int kv_heads, int head_dim) {
   const int head = blockIdx.y;
@@ -52,7 +53,7 @@ __device__ void packed_attention_forward(const float* __restrict__ q, const floa
 // likewise, and accumulates dS·K. Δ goes to `delta` for the second pass.
 // Grid: (query tiles, heads). Block: 128. Dynamic shared memory: 4 · 64 rows of HD + 8 bf16.
 template <int HD>
-__device__ void packed_attention_backward_dq(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+__device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                                              const float* __restrict__ out, const float* __restrict__ dout,
                                              const float* __restrict__ lse, const int* __restrict__ tiles, float* __restrict__ dq,
                                              float* __restrict__ delta, int heads, int kv_heads, int head_dim, int overwrite) {
@@ -135,7 +136,7 @@ __device__ void packed_attention_backward_dq(const float* __restrict__ q, const 
 // Grid: (key tiles, heads). Block: 128. Dynamic shared memory: (2·64 + 2·QUERY_CHUNK) rows of HD + 8 bf16, then
 // 2·QUERY_CHUNK floats.
 template <int HD, int QUERY_CHUNK>
-__device__ void packed_attention_backward_dkdv(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+__device__ void packed_attention_backward_dkdv(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                                                const float* __restrict__ dout, const float* __restrict__ lse,
                                                const float* __restrict__ delta, const int* __restrict__ key_tiles,
                                                const int* __restrict__ ranges, float* __restrict__ dk_heads,
@@ -232,17 +233,17 @@ extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ 
 // 16 × 128 accumulators per warp take 128 registers per thread.
 #define PACKED_ATTENTION(HD, QUERY_CHUNK)                                                                               \
   extern "C" __global__ void __launch_bounds__(128) packed_attention_forward_hd##HD(                                    \
-      const float* q, const float* k, const float* v, const int* tiles, float* out, bf16* out_bf16, float* lse, int heads, \
+      const bf16* q, const bf16* k, const bf16* v, const int* tiles, float* out, bf16* out_bf16, float* lse, int heads, \
       int kv_heads, int head_dim) {                                                                                      \
     packed_attention_forward<HD>(q, k, v, tiles, out, out_bf16, lse, heads, kv_heads, head_dim);                        \
   }                                                                                                                      \
   extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dq_hd##HD(                                \
-      const float* q, const float* k, const float* v, const float* out, const float* dout, const float* lse,            \
+      const bf16* q, const bf16* k, const bf16* v, const float* out, const float* dout, const float* lse,               \
       const int* tiles, float* dq, float* delta, int heads, int kv_heads, int head_dim, int overwrite) {                \
     packed_attention_backward_dq<HD>(q, k, v, out, dout, lse, tiles, dq, delta, heads, kv_heads, head_dim, overwrite);  \
   }                                                                                                                      \
   extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dkdv_hd##HD(                              \
-      const float* q, const float* k, const float* v, const float* dout, const float* lse, const float* delta,          \
+      const bf16* q, const bf16* k, const bf16* v, const float* dout, const float* lse, const float* delta,             \
       const int* key_tiles, const int* ranges, float* dk_heads, float* dv_heads, int heads, int kv_heads,               \
       int head_dim) {                                                                                                    \
     packed_attention_backward_dkdv<HD, QUERY_CHUNK>(q, k, v, dout, lse, delta, key_tiles, ranges, dk_heads, dv_heads,  \

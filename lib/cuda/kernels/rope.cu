@@ -42,9 +42,9 @@ extern "C" __global__ void rope_bf16(float* q, float* k, const int* pos, const b
 // k, v, null where that projection has none, all of one rank over x [rows, in]), each column first gets its part's
 // LoRA, qkv + scale_p · (x A_pᵀ) B_pᵀ, in lora.cu's order (lora.cuh): the same bits as lora_fused or lora_down +
 // lora_up adding into qkv before the split, one launch fewer.
-template <typename F, typename T>
-__device__ void split_rope(const float* __restrict__ qkv, const float* __restrict__ bias, float* __restrict__ q, float* __restrict__ k,
-                           float* __restrict__ v, const int* __restrict__ positions, const F* __restrict__ inv_freq, int q_heads,
+template <typename F, typename T, typename O>
+__device__ void split_rope(const float* __restrict__ qkv, const float* __restrict__ bias, O* __restrict__ q, O* __restrict__ k,
+                           O* __restrict__ v, const int* __restrict__ positions, const F* __restrict__ inv_freq, int q_heads,
                            int k_heads, int head_dim, const float* __restrict__ lora_x, const T* a0, const T* a1, const T* a2,
                            const T* b0, const T* b1, const T* b2, float scale0, float scale1, float scale2, int in, int rank) {
   __shared__ float down[3][LORA_MAX_RANK];
@@ -68,21 +68,26 @@ __device__ void split_rope(const float* __restrict__ qkv, const float* __restric
     const int head = t / half, j = t % half, column = head * head_dim + j;  // q's heads, then k's, side by side
     float s, c;
     sincosf(position * to_f32(inv_freq[j]), &s, &c);
-    float* h = head < q_heads ? q + (row * q_heads + head) * head_dim : k + (row * k_heads + head - q_heads) * head_dim;
-    rotate_pair(biased(column), biased(column + half), c, s, &h[j], &h[j + half]);
+    O* h = head < q_heads ? q + (row * q_heads + head) * head_dim : k + (row * k_heads + head - q_heads) * head_dim;
+    float low, high;
+    rotate_pair(biased(column), biased(column + half), c, s, &low, &high);
+    store_f32(&h[j], low);
+    store_f32(&h[j + half], high);
   }
-  for (int t = threadIdx.x; t < k_heads * head_dim; t += blockDim.x) v[row * k_heads * head_dim + t] = biased(rotated + t);
+  for (int t = threadIdx.x; t < k_heads * head_dim; t += blockDim.x) store_f32(&v[row * k_heads * head_dim + t], biased(rotated + t));
 }
-extern "C" __global__ void split_rope_f32(const float* qkv, const float* bias, float* q, float* k, float* v, const int* pos,
-                                          const float* f, int q_heads, int k_heads, int hd) {
-  split_rope<float, float>(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                           nullptr, 0.0f, 0.0f, 0.0f, 0, 0);
-}
-extern "C" __global__ void split_rope_bf16(const float* qkv, const float* bias, float* q, float* k, float* v, const int* pos,
-                                           const bf16* f, int q_heads, int k_heads, int hd) {
-  split_rope<bf16, float>(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                          nullptr, 0.0f, 0.0f, 0.0f, 0, 0);
-}
+// split_rope[_to_bf16]_<inverse frequencies>: q, k and v written as f32, or (_to_bf16) rounded to bf16 as a training
+// pass keeps them for the tensor-core attention: the values it would round them to on reading f32 ones.
+#define SPLIT_ROPE(name, F, O)                                                                                          \
+  extern "C" __global__ void name(const float* qkv, const float* bias, O* q, O* k, O* v, const int* pos, const F* f,    \
+                                  int q_heads, int k_heads, int hd) {                                                  \
+    split_rope<F, float, O>(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd, nullptr, nullptr, nullptr, nullptr, nullptr, \
+                            nullptr, nullptr, 0.0f, 0.0f, 0.0f, 0, 0);                                                 \
+  }
+SPLIT_ROPE(split_rope_f32, float, float)
+SPLIT_ROPE(split_rope_bf16, bf16, float)
+SPLIT_ROPE(split_rope_to_bf16_f32, float, bf16)
+SPLIT_ROPE(split_rope_to_bf16_bf16, bf16, bf16)
 // split_rope_lora_<inverse frequencies>_<LoRA>: the same with q's, k's and v's LoRAs added on the way in.
 #define SPLIT_ROPE_LORA(suffix, F, T)                                                                                    \
   extern "C" __global__ void split_rope_lora_##suffix(const float* qkv, const float* bias, float* q, float* k, float* v,  \
@@ -90,8 +95,8 @@ extern "C" __global__ void split_rope_bf16(const float* qkv, const float* bias, 
                                                       const float* x, const T* a0, const T* a1, const T* a2, const T* b0, \
                                                       const T* b1, const T* b2, float scale0, float scale1, float scale2, \
                                                       int in, int rank) {                                               \
-    split_rope<F, T>(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd, x, a0, a1, a2, b0, b1, b2, scale0, scale1, scale2, in, \
-                     rank);                                                                                              \
+    split_rope<F, T, float>(qkv, bias, q, k, v, pos, f, q_heads, k_heads, hd, x, a0, a1, a2, b0, b1, b2, scale0, scale1,    \
+                            scale2, in, rank);                                                                           \
   }
 SPLIT_ROPE_LORA(f32_f32, float, float)
 SPLIT_ROPE_LORA(f32_bf16, float, bf16)

@@ -248,6 +248,7 @@ export class CpuBackend implements Backend {
    * (a chunk's rows are one product, whose sums over rows depend on how many it holds).
    */
   readonly logitChunks: ChunkSizes;
+  readonly attentionInputs: DType = "f32";
   /** The matrix products' provider, and why it was chosen (for logs and bench reports). */
   readonly gemm: Gemm;
   readonly gemmReason: string;
@@ -297,7 +298,8 @@ export class CpuBackend implements Backend {
     return new CpuTensor([...shape], "f32", this.#storage.take(shapeSize(shape)));
   }
 
-  empty(shape: readonly number[]): Tensor {
+  empty(shape: readonly number[], dtype: DType = "f32"): Tensor {
+    if (dtype !== "f32") throw new ArtError("wrong_dtype", `cpu backend: activations are f32 here (attentionInputs), not ${dtype}`);
     const storage = this.#storage.take(shapeSize(shape), false);
     if (this.#emptyFill !== undefined) storage.fill(this.#emptyFill);
     return new CpuTensor([...shape], "f32", storage);
