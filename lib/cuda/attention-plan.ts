@@ -141,16 +141,17 @@ export function flashHeadSize(headDim: number): 16 | 32 | 64 | 128 | null {
 }
 
 /**
- * Dynamic shared memory of flash.cuh's forward: a query tile and a key tile of K in bf16 rows of HD + 8, and the key
- * tile of V transposed, HD rows of tile + 8.
+ * Dynamic shared memory of flash.cuh's forward, in bf16 rows of HD + 8: a query tile, and two buffers of a key tile of
+ * K and of V (the next tile's copies run while the warps work on this one). 85 KiB at head size 128: within the
+ * opt-in limit of every sm_80+ GPU (99 KiB on sm_86/89).
  */
 export function flashForwardBytes(hd: number): number {
-  return (2 * tensorCoreTileRows * (hd + 8) + hd * (tensorCoreTileRows + 8)) * 2;
+  return 5 * tensorCoreTileRows * (hd + 8) * 2;
 }
 
 /**
  * The training attention's instantiation for a head size (flashHeadSize) and its kernels' dynamic shared memory, in
- * bf16 rows of HD + 8: the forward holds a query tile and a key tile of K and V; the dq pass a query tile of Q and dO
+ * bf16 rows of HD + 8: the forward's (flashForwardBytes); the dq pass a query tile of Q and dO
  * and a key tile of K and V; the dk/dv pass a key tile of K and V and a query chunk of Q and dO (64 rows, 32 at head
  * size 128) with its rows' log-sum-exp and Δ in f32.
  */

@@ -114,4 +114,13 @@ describe.skipIf(skipReason !== "")(`the kernel emulator${skipReason ? ` (skipped
       });
     }
   });
+
+  it("lands a thread's cp.async copies when it waits for their group, not before; a copy of no source bytes writes zeros", () => {
+    const source = device(Float32Array.from([1.5, 2.5, 3.5, 4.5]));
+    for (const [sourceBytes, landed] of [[16, [1.5, 2.5, 3.5, 4.5]], [0, [0, 0, 0, 0]]] as const) {
+      const out = device(new Float32Array(8));
+      launch("probe_cp_async", 1, 1, [["ptr", source], ["ptr", out], ["i32", sourceBytes]]);
+      expect([...read(out, new Float32Array(8))]).toEqual([-1, -1, -1, -1, ...landed]);
+    }
+  });
 });

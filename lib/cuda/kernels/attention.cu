@@ -310,12 +310,12 @@ struct CacheKeys {
   int head_dim, first_position, rows;
   __device__ int seen(int local) const { return first_position + min(local, rows - 1) + 1; }
   __device__ int count() const { return first_position + rows; }
-  template <int HD, int KEY_TILE, bool V_TRANSPOSED>
-  __device__ void load(bf16* k_tile, bf16* v_tile, int key0) const {
+  template <int HD, int KEY_TILE>
+  __device__ void fetch(bf16* k_tile, bf16* v_tile, int key0) const {
     const int keys = count();
     const auto row_of = [&](int r) { return key0 + r < keys ? (long long)(key0 + r) : -1LL; };
-    load_tile<HD, KEY_TILE>(k_tile, k, head_dim, 0, head_dim, row_of);
-    load_tile<HD, KEY_TILE, V_TRANSPOSED>(v_tile, v, head_dim, 0, head_dim, row_of);
+    fetch_tile<HD, KEY_TILE>(k_tile, k, head_dim, 0, head_dim, row_of);
+    fetch_tile<HD, KEY_TILE>(v_tile, v, head_dim, 0, head_dim, row_of);
   }
 };
 

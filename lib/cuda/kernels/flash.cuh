@@ -65,10 +65,8 @@ __device__ __forceinline__ void product_transposed(float (&c)[N / 8][4], const b
   }
 }
 
-// acc += P·tile for P (16 × K, accumulator fragments) and tile rows 0 .. K − 1 (rows of HD + 8): 16 × HD. With
-// TRANSPOSED the tile is stored transposed, tile[c][k] with rows of K + 8 (the forward's V): the B fragments' pairs
-// along k are then adjacent, two 32-bit loads each instead of load_b's four 16-bit ones.
-template <int HD, int K, bool TRANSPOSED = false>
+// acc += P·tile for P (16 × K, accumulator fragments) and tile rows 0 .. K − 1 (rows of HD + 8): 16 × HD.
+template <int HD, int K>
 __device__ __forceinline__ void accumulate_product(float (&acc)[HD / 8][4], const float (&p)[K / 8][4], const bf16* tile, int g, int t) {
 #pragma unroll
   for (int kc = 0; kc < K / 16; kc++) {
@@ -77,8 +75,7 @@ __device__ __forceinline__ void accumulate_product(float (&acc)[HD / 8][4], cons
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) {
       unsigned b[2];
-      if (TRANSPOSED) load_b_transposed(b, tile, K + 8, n * 8, kc * 16, g, t);
-      else load_b(b, tile, HD + 8, kc * 16, n * 8, g, t);
+      load_b(b, tile, HD + 8, kc * 16, n * 8, g, t);
       mma_bf16_16816(acc[n], a, b, acc[n]);
     }
   }
@@ -112,30 +109,19 @@ __device__ __forceinline__ void store_row_vector(bf16* at, const float4& x) {
 }
 __device__ __forceinline__ void store_row_vector(bf16* at, const uint4& x) { *reinterpret_cast<uint4*>(at) = x; }
 
-// A vector's elements one by one, as store(offset, value): a transposed tile scatters them over its rows. The bf16
-// pairs come out of each 32-bit word by shifts (reading the vector through a bf16 pointer would break C++'s aliasing rules).
-template <typename Store>
-__device__ __forceinline__ void for_each_element(const float4& x, Store store) {
-  store(0, to_bf16(x.x)), store(1, to_bf16(x.y)), store(2, to_bf16(x.z)), store(3, to_bf16(x.w));
-}
-template <typename Store>
-__device__ __forceinline__ void for_each_element(const uint4& x, Store store) {
-  const unsigned words[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-  for (int w = 0; w < 4; w++) {
-    store(2 * w, __ushort_as_bfloat16((unsigned short)(words[w] & 0xffffu)));
-    store(2 * w + 1, __ushort_as_bfloat16((unsigned short)(words[w] >> 16)));
-  }
+// Whether every row's head columns are whole 16-byte vectors: head_dim, the row stride and the column a multiple of
+// the vector's width, the source 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ bool vectors_aligned(const T* source, long long row_stride, int column, int head_dim) {
+  constexpr int WIDTH = SourceVector<T>::WIDTH;
+  return head_dim % WIDTH == 0 && row_stride % WIDTH == 0 && column % WIDTH == 0 && reinterpret_cast<unsigned long long>(source) % 16 == 0;
 }
 
-// Rows 0 .. TILE − 1 of a shared tile from one head's columns of an f32 or bf16 tensor (f32 rounded to bf16): row r
-// is source row row_of(r), or zeros where that is negative; columns past head_dim are zeros. TRANSPOSED stores element
-// (r, c) at tile[c · (TILE + 8) + r] instead of tile[r · (HD + 8) + c]. When every row's columns start 16-byte aligned
-// (head_dim, the row stride and the column a multiple of the vector's width), each thread reads 16-byte vectors, a
-// batch of them issued back to back before any is stored: the loads are independent, so a batch waits for memory
-// once, not once per vector (a loop that stored each vector before loading the next waited once per vector). Else one
-// element at a time. The loads are what the tensor cores wait for between barriers.
-template <int HD, int TILE, bool TRANSPOSED = false, typename T, typename RowOf>
+// Rows 0 .. TILE − 1 of a shared tile (rows of HD + 8) from one head's columns of an f32 or bf16 tensor (f32 rounded
+// to bf16): row r is source row row_of(r), or zeros where that is negative; columns past head_dim are zeros. With
+// vectors_aligned, each thread reads 16-byte vectors, a batch of them issued back to back before any is stored: the
+// loads are independent, so a batch waits for memory once, not once per vector. Else one element at a time.
+template <int HD, int TILE, typename T, typename RowOf>
 __device__ __forceinline__ void load_tile(bf16* tile, const T* source, long long row_stride, int column, int head_dim, RowOf row_of) {
   using Raw = typename SourceVector<T>::Raw;
   constexpr int WIDTH = SourceVector<T>::WIDTH, VECTORS = HD / WIDTH, PER_THREAD = TILE * VECTORS / FLASH_THREADS;
@@ -143,10 +129,7 @@ __device__ __forceinline__ void load_tile(bf16* tile, const T* source, long long
   // At most 4 vectors (16 registers) in flight per thread: more would crowd the accumulators.
   constexpr int BATCH = PER_THREAD < 4 ? PER_THREAD : 4;
   static_assert(PER_THREAD % BATCH == 0, "whole batches");
-  const auto store = [&](int r, int c, bf16 value) { tile[TRANSPOSED ? c * (TILE + 8) + r : r * (HD + 8) + c] = value; };
-  const bool aligned = head_dim % WIDTH == 0 && row_stride % WIDTH == 0 && column % WIDTH == 0
-                    && reinterpret_cast<unsigned long long>(source) % 16 == 0;
-  if (aligned) {
+  if (vectors_aligned(source, row_stride, column, head_dim)) {
     // One batch at a time (not unrolled): the registers of one batch, beside the accumulators.
 #pragma unroll 1
     for (int batch = 0; batch < PER_THREAD; batch += BATCH) {
@@ -160,11 +143,7 @@ __device__ __forceinline__ void load_tile(bf16* tile, const T* source, long long
 #pragma unroll
       for (int j = 0; j < BATCH; j++) {
         const int i = threadIdx.x + (batch + j) * FLASH_THREADS, r = i / VECTORS, c = i % VECTORS * WIDTH;
-        if (TRANSPOSED) {
-          for_each_element(x[j], [&](int e, bf16 value) { store(r, c + e, value); });
-        } else {
-          store_row_vector(tile + r * (HD + 8) + c, x[j]);
-        }
+        store_row_vector(tile + r * (HD + 8) + c, x[j]);
       }
     }
     return;
@@ -172,7 +151,56 @@ __device__ __forceinline__ void load_tile(bf16* tile, const T* source, long long
   for (int i = threadIdx.x; i < TILE * HD; i += FLASH_THREADS) {
     const int r = i / HD, c = i % HD;
     const long long row = row_of(r);
-    store(r, c, row >= 0 && c < head_dim ? to_bf16(source[row * row_stride + column + c]) : to_bf16(0.0f));
+    tile[r * (HD + 8) + c] = row >= 0 && c < head_dim ? to_bf16(source[row * row_stride + column + c]) : to_bf16(0.0f);
+  }
+}
+
+// ---- asynchronous copies (sm_80's cp.async): global to shared memory without registers, waited for by group -------
+// 16 bytes into shared memory, the first src_bytes (16, or 0: all zeros) read from global memory.
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global, unsigned src_bytes) {
+#ifdef ART_EMULATOR
+  emu_cp_async(shared, global, src_bytes);
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(shared)), "l"(global), "r"(src_bytes)
+               : "memory");
+#endif
+}
+// Closes the group of this thread's copies issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef ART_EMULATOR
+  emu_cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most PENDING of this thread's groups are still in flight (the newest ones). Other threads' copies
+// are theirs to wait for: a __syncthreads after every thread's wait makes a whole tile visible.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+#ifdef ART_EMULATOR
+  emu_cp_async_wait(PENDING);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+#endif
+}
+
+// A key tile's rows into shared memory as load_tile lays them out, from a bf16 tensor: with vectors_aligned by cp.async,
+// whose copies run on while the block computes (the caller commits them, waits and syncs before reading the tile), else
+// by load_tile's element loads, done on return. The copies hold no registers, so a tile's are all in flight at once.
+template <int HD, int TILE, typename RowOf>
+__device__ __forceinline__ void fetch_tile(bf16* tile, const bf16* source, long long row_stride, int column, int head_dim, RowOf row_of) {
+  if (!vectors_aligned(source, row_stride, column, head_dim)) {
+    load_tile<HD, TILE>(tile, source, row_stride, column, head_dim, row_of);
+    return;
+  }
+  constexpr int VECTORS = HD / 8, PER_THREAD = TILE * VECTORS / FLASH_THREADS;
+  static_assert(TILE * VECTORS % FLASH_THREADS == 0, "a tile's vectors spread evenly over the block");
+#pragma unroll 1  // issuing a copy does not wait, so a loop costs a few integer instructions; unrolled, ptxas spilled
+  for (int j = 0; j < PER_THREAD; j++) {
+    const int i = threadIdx.x + j * FLASH_THREADS, r = i / VECTORS, c = i % VECTORS * 8;
+    const long long row = row_of(r);
+    const bool real = row >= 0 && c < head_dim;
+    cp_async_16(tile + r * (HD + 8) + c, real ? source + row * row_stride + column + c : source, real ? 16 : 0);
   }
 }
 
@@ -180,28 +208,32 @@ __device__ __forceinline__ void load_tile(bf16* tile, const T* source, long long
 // Keys: where a query tile's keys come from (packed training rows, or a slot of the KV cache). It provides
 //   int count() const           the tile's keys (those of its last row)
 //   int seen(int local) const   the keys row `local` of the tile sees (a row past the tile: those of its last row)
-//   template <int HD, int KEY_TILE, bool V_TRANSPOSED> void load(bf16* k_tile, bf16* v_tile, int key0) const
-//                               keys key0 .. key0 + KEY_TILE − 1 into the shared tiles, K in rows of HD + 8, V likewise
-//                               or (V_TRANSPOSED, as the forward reads it) transposed: row c holds column c of every
-//                               key, rows of KEY_TILE + 8; zeros past count() and past head_dim, by every thread
+//   template <int HD, int KEY_TILE> void fetch(bf16* k_tile, bf16* v_tile, int key0) const
+//                               keys key0 .. key0 + KEY_TILE − 1 into the shared tiles (fetch_tile: commit, wait and
+//                               sync before reading), K and V in rows of HD + 8; zeros past count() and past
+//                               head_dim, by every thread
 // Rows see a prefix of the keys, so a key tile past a warp's last row is skipped whole.
 
 // Each warp computes S = Q·Kᵀ for its 16 rows and a key tile, keeps each row's running max and sum (online softmax,
 // base 2), and accumulates O += P·V with P rounded to bf16. out (and out_bf16, when not null) get O / sum, rows
 // [first_row, first_row + rows) and the head's columns of [rows, heads · head_dim]; lse (when not null) gets
-// log Σ exp(q·k/√d) at [row, head]. Dynamic shared memory: (64 + KEY_TILE) rows of HD + 8 bf16, then HD rows of
-// KEY_TILE + 8 (V transposed).
+// log Σ exp(q·k/√d) at [row, head]. K and V come in two buffers: the copies of the next key tile run while the warps
+// work on this one, so the tensor cores do not wait for memory between tiles. Dynamic shared memory: 64 + 4 · KEY_TILE
+// rows of HD + 8 bf16 (Q, then two of K and of V).
 template <int HD, int KEY_TILE, typename Q, typename Keys>
 __device__ void flash_forward(const Q* __restrict__ q, const Keys& keys, int first_row, int rows, int head, int heads,
                               int head_dim, float* __restrict__ out, bf16* __restrict__ out_bf16, float* __restrict__ lse) {
   extern __shared__ float shared[];
   constexpr int STRIDE = HD + 8;
   bf16* qs = reinterpret_cast<bf16*>(shared);
-  bf16* ks = qs + FLASH_TILE_ROWS * STRIDE;
-  bf16* vs = ks + KEY_TILE * STRIDE;
+  bf16* k_tiles = qs + FLASH_TILE_ROWS * STRIDE;  // two buffers of KEY_TILE rows
+  bf16* v_tiles = k_tiles + 2 * KEY_TILE * STRIDE;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const long long q_stride = (long long)heads * head_dim;
 
+  const int count = keys.count();
+  keys.template fetch<HD, KEY_TILE>(k_tiles, v_tiles, 0);
+  cp_async_commit();
   load_tile<HD, FLASH_TILE_ROWS>(qs, q, q_stride, head * head_dim, head_dim,
                                  [&](int r) { return r < rows ? (long long)first_row + r : -1LL; });
   const int row0 = warp * 16 + g, row1 = row0 + 8;
@@ -210,10 +242,16 @@ __device__ void flash_forward(const Q* __restrict__ q, const Keys& keys, int fir
   float max0 = -INFINITY, max1 = -INFINITY, sum0 = 0.0f, sum1 = 0.0f;
   float o[HD / 8][4] = {};
 
-  for (int key0 = 0; key0 < keys.count(); key0 += KEY_TILE) {
-    __syncthreads();  // the previous tile's K and V are no longer read
-    keys.template load<HD, KEY_TILE, true>(ks, vs, key0);
-    __syncthreads();
+  for (int key0 = 0, buffer = 0; key0 < count; key0 += KEY_TILE, buffer ^= 1) {
+    const bf16* ks = k_tiles + buffer * KEY_TILE * STRIDE;
+    const bf16* vs = v_tiles + buffer * KEY_TILE * STRIDE;
+    __syncthreads();  // every warp is done with the other buffer (the previous tile): it takes the next tile
+    if (key0 + KEY_TILE < count) {
+      keys.template fetch<HD, KEY_TILE>(k_tiles + (buffer ^ 1) * KEY_TILE * STRIDE, v_tiles + (buffer ^ 1) * KEY_TILE * STRIDE, key0 + KEY_TILE);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // this thread's copies of this tile have landed (the next tile's may still run)
+    __syncthreads();     // and every thread's
     // Every key of this tile lies past this warp's rows, or the warp has no rows (uniform over the warp).
     if (key0 >= warp_seen || warp * 16 >= rows) continue;
 
@@ -256,7 +294,7 @@ __device__ void flash_forward(const Q* __restrict__ q, const Keys& keys, int fir
       sum0 += s[n][0] + s[n][1];
       sum1 += s[n][2] + s[n][3];
     }
-    accumulate_product<HD, KEY_TILE, true>(o, s, vs, g, t);
+    accumulate_product<HD, KEY_TILE>(o, s, vs, g, t);
   }
   sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
   sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);

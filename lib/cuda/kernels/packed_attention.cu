@@ -27,12 +27,12 @@ struct PackedKeys {
   __device__ int seen(int local) const { return prefix_length + first_row + min(local, rows - 1) - segment_start + 1; }
   __device__ int count() const { return seen(rows - 1); }
   __device__ long long key_row(int j) const { return j < prefix_length ? prefix_start + j : segment_start + (j - prefix_length); }
-  template <int HD, int KEY_TILE, bool V_TRANSPOSED>
-  __device__ void load(bf16* k_tile, bf16* v_tile, int key0) const {
+  template <int HD, int KEY_TILE>
+  __device__ void fetch(bf16* k_tile, bf16* v_tile, int key0) const {
     const int keys = count();
     const auto row_of = [&](int r) { return key0 + r < keys ? key_row(key0 + r) : -1LL; };
-    load_tile<HD, KEY_TILE>(k_tile, k, kv_stride, column, head_dim, row_of);
-    load_tile<HD, KEY_TILE, V_TRANSPOSED>(v_tile, v, kv_stride, column, head_dim, row_of);
+    fetch_tile<HD, KEY_TILE>(k_tile, k, kv_stride, column, head_dim, row_of);
+    fetch_tile<HD, KEY_TILE>(v_tile, v, kv_stride, column, head_dim, row_of);
   }
 };
 
@@ -93,8 +93,10 @@ __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const b
   float grad[HD / 8][4] = {};
 
   for (int key0 = 0; key0 < tile.count(); key0 += KEY_TILE) {
-    __syncthreads();
-    tile.load<HD, KEY_TILE, false>(ks, vs, key0);  // V as rows: dP = dO·Vᵀ
+    __syncthreads();  // the previous tile's K and V are no longer read
+    tile.fetch<HD, KEY_TILE>(ks, vs, key0);  // all of a tile's copies in flight at once
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
     if (key0 >= warp_seen || warp * 16 >= tile.rows) continue;
 

@@ -76,6 +76,14 @@ uint64_t emu_warp_exchange(uint64_t value, int source_lane);
 // for its warp, then computes its four elements of D = A·B + C from the whole warp's fragments (runtime.cpp).
 void emu_mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b, const float* c);
 
+// cp.async.cg.shared.global of 16 bytes (src_bytes of them read, the rest zeros), commit_group and wait_group, for the
+// calling thread. Its copies wait in its own queue and land when it waits for their group, as late as a GPU may let
+// them: a kernel that reads a tile before waiting for it (or before the barrier after every thread's wait) reads stale
+// bytes here as on a GPU. Copies a thread never waits for land when it finishes.
+void emu_cp_async(void* shared, const void* global, unsigned src_bytes);
+void emu_cp_async_commit();
+void emu_cp_async_wait(int pending);
+
 template <typename T>
 T emu_exchange(T value, int source_lane, bool keep) {
   uint64_t bits = 0;

@@ -1,7 +1,7 @@
 // Kernels for the emulator's own tests (test/cuda/emulator.test.ts): the order blocks and threads ran in, a kernel
-// with the race the emulator's random orders are there to expose, one tensor-core product, and two accesses a GPU
-// refuses (a read past a buffer, a misaligned vector load). Not part of art-ts.
-#include "common.cuh"
+// with the race the emulator's random orders are there to expose, one tensor-core product, an asynchronous copy, and
+// two accesses a GPU refuses (a read past a buffer, a misaligned vector load). Not part of art-ts.
+#include "flash.cuh"
 
 // order[block] = its place among the launch's blocks.
 extern "C" __global__ void probe_block_order(unsigned* counter, unsigned* order) {
@@ -28,6 +28,19 @@ extern "C" __global__ void probe_mma(const unsigned* a, const unsigned* b, const
   float fd[4];
   mma_bf16_16816(fd, fa, fb, fc);
   for (int i = 0; i < 4; i++) d[4 * lane + i] = fd[i];
+}
+
+// One cp.async of 16 bytes into shared memory that held -1s, src_bytes of them read from `in` (16, or 0: zeros):
+// out[0..3] are the shared values before the thread waits for its group, out[4..7] after. (On a GPU the first read
+// would race with the copy; here the copy lands at the wait, as late as a GPU may let it.)
+extern "C" __global__ void probe_cp_async(const float4* in, float* out, int src_bytes) {
+  __shared__ float4 tile;
+  tile = float4{-1.0f, -1.0f, -1.0f, -1.0f};
+  cp_async_16(&tile, in, (unsigned)src_bytes);
+  cp_async_commit();
+  out[0] = tile.x, out[1] = tile.y, out[2] = tile.z, out[3] = tile.w;
+  cp_async_wait<0>();
+  out[4] = tile.x, out[5] = tile.y, out[6] = tile.z, out[7] = tile.w;
 }
 
 // out[0] = in[n]: one float past a buffer of n (a GPU's memcheck reports it; the emulator's guard page stops it).

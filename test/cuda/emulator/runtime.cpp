@@ -53,12 +53,21 @@ struct Barrier {
   unsigned expected = 0, arrived = 0, generation = 0;
 };
 
+struct AsyncCopy {
+  void* shared;
+  const void* global;
+  unsigned src_bytes;
+};
+
 struct Fiber {
   void* sp = nullptr;
   emu_dim3 thread;
   bool done = false;
   Barrier* waiting = nullptr;
   unsigned waiting_generation = 0;
+  // cp.async: the copies issued since the last commit, then the committed groups, oldest first.
+  std::vector<AsyncCopy> uncommitted;
+  std::vector<std::vector<AsyncCopy>> groups;
 };
 
 static constexpr size_t stack_bytes = 256 * 1024;
@@ -155,8 +164,39 @@ void emu_mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b, const fl
   }
 }
 
+static void land(const std::vector<AsyncCopy>& copies) {
+  for (const AsyncCopy& copy : copies) {
+    std::memcpy(copy.shared, copy.global, copy.src_bytes);
+    std::memset(static_cast<char*>(copy.shared) + copy.src_bytes, 0, 16 - copy.src_bytes);
+  }
+}
+
+void emu_cp_async(void* shared, const void* global, unsigned src_bytes) {
+  if (src_bytes > 16 || reinterpret_cast<uintptr_t>(shared) % 16 != 0 || (src_bytes > 0 && reinterpret_cast<uintptr_t>(global) % 16 != 0)) {
+    std::fprintf(stderr, "emulator: cp.async of 16 bytes needs both addresses 16-byte aligned and at most 16 source bytes\n");
+    std::abort();
+  }
+  fibers[current].uncommitted.push_back({shared, global, src_bytes});
+}
+
+void emu_cp_async_commit() {
+  Fiber& fiber = fibers[current];
+  fiber.groups.push_back(std::move(fiber.uncommitted));
+  fiber.uncommitted.clear();
+}
+
+void emu_cp_async_wait(int pending) {
+  Fiber& fiber = fibers[current];
+  while (fiber.groups.size() > size_t(pending)) {
+    land(fiber.groups.front());
+    fiber.groups.erase(fiber.groups.begin());
+  }
+}
+
 static void fiber_main() {
   current_call(current_params);
+  for (const auto& group : fibers[current].groups) land(group);
+  land(fibers[current].uncommitted);
   fibers[current].done = true;
   emu_switch(&fibers[current].sp, scheduler_sp);
   std::abort();  // a finished fiber is never resumed
