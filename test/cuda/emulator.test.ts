@@ -115,6 +115,27 @@ describe.skipIf(skipReason !== "")(`the kernel emulator${skipReason ? ` (skipped
     }
   });
 
+  it("ldmatrix_x4 gives each lane the ISA's rows (or, transposed, columns) of the four 8 × 8 matrices the lanes address", () => {
+    // tile[row][column] = 100 · row + column, as bf16 bits (exact: small integers).
+    const tile = new Uint16Array(16 * 16);
+    for (let row = 0; row < 16; row++) for (let column = 0; column < 16; column++) tile[row * 16 + column] = f32ToBf16(100 * row + column);
+    const input = device(new Uint32Array(tile.buffer));
+    for (const trans of [false, true]) {
+      const out = device(new Uint32Array(32 * 4));
+      launch("probe_ldmatrix", 1, 32, [["ptr", input], ["ptr", out], ["i32", trans ? 1 : 0]]);
+      const got = read(out, new Uint32Array(32 * 4));
+      for (let lane = 0; lane < 32; lane++) {
+        for (let i = 0; i < 4; i++) {
+          // Matrix i is the one lanes 8i .. 8i + 7 address: rows 8 · (i % 2) .., columns 8 · (i / 2) .. of the tile.
+          const [row0, column0] = [8 * (i % 2), 8 * Math.floor(i / 2)];
+          // The ISA: lane l holds row l / 4, elements 2(l % 4) and 2(l % 4) + 1; with .trans, column l / 4, rows 2(l % 4), 2(l % 4) + 1.
+          const at = (k: number) => (trans ? tile[(row0 + 2 * (lane % 4) + k) * 16 + column0 + (lane >> 2)] : tile[(row0 + (lane >> 2)) * 16 + column0 + 2 * (lane % 4) + k]);
+          expect(got[4 * lane + i]).toBe((at(0) | (at(1) << 16)) >>> 0);
+        }
+      }
+    }
+  });
+
   it("lands a thread's cp.async copies when it waits for their group, not before; a copy of no source bytes writes zeros", () => {
     const source = device(Float32Array.from([1.5, 2.5, 3.5, 4.5]));
     for (const [sourceBytes, landed] of [[16, [1.5, 2.5, 3.5, 4.5]], [0, [0, 0, 0, 0]]] as const) {

@@ -72,3 +72,24 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
 #endif
 }
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (sm_75+): four 8×8 b16 matrices from shared memory into the warp's
+// registers in mma's fragment layout. Lane l gives the address of row l % 8 of matrix l / 8 (8 b16, 16-byte aligned)
+// and gets in r[i] matrix i's row l / 4, elements 2(l % 4) and 2(l % 4) + 1 (the lower half first); with TRANS the
+// transposed matrix's: column l / 4, rows 2(l % 4) and 2(l % 4) + 1. One instruction where fragment loads took four
+// to sixteen. Every lane of the warp must call it together.
+template <bool TRANS>
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* row) {
+#ifdef ART_EMULATOR
+  emu_ldmatrix_x4(r, row, TRANS);
+#else
+  const unsigned address = (unsigned)__cvta_generic_to_shared(row);
+  if (TRANS) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+  }
+#endif
+}

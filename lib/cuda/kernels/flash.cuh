@@ -3,36 +3,36 @@
 // into f32 accumulators, the online softmax in f32 registers, and no score matrix in global memory.
 //
 // A block of 128 threads takes a query tile of at most 64 rows (16 per warp) and one query head. Shared tiles hold
-// rows of HD + 8 bf16, HD the head size padded with zeros to a multiple of the mma's k of 16: the padding spreads a
-// warp's fragment loads over the banks.
+// rows of HD + 8 bf16, HD the head size padded with zeros to a multiple of the mma's k of 16: the padding puts the
+// eight rows an ldmatrix phase reads in different banks.
 #pragma once
 #include "common.cuh"
 
 constexpr int FLASH_TILE_ROWS = 64;
 
-// ---- mma fragments (layouts in common.cuh, g = lane / 4, t = lane % 4) ---------------------------------------------
+// ---- mma fragments (layouts in common.cuh), by ldmatrix ------------------------------------------------------------
 
-// A = tile[row0 .. row0+15][k0 .. k0+15] of a row-major bf16 tile.
-__device__ __forceinline__ void load_a(unsigned (&a)[4], const bf16* tile, int stride, int row0, int k0, int g, int t) {
-  const bf16* p = tile + (row0 + g) * stride + k0 + 2 * t;
-  a[0] = *reinterpret_cast<const unsigned*>(p);
-  a[1] = *reinterpret_cast<const unsigned*>(p + 8 * stride);
-  a[2] = *reinterpret_cast<const unsigned*>(p + 8);
-  a[3] = *reinterpret_cast<const unsigned*>(p + 8 * stride + 8);
+// A = tile[row0 .. row0+15][k0 .. k0+15] of a row-major bf16 tile: its four 8×8 quarters, lane l addressing row
+// row0 + l % 16 at column k0 + 8 · (l / 16).
+__device__ __forceinline__ void load_a(unsigned (&a)[4], const bf16* tile, int stride, int row0, int k0, int lane) {
+  ldmatrix_x4<false>(a, tile + (row0 + lane % 16) * stride + k0 + 8 * (lane / 16));
 }
 
-// B[kk][n] = tile[n0 + n][k0 + kk]: the tile's rows are B's columns (as K in Q·Kᵀ); pairs along k are contiguous.
-__device__ __forceinline__ void load_b_transposed(unsigned (&b)[2], const bf16* tile, int stride, int n0, int k0, int g, int t) {
-  const bf16* p = tile + (n0 + g) * stride + k0 + 2 * t;
-  b[0] = *reinterpret_cast<const unsigned*>(p);
-  b[1] = *reinterpret_cast<const unsigned*>(p + 8);
+// The B fragments of column blocks n0 .. n0+7 (b0) and n0+8 .. n0+15 (b1) for B[kk][n] = tile[n][k0 + kk]: the tile's
+// rows are B's columns (as K in Q·Kᵀ), so each 8×8 matrix is read as it is stored; lane l addresses row
+// n0 + l % 8 + 8 · (l / 16) at column k0 + 8 · (l / 8 % 2).
+__device__ __forceinline__ void load_b_transposed_pair(unsigned (&b0)[2], unsigned (&b1)[2], const bf16* tile, int stride, int n0, int k0, int lane) {
+  unsigned r[4];
+  ldmatrix_x4<false>(r, tile + (n0 + lane % 8 + 8 * (lane / 16)) * stride + k0 + 8 * (lane / 8 % 2));
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 
-// B[kk][n] = tile[k0 + kk][n0 + n] (as V in P·V): pairs along k are two rows.
-__device__ __forceinline__ void load_b(unsigned (&b)[2], const bf16* tile, int stride, int k0, int n0, int g, int t) {
-  const bf16* p = tile + (k0 + 2 * t) * stride + n0 + g;
-  b[0] = (unsigned)__bfloat16_as_ushort(p[0]) | ((unsigned)__bfloat16_as_ushort(p[stride]) << 16);
-  b[1] = (unsigned)__bfloat16_as_ushort(p[8 * stride]) | ((unsigned)__bfloat16_as_ushort(p[9 * stride]) << 16);
+// The same for B[kk][n] = tile[k0 + kk][n] (as V in P·V): pairs along k are two rows, so each matrix is read
+// transposed; lane l addresses row k0 + l % 8 + 8 · (l / 8 % 2) at column n0 + 8 · (l / 16).
+__device__ __forceinline__ void load_b_pair(unsigned (&b0)[2], unsigned (&b1)[2], const bf16* tile, int stride, int k0, int n0, int lane) {
+  unsigned r[4];
+  ldmatrix_x4<true>(r, tile + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * stride + n0 + 8 * (lane / 16));
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 
 // Two accumulator fragments of adjacent 8-column blocks (columns c0 .. c0+15 of a 16-row product) are, rounded to
@@ -45,38 +45,41 @@ __device__ __forceinline__ void accumulators_as_a(unsigned (&a)[4], const float 
 }
 
 // c[n] = A·B for an A of 16 rows × HD (row0.. of tile a) and B = the rows n·8 .. of tile b, transposed: 16 × N scores.
-// Each A fragment is loaded once and used for all N / 8 column blocks (k outside, n inside): shared-memory loads per
-// mma fall from 6 to 2.5 at N = 64, and each c[n] still sums its k-chunks in the same order.
+// Each A fragment is loaded once and used for all N / 8 column blocks (k outside, n inside), the B fragments two
+// blocks at a time, and each c[n] still sums its k-chunks in the same order.
 template <int HD, int N>
-__device__ __forceinline__ void product_transposed(float (&c)[N / 8][4], const bf16* a_tile, int row0, const bf16* b_tile, int g, int t) {
+__device__ __forceinline__ void product_transposed(float (&c)[N / 8][4], const bf16* a_tile, int row0, const bf16* b_tile, int lane) {
   constexpr int STRIDE = HD + 8;
+  static_assert(N % 16 == 0, "column blocks in pairs");
 #pragma unroll
   for (int n = 0; n < N / 8; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
 #pragma unroll
   for (int kc = 0; kc < HD / 16; kc++) {
     unsigned a[4];
-    load_a(a, a_tile, STRIDE, row0, kc * 16, g, t);
+    load_a(a, a_tile, STRIDE, row0, kc * 16, lane);
 #pragma unroll
-    for (int n = 0; n < N / 8; n++) {
-      unsigned b[2];
-      load_b_transposed(b, b_tile, STRIDE, n * 8, kc * 16, g, t);
-      mma_bf16_16816(c[n], a, b, c[n]);
+    for (int n = 0; n < N / 8; n += 2) {
+      unsigned b0[2], b1[2];
+      load_b_transposed_pair(b0, b1, b_tile, STRIDE, n * 8, kc * 16, lane);
+      mma_bf16_16816(c[n], a, b0, c[n]);
+      mma_bf16_16816(c[n + 1], a, b1, c[n + 1]);
     }
   }
 }
 
 // acc += P·tile for P (16 × K, accumulator fragments) and tile rows 0 .. K − 1 (rows of HD + 8): 16 × HD.
 template <int HD, int K>
-__device__ __forceinline__ void accumulate_product(float (&acc)[HD / 8][4], const float (&p)[K / 8][4], const bf16* tile, int g, int t) {
+__device__ __forceinline__ void accumulate_product(float (&acc)[HD / 8][4], const float (&p)[K / 8][4], const bf16* tile, int lane) {
 #pragma unroll
   for (int kc = 0; kc < K / 16; kc++) {
     unsigned a[4];
     accumulators_as_a(a, p[2 * kc], p[2 * kc + 1]);
 #pragma unroll
-    for (int n = 0; n < HD / 8; n++) {
-      unsigned b[2];
-      load_b(b, tile, HD + 8, kc * 16, n * 8, g, t);
-      mma_bf16_16816(acc[n], a, b, acc[n]);
+    for (int n = 0; n < HD / 8; n += 2) {
+      unsigned b0[2], b1[2];
+      load_b_pair(b0, b1, tile, HD + 8, kc * 16, n * 8, lane);
+      mma_bf16_16816(acc[n], a, b0, acc[n]);
+      mma_bf16_16816(acc[n + 1], a, b1, acc[n + 1]);
     }
   }
 }
@@ -256,7 +259,7 @@ __device__ void flash_forward(const Q* __restrict__ q, const Keys& keys, int fir
     if (key0 >= warp_seen || warp * 16 >= rows) continue;
 
     float s[KEY_TILE / 8][4];
-    product_transposed<HD, KEY_TILE>(s, qs, warp * 16, ks, g, t);
+    product_transposed<HD, KEY_TILE>(s, qs, warp * 16, ks, lane);
     // Scale, mask the keys a row does not see, and fold the tile into the running max and sum.
     float tile_max0 = -INFINITY, tile_max1 = -INFINITY;
 #pragma unroll
@@ -294,7 +297,7 @@ __device__ void flash_forward(const Q* __restrict__ q, const Keys& keys, int fir
       sum0 += s[n][0] + s[n][1];
       sum1 += s[n][2] + s[n][3];
     }
-    accumulate_product<HD, KEY_TILE>(o, s, vs, g, t);
+    accumulate_product<HD, KEY_TILE>(o, s, vs, lane);
   }
   sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
   sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);

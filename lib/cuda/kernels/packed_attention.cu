@@ -68,7 +68,7 @@ __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const b
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const long long q_stride = (long long)heads * head_dim;
   const auto query_row = [&](int r) { return r < tile.rows ? (long long)tile.first_row + r : -1LL; };
-  load_tile<HD, FLASH_TILE_ROWS>(qs, q, q_stride, head * head_dim, head_dim, query_row);
+  fetch_tile<HD, FLASH_TILE_ROWS>(qs, q, q_stride, head * head_dim, head_dim, query_row);  // waited for with the first key tile's
   load_tile<HD, FLASH_TILE_ROWS>(dos, dout, q_stride, head * head_dim, head_dim, query_row);
 
   // Δ of the warp's 16 rows from the f32 dout and out (a warp sum per row); lanes g keep rows g and g + 8.
@@ -101,8 +101,8 @@ __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const b
     if (key0 >= warp_seen || warp * 16 >= tile.rows) continue;
 
     float s[KEY_TILE / 8][4], dp[KEY_TILE / 8][4];
-    product_transposed<HD, KEY_TILE>(s, qs, warp * 16, ks, g, t);
-    product_transposed<HD, KEY_TILE>(dp, dos, warp * 16, vs, g, t);
+    product_transposed<HD, KEY_TILE>(s, qs, warp * 16, ks, lane);
+    product_transposed<HD, KEY_TILE>(dp, dos, warp * 16, vs, lane);
 #pragma unroll
     for (int n = 0; n < KEY_TILE / 8; n++) {
 #pragma unroll
@@ -113,7 +113,7 @@ __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const b
         s[n][i] = p * (dp[n][i] - (low ? delta0 : delta1));  // dS
       }
     }
-    accumulate_product<HD, KEY_TILE>(grad, s, ks, g, t);
+    accumulate_product<HD, KEY_TILE>(grad, s, ks, lane);
   }
   for_each_accumulator<HD>(grad, g, t, [&](int row, int c, float value, bool) {
     const int r = warp * 16 + row;
@@ -157,8 +157,8 @@ __device__ void packed_attention_backward_dkdv(const bf16* __restrict__ q, const
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const long long q_stride = (long long)heads * head_dim, kv_stride = (long long)kv_heads * head_dim;
   const auto key_row = [&](int r) { return r < keys ? (long long)first_key + r : -1LL; };
-  load_tile<HD, KEY_TILE>(ks, k, kv_stride, kv_head * head_dim, head_dim, key_row);
-  load_tile<HD, KEY_TILE>(vs, v, kv_stride, kv_head * head_dim, head_dim, key_row);
+  fetch_tile<HD, KEY_TILE>(ks, k, kv_stride, kv_head * head_dim, head_dim, key_row);  // waited for with the first chunk's
+  fetch_tile<HD, KEY_TILE>(vs, v, kv_stride, kv_head * head_dim, head_dim, key_row);
   // This lane's two keys (rows g and g + 8 of the warp's 16) and the warp's key rows.
   const int key_lo = first_key + warp * 16, key0 = key_lo + g, key1 = key0 + 8;
   const int key_hi = first_key + min(warp * 16 + 16, keys);  // past the warp's last real key
@@ -172,13 +172,15 @@ __device__ void packed_attention_backward_dkdv(const bf16* __restrict__ q, const
     for (int chunk = first; chunk < end; chunk += QUERY_CHUNK) {
       __syncthreads();  // the previous chunk is no longer read
       const auto query_row = [&](int r) { return chunk + r < end ? (long long)chunk + r : -1LL; };
-      load_tile<HD, QUERY_CHUNK>(qs, q, q_stride, head * head_dim, head_dim, query_row);
+      fetch_tile<HD, QUERY_CHUNK>(qs, q, q_stride, head * head_dim, head_dim, query_row);
+      cp_async_commit();  // q's copies run while dO (f32, rounded on the way) comes in through registers
       load_tile<HD, QUERY_CHUNK>(dos, dout, q_stride, head * head_dim, head_dim, query_row);
       for (int r = threadIdx.x; r < QUERY_CHUNK; r += blockDim.x) {
         const bool real = chunk + r < end;
         chunk_lse[r] = real ? lse[(long long)(chunk + r) * heads + head] * log2e : 0.0f;
         chunk_delta[r] = real ? delta[(long long)(chunk + r) * heads + head] : 0.0f;
       }
+      cp_async_wait<0>();
       __syncthreads();
       // Skip when no row of the chunk sees any of the warp's keys (uniform over the warp).
       const int chunk_last = min(chunk + QUERY_CHUNK, end) - 1;
@@ -186,8 +188,8 @@ __device__ void packed_attention_backward_dkdv(const bf16* __restrict__ q, const
       if (!any) continue;
 
       float p[QUERY_CHUNK / 8][4], ds[QUERY_CHUNK / 8][4];
-      product_transposed<HD, QUERY_CHUNK>(p, ks, warp * 16, qs, g, t);   // Sᵀ
-      product_transposed<HD, QUERY_CHUNK>(ds, vs, warp * 16, dos, g, t);  // dPᵀ
+      product_transposed<HD, QUERY_CHUNK>(p, ks, warp * 16, qs, lane);   // Sᵀ
+      product_transposed<HD, QUERY_CHUNK>(ds, vs, warp * 16, dos, lane);  // dPᵀ
 #pragma unroll
       for (int n = 0; n < QUERY_CHUNK / 8; n++) {
 #pragma unroll
@@ -198,8 +200,8 @@ __device__ void packed_attention_backward_dkdv(const bf16* __restrict__ q, const
           ds[n][i] = p[n][i] * (ds[n][i] - chunk_delta[local]);
         }
       }
-      accumulate_product<HD, QUERY_CHUNK>(grad_v, p, dos, g, t);
-      accumulate_product<HD, QUERY_CHUNK>(grad_k, ds, qs, g, t);
+      accumulate_product<HD, QUERY_CHUNK>(grad_v, p, dos, lane);
+      accumulate_product<HD, QUERY_CHUNK>(grad_k, ds, qs, lane);
     }
   }
   for_each_accumulator<HD>(grad_k, g, t, [&](int row, int c, float value, bool) {
@@ -232,7 +234,8 @@ extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ 
 }
 
 // Instantiations per head size: the dk/dv pass reads query chunks of 64 rows, or 32 at head size 128, where its two
-// 16 × 128 accumulators per warp take 128 registers per thread.
+// 16 × 128 accumulators per warp take 128 registers per thread. Its launch bounds say one block per SM suffices: with
+// the block size alone, ptxas held sm_80's head-size-16 instantiation to 128 registers and spilled.
 #define PACKED_ATTENTION(HD, QUERY_CHUNK)                                                                               \
   extern "C" __global__ void __launch_bounds__(128) packed_attention_forward_hd##HD(                                    \
       const bf16* q, const bf16* k, const bf16* v, const int* tiles, float* out, bf16* out_bf16, float* lse, int heads, \
@@ -244,7 +247,7 @@ extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ 
       const int* tiles, float* dq, float* delta, int heads, int kv_heads, int head_dim, int overwrite) {                \
     packed_attention_backward_dq<HD>(q, k, v, out, dout, lse, tiles, dq, delta, heads, kv_heads, head_dim, overwrite);  \
   }                                                                                                                      \
-  extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dkdv_hd##HD(                              \
+  extern "C" __global__ void __launch_bounds__(128, 1) packed_attention_backward_dkdv_hd##HD(                              \
       const bf16* q, const bf16* k, const bf16* v, const float* dout, const float* lse, const float* delta,             \
       const int* key_tiles, const int* ranges, float* dk_heads, float* dv_heads, int heads, int kv_heads,               \
       int head_dim) {                                                                                                    \

@@ -76,6 +76,10 @@ uint64_t emu_warp_exchange(uint64_t value, int source_lane);
 // for its warp, then computes its four elements of D = A·B + C from the whole warp's fragments (runtime.cpp).
 void emu_mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b, const float* c);
 
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 for the calling warp: every lane publishes its row's address,
+// waits for its warp, then reads its four registers from the rows the PTX ISA assigns it (runtime.cpp).
+void emu_ldmatrix_x4(uint32_t* r, const void* row, bool trans);
+
 // cp.async.cg.shared.global of 16 bytes (src_bytes of them read, the rest zeros), commit_group and wait_group, for the
 // calling thread. Its copies wait in its own queue and land when it waits for their group, as late as a GPU may let
 // them: a kernel that reads a tile before waiting for it (or before the barrier after every thread's wait) reads stale

@@ -1,6 +1,6 @@
 // Kernels for the emulator's own tests (test/cuda/emulator.test.ts): the order blocks and threads ran in, a kernel
-// with the race the emulator's random orders are there to expose, one tensor-core product, an asynchronous copy, and
-// two accesses a GPU refuses (a read past a buffer, a misaligned vector load). Not part of art-ts.
+// with the race the emulator's random orders are there to expose, one tensor-core product, a warp's matrix load, an
+// asynchronous copy, and two accesses a GPU refuses (a read past a buffer, a misaligned vector load). Not part of art-ts.
 #include "flash.cuh"
 
 // order[block] = its place among the launch's blocks.
@@ -28,6 +28,20 @@ extern "C" __global__ void probe_mma(const unsigned* a, const unsigned* b, const
   float fd[4];
   mma_bf16_16816(fd, fa, fb, fc);
   for (int i = 0; i < 4; i++) d[4 * lane + i] = fd[i];
+}
+
+// One ldmatrix_x4 (trans = 0 or 1) by one warp over a 16 × 16 bf16 tile (rows of 16, as in[]), lane l addressing row
+// l % 16 at column 8 · (l / 16): out[4 · lane + i] = the lane's register i.
+extern "C" __global__ void probe_ldmatrix(const bf16* in, unsigned* out, int trans) {
+  __shared__ uint4 tile[32];  // 16 rows of 16 bf16, 16-byte aligned
+  const int lane = threadIdx.x;
+  tile[lane] = reinterpret_cast<const uint4*>(in)[lane];
+  __syncthreads();
+  const bf16* row = reinterpret_cast<const bf16*>(tile) + (lane % 16) * 16 + 8 * (lane / 16);
+  unsigned r[4];
+  if (trans) ldmatrix_x4<true>(r, row);
+  else ldmatrix_x4<false>(r, row);
+  for (int i = 0; i < 4; i++) out[4 * lane + i] = r[i];
 }
 
 // One cp.async of 16 bytes into shared memory that held -1s, src_bytes of them read from `in` (16, or 0: zeros):

@@ -164,6 +164,29 @@ void emu_mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b, const fl
   }
 }
 
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l publishes the address of row l % 8 of matrix l / 8 (eight
+// b16, 16-byte aligned), waits for its warp, then takes register i from matrix i: row l / 4, elements 2(l % 4) and
+// 2(l % 4) + 1 (the lower half first), or with .trans the transposed matrix's: column l / 4, rows 2(l % 4) and
+// 2(l % 4) + 1.
+void emu_ldmatrix_x4(uint32_t* r, const void* row, bool trans) {
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
+    std::fprintf(stderr, "emulator: ldmatrix needs each row's address 16-byte aligned\n");
+    std::abort();
+  }
+  const unsigned warp = current / 32, lane = current % 32;
+  const unsigned bank = warp_barriers[warp].generation & 1;  // two banks, as in emu_warp_exchange
+  warp_slots[(bank * fibers.size()) + current] = reinterpret_cast<uintptr_t>(row);
+  arrive(warp_barriers[warp]);
+  auto element = [&](unsigned matrix, unsigned row_index, unsigned column) {
+    const auto* address = reinterpret_cast<const uint16_t*>(warp_slots[(bank * fibers.size()) + warp * 32 + matrix * 8 + row_index]);
+    return uint32_t(address[column]);
+  };
+  const unsigned q = lane / 4, pair = 2 * (lane % 4);
+  for (unsigned i = 0; i < 4; i++) {
+    r[i] = trans ? element(i, pair, q) | (element(i, pair + 1, q) << 16) : element(i, q, pair) | (element(i, q, pair + 1) << 16);
+  }
+}
+
 static void land(const std::vector<AsyncCopy>& copies) {
   for (const AsyncCopy& copy : copies) {
     std::memcpy(copy.shared, copy.global, copy.src_bytes);
