@@ -224,6 +224,8 @@ function stackable(loras: readonly { a: CudaTensor; dA?: CudaTensor; kept: KeptD
 
 /** lora.cu's rows per lora_up tile (LORA_TILE_ROWS), limits (LORA_MAX_RANK, LORA_MAX_FUSED_PAIRS) and block shapes (LORA_WARPS, LORA_COLUMNS). */
 const loraKernelTileRows = 64, loraKernelMaxRank = 64, loraFusedMaxPairs = 64, loraDownWarps = 8, loraUpColumns = 256;
+/** elementwise.cu's swiglu_kept_lora and its backward: KEPT_COLUMNS threads, a column each, over KEPT_TILE_ROWS rows. */
+const keptColumns = 256, keptTileRows = 64;
 
 /**
  * Bytes of LoRA B matrices an op may read on its way in (rows × each row's B bytes) when it adds its input's LoRAs
@@ -501,6 +503,27 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     return shape && { x: xs, parts, rank: shape.rank, inFeatures: shape.inFeatures, dtype: shape.dtype === "bf16" ? "bf16" : "f32" };
   }
 
+  /**
+   * A training pass's gate/up LoRAs (x Aᵀ kept for the backward, f32, one rank, each into all of its half of gateUp) as
+   * swiglu_kept_lora and its backward add them on their way in (elementwise.cu), or null: the launch geometry and the
+   * kernels' LoRA arguments. swiglu and swigluBackward take the same rule, so the backward adds exactly what the
+   * forward left out of gateUp.
+   */
+  #keptGateUpLoras({ x, targets }: InputLoras, gateUp: CudaTensor, inter: number) {
+    const xs = f32("LoRA input", x);
+    const parts = this.#loraParts(xs, targets);
+    const halves = [0, inter].map((column) => parts.find((p) => p.column === column));
+    const rank = parts[0]?.rank;
+    const fits = parts.length > 0 && parts.length === halves.filter(Boolean).length && parts.every((p) =>
+      p.kept !== null && p.o.address === gateUp.address && p.outFeatures === inter && p.width === 2 * inter && p.rank === rank
+      && p.kept.width === parts[0].kept!.width && p.kept.tensor === parts[0].kept!.tensor);
+    if (!fits || rank > loraKernelMaxRank) return null;
+    const rows = parts[0].n;
+    const args: KernelArg[] = [...halves.map((p): KernelArg => ["ptr", p ? keptAddress(p.kept!) : 0n]), ["i32", parts[0].kept!.width],
+      ...halves.map((p): KernelArg => ["ptr", p ? p.b.address : 0n]), ...halves.map((p): KernelArg => ["f32", p?.scale ?? 0]), ["i32", rank]];
+    return { x: xs, parts, rows, args, grid: [Math.ceil(inter / keptColumns), Math.ceil(rows / keptTileRows)] as [number, number] };
+  }
+
   linear(x: Tensor, weight: Tensor, bias: Tensor | null, out: Tensor): void {
     const xs = cuda(x), w = cuda(weight), o = cuda(out);
     o.version++;
@@ -526,27 +549,14 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
    */
   addLoras(x: Tensor, targets: readonly LoraTarget[]): void {
     const xs = f32("LoRA input", x);
-    const parts = targets.map((target): LoraPart => {
-      const { lora, out, column, down } = target;
-      const a = cuda(lora.a), b = cuda(lora.b), o = f32("LoRA output", out);
-      if (a.dtype !== b.dtype) throw new ArtError("wrong_dtype", `cuda backend: LoRA A is ${a.dtype} but B is ${b.dtype}; store both alike`);
-      const { rank, inFeatures, outFeatures, n, width, downWidth } = loraTargetShape("cuda backend", xs, target);
-      if (down && a.dtype !== "f32") throw new ArtError("wrong_dtype", `cuda backend: a LoRA trained here (its x·Aᵀ kept) is f32, not ${a.dtype}`);
-      const kept = down ? { tensor: f32("LoRA x·Aᵀ", down.tensor), column: down.column, width: downWidth } : null;
-      return { a, b, o, kept, rank, inFeatures, outFeatures, n, width, column, scale: lora.scale };
-    });
+    const parts = this.#loraParts(xs, targets);
     if (parts.length === 0) return;
-    for (const { o, kept } of parts) {
-      o.version++;
-      if (kept) kept.tensor.version++;
-    }
+    for (const { o } of parts) o.version++;
     if (stackable(parts)) {
-      const { n, inFeatures, kept } = parts[0];
-      const stackedRank = parts.reduce((sum, p) => sum + p.rank, 0);
+      this.#keepDowns(xs, parts);
       const type = loraProducts(this.#roundedForProduct(xs));
-      this.blas.linear(xs.address, parts[0].a.address, keptAddress(kept!), n, inFeatures, stackedRank, type, 1, 0, kept!.width);
       for (const p of parts) {
-        this.blas.linear(keptAddress(p.kept!), p.b.address, p.o.address + BigInt(p.column * 4), n, p.rank, p.outFeatures, type, p.scale, 1, p.width, p.kept!.width);
+        this.blas.linear(keptAddress(p.kept!), p.b.address, p.o.address + BigInt(p.column * 4), p.n, p.rank, p.outFeatures, type, p.scale, 1, p.width, p.kept!.width);
       }
       return;
     }
@@ -577,8 +587,35 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.#release(down);
   }
 
+  /** addLoras' targets, checked: A and B alike, f32 where x Aᵀ is kept for training. */
+  #loraParts(xs: CudaTensor, targets: readonly LoraTarget[]): LoraPart[] {
+    return targets.map((target): LoraPart => {
+      const { lora, out, column, down } = target;
+      const a = cuda(lora.a), b = cuda(lora.b), o = f32("LoRA output", out);
+      if (a.dtype !== b.dtype) throw new ArtError("wrong_dtype", `cuda backend: LoRA A is ${a.dtype} but B is ${b.dtype}; store both alike`);
+      const { rank, inFeatures, outFeatures, n, width, downWidth } = loraTargetShape("cuda backend", xs, target);
+      if (down && a.dtype !== "f32") throw new ArtError("wrong_dtype", `cuda backend: a LoRA trained here (its x·Aᵀ kept) is f32, not ${a.dtype}`);
+      const kept = down ? { tensor: f32("LoRA x·Aᵀ", down.tensor), column: down.column, width: downWidth } : null;
+      return { a, b, o, kept, rank, inFeatures, outFeatures, n, width, column, scale: lora.scale };
+    });
+  }
+
+  /** x Aᵀ of kept LoRAs into their kept columns: one GEMM over a stackable group's A, else one per LoRA. */
+  #keepDowns(xs: CudaTensor, parts: readonly LoraPart[]): void {
+    const type = loraProducts(this.#roundedForProduct(xs));
+    for (const { kept } of parts) kept!.tensor.version++;
+    if (stackable(parts)) {
+      const { n, inFeatures, kept } = parts[0];
+      const stackedRank = parts.reduce((sum, p) => sum + p.rank, 0);
+      this.blas.linear(xs.address, parts[0].a.address, keptAddress(kept!), n, inFeatures, stackedRank, type, 1, 0, kept!.width);
+      return;
+    }
+    for (const { a, kept, n, inFeatures, rank } of parts) this.blas.linear(xs.address, a.address, keptAddress(kept!), n, inFeatures, rank, type, 1, 0, kept!.width);
+  }
+
   /** One target of addLoras as two cuBLAS GEMMs: x Aᵀ (kept when asked, in its columns), then scale · (x Aᵀ) Bᵀ into its columns. */
   #loraGemms(xs: CudaTensor, { a, b, o, kept, rank, inFeatures, outFeatures, n, width, column, scale }: LoraPart): void {
+    if (kept) kept.tensor.version++;
     const down = kept ? keptAddress(kept) : this.#transient().allocate(n * rank * 4);
     const downWidth = kept?.width ?? rank;
     const type = a.dtype === "bf16" ? "bf16" : loraProducts(this.#roundedForProduct(xs));
@@ -652,8 +689,16 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const g = f32("swiglu gate/up", gateUp), o = f32("swiglu out", out);
     const { inter } = swigluShape("cuda backend", g, o);
     const folded = loras ? this.#foldableLoras(loras, g, [inter, inter]) : null;
-    if (loras && !folded) this.addLoras(loras.x, loras.targets);
+    const kept = loras && !folded ? this.#keptGateUpLoras(loras, g, inter) : null;
+    if (loras && !folded && !kept) this.addLoras(loras.x, loras.targets);
     o.version++;
+    if (kept) {
+      // A training pass: x Aᵀ into the kept columns, then the SwiGLU adds the products on its way in.
+      this.#keepDowns(kept.x, kept.parts);
+      this.#launch("swiglu_kept_lora", kept.grid, [keptColumns], [["ptr", g.address], ["ptr", o.address], ["ptr", this.#bf16Output(o)],
+        ["i32", inter], ["i32", kept.rows], ...kept.args]);
+      return;
+    }
     if (!folded) {
       this.#launch("swiglu", [gridFor(o.size)], [256], [["ptr", g.address], ["ptr", o.address], ["ptr", this.#bf16Output(o)],
         ["i32", inter], ["i64", o.size]]);
@@ -1020,7 +1065,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.#rotate(dq, dk, positions, invFreq, headDim, -1);
   }
 
-  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor, overwrite = false): void {
+  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor, overwrite = false, loras: InputLoras | null = null): void {
     const g = f32("swiglu gate/up", gateUp), d = f32("swiglu output gradient", dOut);
     const dg = f32("swiglu gate gradient", dGate), du = f32("swiglu up gradient", dUp);
     const { inter } = swigluShape("cuda backend", g, d);
@@ -1028,6 +1073,13 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     expectSize("swiglu up gradient", du, d.size);
     dg.version++;
     du.version++;
+    // The forward's kept LoRAs, which it left out of gateUp (the same rule picks them), added again on the way in.
+    const kept = loras ? this.#keptGateUpLoras(loras, g, inter) : null;
+    if (kept) {
+      this.#launch("swiglu_backward_kept_lora", kept.grid, [keptColumns], [["ptr", g.address], ["ptr", d.address], ["ptr", dg.address],
+        ["ptr", du.address], ["i32", inter], ["i32", kept.rows], ["i32", overwrite ? 0 : 1], ...kept.args]);
+      return;
+    }
     this.#launch("swiglu_backward", [gridFor(d.size)], [256], [["ptr", g.address], ["ptr", d.address], ["ptr", dg.address], ["ptr", du.address],
       ["i32", inter], ["i32", overwrite ? 0 : 1], ["i64", d.size]]);
   }

@@ -455,9 +455,12 @@ export interface Backend {
   /**
    * d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))): dGate += dOut · up · that; dUp += dOut · silu(gate), with gate and
    * up the two column halves of gateUp [n, 2I] (as in swiglu); dOut, dGate, dUp:[n, I] (each projection's backward
-   * takes its own gradient); with `overwrite`, dGate and dUp are written (=) instead.
+   * takes its own gradient); with `overwrite`, dGate and dUp are written (=) instead. `loras`: the ones the forward's
+   * swiglu took, with gateUp as it left it: gate and up are its inputs with the LoRAs (a backend whose swiglu adds a
+   * training pass's kept LoRAs on its way in, leaving gateUp without them, CUDA's, adds them here again; the CPU's
+   * swiglu added them into gateUp).
    */
-  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor, overwrite?: boolean): void;
+  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor, overwrite?: boolean, loras?: InputLoras | null): void;
   /** dx[rowIndex[i]] += dOut[i]. */
   gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void;
   /**

@@ -20,7 +20,7 @@ import { type Backend, type ChunkSizes, type DType, type PackedSegment, type Pro
 import type { ModelConfig } from "./config.ts";
 import { type LayerLoras, type LoraConfig, loraScale, PROJECTION_GROUPS, PROJECTIONS, type Projection, projectionPath } from "./lora.ts";
 import { type Adapter, writeAdapter } from "./peft.ts";
-import type { Attend, LayerActivations, Transformer } from "./transformer.ts";
+import { type Attend, gateUpLoras, type LayerActivations, type Transformer } from "./transformer.ts";
 
 /**
  * A parameter: its PEFT / Hugging Face name (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight), its
@@ -513,7 +513,7 @@ export class DifferentiableTransformer {
       projectionsBack(["down_proj"], acts.hidden, [dResidual], dHidden);
       const dGate = held.empty([n, inter]);
       const dUp = held.empty([n, inter]);
-      b.swigluBackward(acts.gateUp, dHidden, dGate, dUp, true);
+      b.swigluBackward(acts.gateUp, dHidden, dGate, dUp, true, gateUpLoras(this.engineLorasOf(l), acts, inter));
       const dMlpInput = held.empty([n, d]);
       projectionsBack(["gate_proj", "up_proj"], acts.mlpInput, [dGate, dUp], dMlpInput);
       // dResidual becomes d(loss)/d(mid): the residual branch's gradient plus the MLP input norm's.

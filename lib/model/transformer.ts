@@ -115,6 +115,25 @@ export interface LayerActivations {
 /** How a layer's attention reads its keys and values: the KV cache (decoding) or the packed batch (training). */
 export type Attend = (layer: number, q: Tensor, k: Tensor, v: Tensor, out: Tensor) => Tensor | null;
 
+/**
+ * The LoRAs of projections that read x, each into its output at its column (none: null), for the op that reads those
+ * outputs to add on its way in (InputLoras: one launch on a GPU where there were two); a training pass's keep their
+ * x Aᵀ in acts.loraDown.
+ */
+function inputLoras(loras: LayerLoras | undefined, acts: LayerActivations, x: Tensor, outputs: [Projection, Tensor, number][]): InputLoras | null {
+  const targets: LoraTarget[] = [];
+  for (const [projection, out, column] of outputs) {
+    const lora = loras?.[projection];
+    if (lora) targets.push({ lora, out, column, down: acts.loraDown[projection] });
+  }
+  return targets.length > 0 ? { x, targets } : null;
+}
+
+/** Gate's and up's LoRAs, as layerForward hands them to swiglu and a training pass's backward to swigluBackward. */
+export function gateUpLoras(loras: LayerLoras | undefined, acts: LayerActivations, intermediateSize: number): InputLoras | null {
+  return inputLoras(loras, acts, acts.mlpInput, [["gate_proj", acts.gateUp, 0], ["up_proj", acts.gateUp, intermediateSize]]);
+}
+
 /** Inverse RoPE frequencies theta^(-2j/hd), with Llama-3 scaling of the long wavelengths when configured. */
 export function ropeInverseFrequencies(headDim: number, theta: number, scaling: RopeScaling | null): Float32Array {
   const inv = new Float32Array(headDim / 2);
@@ -235,30 +254,18 @@ export class Transformer {
   layerForward(layer: number, input: Tensor, output: Tensor, acts: LayerActivations, positions: Int32Array, attend: Attend,
     loras?: LayerLoras, chain: { normed: boolean; nextNorm: Tensor | null } = { normed: false, nextNorm: null }): void {
     const b = this.backend, w = this.weights.layers[layer], c = this.config, eps = c.rmsNormEps;
-    /**
-     * The LoRAs of projections that read x, each into its output at its column (none: null), for the op that reads
-     * those outputs to add on its way in (InputLoras: one launch on a GPU where there were two).
-     */
-    const inputLoras = (x: Tensor, outputs: [Projection, Tensor, number][]): InputLoras | null => {
-      const targets: LoraTarget[] = [];
-      for (const [projection, out, column] of outputs) {
-        const lora = loras?.[projection];
-        if (lora) targets.push({ lora, out, column, down: acts.loraDown[projection] });
-      }
-      return targets.length > 0 ? { x, targets } : null;
-    };
     /** A lone projection's product; its LoRA is left to the op that reads its output (addRmsNorm's `loras`). */
     const linear = (projection: Projection, x: Tensor, out: Tensor): InputLoras | null => {
       const { weight, bias } = w.projections[projection];
       b.linear(x, weight, bias, out);
-      return inputLoras(x, [[projection, out, 0]]);
+      return inputLoras(loras, acts, x, [[projection, out, 0]]);
     };
     if (!chain.normed) b.rmsNorm(input, w.inputNorm, eps, acts.attnInput, acts.rstd1);
     // q, k, v: one product, then split into the three with each projection's LoRA and bias added into its columns and
     // rotated, one op (after a q/k norm where the model has one).
     b.linear(acts.attnInput, w.qkv.weight, null, acts.qkv);
     const qWidth = c.numHeads * c.headDim, kvWidth = c.numKvHeads * c.headDim;
-    const qkvLoras = inputLoras(acts.attnInput, [["q_proj", acts.qkv, 0], ["k_proj", acts.qkv, qWidth], ["v_proj", acts.qkv, qWidth + kvWidth]]);
+    const qkvLoras = inputLoras(loras, acts, acts.attnInput, [["q_proj", acts.qkv, 0], ["k_proj", acts.qkv, qWidth], ["v_proj", acts.qkv, qWidth + kvWidth]]);
     if (w.qNorm && w.kNorm) {
       b.splitColumns(acts.qkv, w.qkv.bias, [acts.qRaw, acts.kRaw, acts.v], null, qkvLoras);
       b.rmsNorm(acts.qRaw, w.qNorm, eps, acts.q, acts.qRstd);
@@ -272,7 +279,7 @@ export class Transformer {
     b.addRmsNorm(input, acts.attnOut, acts.mid, w.postAttentionNorm, eps, acts.mlpInput, acts.rstd2, oLoras);
     // gate and up: one product into the two halves of each row, each half's LoRA added by the SwiGLU that reads them.
     b.linear(acts.mlpInput, w.gateUp.weight, null, acts.gateUp);
-    b.swiglu(acts.gateUp, acts.hidden, inputLoras(acts.mlpInput, [["gate_proj", acts.gateUp, 0], ["up_proj", acts.gateUp, c.intermediateSize]]));
+    b.swiglu(acts.gateUp, acts.hidden, gateUpLoras(loras, acts, c.intermediateSize));
     const downLoras = linear("down_proj", acts.hidden, acts.mlpOut);
     if (chain.nextNorm) {
       b.addRmsNorm(acts.mid, acts.mlpOut, output, chain.nextNorm, eps, acts.attnInput, acts.rstd1, downLoras);

@@ -230,10 +230,13 @@ describe("CUDA backend host logic (recording device)", () => {
     network.backward(pass, new Float32Array(pass.scoredRows.length).fill(1));
     const backward = gemms();
     // Recorded as the row-major product [rows, outF] over inF. Forward: x·Aᵀ of q/k/v (3 ranks wide) and of gate/up
-    // (2 ranks) in one GEMM each, o's and down's alone; then a GEMM per LoRA's up product.
+    // (2 ranks) in one GEMM each, o's and down's alone; then a GEMM per LoRA's up product, but gate's and up's, which
+    // the SwiGLU adds on its way in (swiglu_kept_lora), and its backward again.
     const count = (list: typeof forward, key: "rows" | "inF" | "outF", value: number) => list.filter((g) => g[key] === value).length;
     expect([3, 2, 1].map((k) => count(forward, "outF", k * rank))).toEqual([layers, layers, 2 * layers]);
-    expect(count(forward, "inF", rank)).toBe(7 * layers);
+    expect(count(forward, "inF", rank)).toBe(5 * layers);
+    const launched = (name: string) => device.launches.filter((l) => l.name === name).length;
+    expect([launched("swiglu_kept_lora"), launched("swiglu_backward_kept_lora"), launched("swiglu"), launched("swiglu_backward")]).toEqual([layers, layers, 0, 0]);
     // Backward: dA of the stacked A ([3·rank, in] and [2·rank, in], over the rows) and dx += (dOut B) A over the
     // stacked ranks, one GEMM each per group.
     expect([3, 2].map((k) => count(backward, "rows", k * rank))).toEqual([layers, layers]);
@@ -253,7 +256,7 @@ describe("CUDA backend host logic (recording device)", () => {
     const types = (list: typeof forward) => [...new Set(list.map((g) => g.type))].sort();
     expect(types(forward)).toEqual(["bf16", "tf32"]);
     expect(types(backward)).toEqual(["bf16", "tf32"]);
-    expect(forward.filter((g) => g.type === "tf32")).toHaveLength(7 * layers + 4 * layers);
+    expect(forward.filter((g) => g.type === "tf32")).toHaveLength(5 * layers + 4 * layers);
     // free() gives back everything the network allocated: no parameter or gradient (views of the stacked A matrices
     // included) lies in a live block afterwards.
     const blocks = (network.parameterTensors().flatMap((p) => [p.value, p.grad]) as CudaTensor[]).map((t) => [t.address, t.bytes] as const);

@@ -129,6 +129,38 @@ describe.skipIf(skip)(title, () => {
     });
   }
 
+  // A training pass's gate/up LoRAs (x Aᵀ kept for the backward, their A rows of one stacked tensor): the CUDA backend
+  // adds them in the SwiGLU and again in its backward (swiglu_kept_lora), where the CPU adds them into gateUp first.
+  // 70 rows and 300 columns: a partial tile of each; rank 5 and 8; both halves, or up's alone.
+  for (const [rank, halves] of [[8, ["gate", "up"]], [5, ["up"]]] as const) {
+    it(`swiglu and its backward with a training pass's kept LoRAs, rank ${rank}, ${halves.join(" and ")}: as addLoras first, the x Aᵀ kept`, () => {
+      const n = 70, inter = 300, inF = 48;
+      const x = both(random(n * inF, 40), [n, inF]), gateUpData = random(n * 2 * inter, 41), gateUp = both(gateUpData, [n, 2 * inter]);
+      const a = both(random(halves.length * rank * inF, 42), [halves.length * rank, inF]);
+      const bs = halves.map((_, j) => both(random(inter * rank, 43 + j), [inter, rank]));
+      const down = zeros([n, halves.length * rank]);
+      const loras = (i: 0 | 1) => ({
+        x: x[i], targets: halves.map((half, j) => ({
+          lora: { a: [cpu, gpu][i].view(a[i], j * rank, rank), b: bs[j][i], scale: 0.75 + j }, out: gateUp[i],
+          column: half === "gate" ? 0 : inter, down: { tensor: down[i], column: j * rank } })),
+      });
+      const out = zeros([n, inter]);
+      run((b, i) => b.swiglu(gateUp[i], out[i], loras(i)));
+      expect(error(out)).toBeLessThan(1e-5);
+      expect(error(down)).toBeLessThan(1e-5);
+      // The device left gateUp as it was (its backward adds the LoRAs again); the CPU added them into it.
+      expect(gpu.download(gateUp[1])).toEqual(gateUpData);
+      expect(relativeError(cpu.download(gateUp[0]), gateUpData)).toBeGreaterThan(1e-3);
+      const dOut = both(random(n * inter, 50), [n, inter]);
+      const grads = [0, 1].map(() => [cpu.empty([n, inter]), gpu.empty([n, inter])] as Pair);
+      run((b, i) => b.swigluBackward(gateUp[i], dOut[i], grads[0][i], grads[1][i], true, loras(i)));
+      for (const grad of grads) expect(error(grad)).toBeLessThan(1e-5);
+      // Added, not written: the same gradients again on top.
+      run((b, i) => b.swigluBackward(gateUp[i], dOut[i], grads[0][i], grads[1][i], false, loras(i)));
+      for (const grad of grads) expect(error(grad)).toBeLessThan(1e-5);
+    });
+  }
+
   it("swiglu backward, gather of rows and its backward", () => {
     const n = 8, inter = 125;
     const gateUp = both(random(n * 2 * inter, 10), [n, 2 * inter]), dOut = both(random(n * inter, 12), [n, inter]);

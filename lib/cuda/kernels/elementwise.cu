@@ -112,16 +112,83 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* _
 // d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))); dGate += dout · up · that, dUp += dout · silu(g) (written, not added,
 // when accumulate is 0: the gradients' first writer, so nothing zeroes them first); gate and up read from gate_up as
 // in swiglu, the gradients [rows, inter] each.
+__device__ __forceinline__ void swiglu_grad(float g, float up, float dout, float* __restrict__ d_gate, float* __restrict__ d_up,
+                                            int accumulate, long long i) {
+  const float sig = 1.0f / (1.0f + expf(-g));
+  const float du = dout * g * sig, dg = dout * up * sig * (1.0f + g * (1.0f - sig));
+  d_up[i] = accumulate ? d_up[i] + du : du;
+  d_gate[i] = accumulate ? d_gate[i] + dg : dg;
+}
 extern "C" __global__ void swiglu_backward(const float* __restrict__ gate_up, const float* __restrict__ dout, float* __restrict__ d_gate,
                                            float* __restrict__ d_up, int inter, int accumulate, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const long long gate = i + (i / inter) * inter;
-    const float g = gate_up[gate];
-    const float sig = 1.0f / (1.0f + expf(-g));
-    const float du = dout[i] * g * sig, dg = dout[i] * gate_up[gate + inter] * sig * (1.0f + g * (1.0f - sig));
-    d_up[i] = accumulate ? d_up[i] + du : du;
-    d_gate[i] = accumulate ? d_gate[i] + dg : dg;
+    swiglu_grad(gate_up[gate], gate_up[gate + inter], dout[i], d_gate, d_up, accumulate, i);
   }
+}
+
+// ---- SwiGLU and its backward with a training pass's gate/up LoRAs ------------------------------------------------
+// A training pass keeps each LoRA's x A_pᵀ for the backward (`down` [rows, down_width]; gate's rank columns at
+// down_gate, up's at down_up, null where that projection has none). Rather than adding scale_p · (x A_pᵀ) B_pᵀ into
+// the gate/up product (a read and a write of its 2 · inter columns per row), the SwiGLU adds it on its way in, and so
+// does its backward, which reads the product again: g = gate_up[r, c] + scale_gate · Σ_j down_gate[r, j] · B_gate[c, j]
+// with the sum in j order from 0 (lora.cuh's lora_column), likewise up. A block of KEPT_COLUMNS threads, a column each,
+// over a tile of KEPT_TILE_ROWS rows whose down rows are staged in shared memory; a thread sums KEPT_ROW_GROUP rows at
+// a time, so each element of its B rows is loaded once per group. gate_up is left without the LoRAs.
+constexpr int KEPT_TILE_ROWS = 64, KEPT_ROW_GROUP = 8, KEPT_COLUMNS = 256;
+
+// Hands each (row, column) of the block's tile to body(row, column, g, up), the LoRAs added.
+template <typename Body>
+__device__ void for_each_kept_gate_up(const float* __restrict__ gate_up, int inter, int rows, const float* __restrict__ down_gate,
+                                      const float* __restrict__ down_up, int down_width, const float* __restrict__ b_gate,
+                                      const float* __restrict__ b_up, float scale_gate, float scale_up, int rank, Body body) {
+  __shared__ float staged[2][KEPT_TILE_ROWS * LORA_MAX_RANK];
+  const int first = blockIdx.y * KEPT_TILE_ROWS, count = min(rows - first, KEPT_TILE_ROWS);
+  for (int i = threadIdx.x; i < KEPT_TILE_ROWS * rank; i += blockDim.x) {
+    const int r = i / rank, j = i % rank;
+    const long long at = (long long)(first + r) * down_width + j;
+    staged[0][i] = down_gate && r < count ? down_gate[at] : 0.0f;
+    staged[1][i] = down_up && r < count ? down_up[at] : 0.0f;
+  }
+  __syncthreads();
+  const int c = blockIdx.x * KEPT_COLUMNS + threadIdx.x;
+  if (c >= inter) return;
+  for (int r0 = 0; r0 < count; r0 += KEPT_ROW_GROUP) {
+    float sum_gate[KEPT_ROW_GROUP] = {}, sum_up[KEPT_ROW_GROUP] = {};
+    for (int j = 0; j < rank; j++) {
+      const float bg = b_gate ? b_gate[(long long)c * rank + j] : 0.0f, bu = b_up ? b_up[(long long)c * rank + j] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < KEPT_ROW_GROUP; i++) {
+        sum_gate[i] += staged[0][(r0 + i) * rank + j] * bg;
+        sum_up[i] += staged[1][(r0 + i) * rank + j] * bu;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < KEPT_ROW_GROUP; i++) {
+      if (r0 + i >= count) break;
+      const long long row = first + r0 + i, gate = 2LL * inter * row + c;
+      body(row, c, b_gate ? gate_up[gate] + scale_gate * sum_gate[i] : gate_up[gate],
+           b_up ? gate_up[gate + inter] + scale_up * sum_up[i] : gate_up[gate + inter]);
+    }
+  }
+}
+// Grid: (ceil(inter / KEPT_COLUMNS), ceil(rows / KEPT_TILE_ROWS)). Block: KEPT_COLUMNS.
+extern "C" __global__ void swiglu_kept_lora(const float* __restrict__ gate_up, float* __restrict__ out, bf16* __restrict__ out_bf16,
+                                            int inter, int rows, const float* down_gate, const float* down_up, int down_width,
+                                            const float* b_gate, const float* b_up, float scale_gate, float scale_up, int rank) {
+  for_each_kept_gate_up(gate_up, inter, rows, down_gate, down_up, down_width, b_gate, b_up, scale_gate, scale_up, rank,
+                        [&](long long row, int c, float g, float up) { swiglu_store(g, up, out, out_bf16, row * inter + c); });
+}
+extern "C" __global__ void swiglu_backward_kept_lora(const float* __restrict__ gate_up, const float* __restrict__ dout,
+                                                     float* __restrict__ d_gate, float* __restrict__ d_up, int inter, int rows,
+                                                     int accumulate, const float* down_gate, const float* down_up, int down_width,
+                                                     const float* b_gate, const float* b_up, float scale_gate, float scale_up,
+                                                     int rank) {
+  for_each_kept_gate_up(gate_up, inter, rows, down_gate, down_up, down_width, b_gate, b_up, scale_gate, scale_up, rank,
+                        [&](long long row, int c, float g, float up) {
+                          const long long i = row * inter + c;
+                          swiglu_grad(g, up, dout[i], d_gate, d_up, accumulate, i);
+                        });
 }
 
 // dx[row_index[i], :] += dout[i, :]: the backward of gather_rows. One block per gathered row; the rows are distinct

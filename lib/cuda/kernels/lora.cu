@@ -4,7 +4,8 @@
 // projections: lora_down computes x A_pᵀ of every part, lora_up adds every part's product into its output, a block per
 // 256 columns and 64 rows; for the fewest rows (at most LORA_MAX_FUSED_PAIRS row-rank pairs: a decode pass of a few
 // sequences) one launch, lora_fused, whose every block computes its part's x A_pᵀ itself (the same warp sums, so the
-// same bits) before adding its columns. Training takes the GEMMs, which keep x A_pᵀ for the backward. The sums are
+// same bits) before adding its columns. Training takes GEMMs, which keep x A_pᵀ for the backward (gate's and up's
+// up products then ride the SwiGLU: elementwise.cu's swiglu_kept_lora). The sums are
 // lora.cuh's, which the kernels that add their input's LoRAs on the way in share (split_rope_lora, swiglu_lora,
 // add_rmsnorm_lora: the CUDA backend uses them for the fewest rows).
 #include "lora.cuh"

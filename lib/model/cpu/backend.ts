@@ -643,7 +643,8 @@ export class CpuBackend implements Backend {
     for (const x of [dq, dk]) this.#rotate(x, positions, invFreq, headDim, -1);
   }
 
-  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor, overwrite = false): void {
+  /** `loras` (the forward's) need nothing here: swiglu added them into gateUp. */
+  swigluBackward(gateUp: Tensor, dOut: Tensor, dGate: Tensor, dUp: Tensor, overwrite = false, _loras: InputLoras | null = null): void {
     const { inter } = swigluShape("cpu backend", gateUp, dOut);
     expectSize("swigluBackward dGate", dGate, dOut.size);
     expectSize("swigluBackward dUp", dUp, dOut.size);
