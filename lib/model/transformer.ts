@@ -248,8 +248,9 @@ export class Transformer {
    * `output`: the same tensor when decoding (updated in place), another when training (the input is kept for the
    * backward). Every intermediate goes to `acts`; `attend` runs the attention and returns what its backward needs.
    * `chain` (inference, where one set of buffers serves every layer): the input's norm is already in acts.attnInput
-   * (`normed`), and the layer ends by writing the next layer's normed input there too (`nextNorm`: its weight), one
-   * fused add + RMSNorm where an add and an RMSNorm were two launches (the same values).
+   * (`normed`), and the layer ends by writing the next layer's normed input there too (`nextNorm`: its weight, or the
+   * final norm's after the last layer), one fused add + RMSNorm where an add and an RMSNorm were two launches (the
+   * same values).
    */
   layerForward(layer: number, input: Tensor, output: Tensor, acts: LayerActivations, positions: Int32Array, attend: Attend,
     loras?: LayerLoras, chain: { normed: boolean; nextNorm: Tensor | null } = { normed: false, nextNorm: null }): void {
@@ -336,16 +337,18 @@ export class Transformer {
       b.embedding(this.weights.embedding, ids, x);
       const layers = this.weights.layers;
       for (let l = 0; l < c.numLayers; l++) {
-        this.layerForward(l, x, x, acts, rows.positions, attend, loras?.[l], { normed: l > 0, nextNorm: layers[l + 1]?.inputNorm ?? null });
+        // Where every row is scored (decode), the last layer's add goes with the final norm too, into acts.attnInput.
+        const nextNorm = layers[l + 1]?.inputNorm ?? (logitRows ? null : this.weights.finalNorm);
+        this.layerForward(l, x, x, acts, rows.positions, attend, loras?.[l], { normed: l > 0, nextNorm });
       }
       // A prompt chunk that ends no prompt has no row to score: no head (a GPU refuses a launch over no rows).
       if (logitRows?.length === 0) return b.empty([0, c.vocabSize]);
-      let final = x;
+      let final = acts.attnInput;
       if (logitRows) {
         buffers.push(final = b.empty([logitRows.length, d]));
         b.gatherRows(x, logitRows, final);
+        b.rmsNorm(final, this.weights.finalNorm, c.rmsNormEps, final);
       }
-      b.rmsNorm(final, this.weights.finalNorm, c.rmsNormEps, final);
       const logits = b.empty([final.shape[0], c.vocabSize]);
       try {
         b.linear(final, this.weights.lmHead, null, logits);

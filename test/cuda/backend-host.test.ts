@@ -193,22 +193,26 @@ describe("CUDA backend host logic (recording device)", () => {
         swiglus: named("swiglu_lora_f32"), plainSwiglus: named("swiglu"), gemms: device.gemms.length };
     };
     // q/k/v's LoRAs ride the split that rotates q and k, gate/up's the SwiGLU, o's the add + RMSNorm after attention,
-    // down's the one before the next layer: none of those ops runs without its LoRA, and no GEMM runs beside the four
-    // products of each layer and the head (it was two GEMMs per projection's LoRA). The last layer's down, followed by
-    // a plain add, takes addLoras: prefill of 80 rows, one lora_down and one lora_up (two tiles of 64 rows).
-    const folded = { norms: 2 * layers - 1, plainNorms: 0, splits: layers, plainSplits: 0, swiglus: layers, plainSwiglus: 0, gemms: 4 * layers + 1 };
-    expect(count(80, (i) => i)).toEqual({ fused: 0, down: 1, up: 1, ...folded });
-    expect(device.launches.filter((l) => l.name === "lora_up_f32").every((l) => l.grid[2] === 2)).toBe(true);
-    // Decoding three slots (24 row-rank pairs): one lora_fused.
-    expect(count(3, () => 80)).toEqual({ fused: 1, down: 0, up: 0, ...folded });
-    // A chunk of 9 rows (72 pairs, over the fused kernel's 64): one lora_down and one lora_up.
-    expect(count(9, (i) => 80 + i)).toEqual({ fused: 0, down: 1, up: 1, ...folded });
+    // down's the one before the next layer, or the last layer's the add + final RMSNorm (every row scored, as here):
+    // none of those ops runs without its LoRA, and no GEMM runs beside the four products of each layer and the head
+    // (it was two GEMMs per projection's LoRA).
+    const folded = { norms: 2 * layers, plainNorms: 0, splits: layers, plainSplits: 0, swiglus: layers, plainSwiglus: 0, gemms: 4 * layers + 1 };
+    expect(count(80, (i) => i)).toEqual({ fused: 0, down: 0, up: 0, ...folded });
+    expect(count(3, () => 80)).toEqual({ fused: 0, down: 0, up: 0, ...folded });
+    expect(count(9, (i) => 80 + i)).toEqual({ fused: 0, down: 0, up: 0, ...folded });
     // Rank 64 over 300 rows: each row re-reading gate/up's B (2 × 64 × 64 f32, 32 KiB) would pass LORA_FOLD_BYTES
-    // (8 MiB), so gate/up's LoRAs take lora_down and lora_up before a plain SwiGLU; q/k/v's (16 KiB a row) and o's and
-    // down's (8 KiB) still ride their ops.
+    // (8 MiB), so gate/up's LoRAs take lora_down and lora_up (two tiles of 64 rows) before a plain SwiGLU; q/k/v's
+    // (16 KiB a row) and o's and down's (8 KiB) still ride their ops.
     expect([model.config.hiddenSize, model.config.intermediateSize]).toEqual([32, 64]);
     loras = adapter(64);
-    expect(count(300, (i) => i)).toEqual({ fused: 0, down: layers + 1, up: layers + 1, ...folded, swiglus: 0, plainSwiglus: layers });
+    expect(count(300, (i) => i)).toEqual({ fused: 0, down: layers, up: layers, ...folded, swiglus: 0, plainSwiglus: layers });
+    expect(device.launches.filter((l) => l.name === "lora_up_f32").every((l) => l.grid[2] === 5)).toBe(true);
+    // A pass that scores only some rows (a prompt chunk's last) gathers them before the final norm: the last layer's
+    // down LoRA then takes lora_fused (three rows) before a plain add (RMSNorms: the first layer's input's, the final).
+    loras = adapter(8);
+    device.launches.length = 0;
+    backend.free(model.forward(new Int32Array(3).fill(1), { slots: Int32Array.of(0, 0, 0), positions: Int32Array.of(90, 91, 92) }, cache, Int32Array.of(2), loras));
+    expect(["lora_fused_f32", "add", "gather_rows", "rmsnorm_f32"].map((name) => device.launches.filter((l) => l.name === name).length)).toEqual([1, 1, 1, 2]);
     cache.free();
     model.free();
     backend.dispose();
