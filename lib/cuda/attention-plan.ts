@@ -151,7 +151,8 @@ export function flashForwardBytes(hd: number): number {
 
 /**
  * The training attention's instantiation for a head size (flashHeadSize) and its kernels' dynamic shared memory, in
- * bf16 rows of HD + 8: the forward's (flashForwardBytes); the dq pass a query tile of Q and dO
+ * bf16 rows of HD + 8: the forward's (flashForwardBytes); the dq pass a query tile of Q and dO (K and V double-buffered
+ * up to head size 64)
  * and a key tile of K and V; the dk/dv pass a key tile of K and V and a query chunk of Q and dO (64 rows, 32 at head
  * size 128) with its rows' log-sum-exp and Δ in f32.
  */
@@ -159,7 +160,8 @@ export function packedAttentionKernels(headDim: number): { hd: 16 | 32 | 64 | 12
   checkPackedHeadDim(headDim);
   const hd = flashHeadSize(headDim)!;
   const row = (hd + 8) * 2, tile = tensorCoreTileRows, chunk = hd === 128 ? 32 : 64;
-  return { hd, forwardBytes: flashForwardBytes(hd), dqBytes: 4 * tile * row, dkdvBytes: (2 * tile + 2 * chunk) * row + 2 * chunk * 4 };
+  const dqKeyBuffers = hd <= 64 ? 2 : 1;  // the dq pass's BUFFERS: two pairs would pass sm_86/89's 99 KiB at 128
+  return { hd, forwardBytes: flashForwardBytes(hd), dqBytes: (2 + 2 * dqKeyBuffers) * tile * row, dkdvBytes: (2 * tile + 2 * chunk) * row + 2 * chunk * 4 };
 }
 
 /**

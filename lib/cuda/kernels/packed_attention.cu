@@ -50,8 +50,10 @@ __device__ void packed_attention_forward(const bf16* __restrict__ q, const bf16*
 // Backward, first pass: dq, per query tile and head as the forward. With p = exp(q·k/√d − lse), dP = dout·vᵀ and
 // Δ = Σ_c dout·out per (row, head) (= Σ_j p_j dP_j), dS = p (dP − Δ) and dq += dS·k / √d (dq = … with `overwrite`: a
 // tile's rows are written by this block alone). Each warp recomputes S and p for its 16 rows and a key tile, dP = dO·Vᵀ
-// likewise, and accumulates dS·K. Δ goes to `delta` for the second pass.
-// Grid: (query tiles, heads). Block: 128. Dynamic shared memory: 4 · 64 rows of HD + 8 bf16.
+// likewise, and accumulates dS·K. Δ goes to `delta` for the second pass. Up to head size 64, K and V come in two buffers
+// as in the forward (the next tile's copies land while the warps work on this one); at 128 the second pair of
+// buffers would pass the 99 KiB of shared memory an sm_86/89 block may have, so each tile's copies are waited for.
+// Grid: (query tiles, heads). Block: 128. Dynamic shared memory: (2 + 2 · buffers) · 64 rows of HD + 8 bf16.
 template <int HD>
 __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                                              const float* __restrict__ out, const float* __restrict__ dout,
@@ -59,16 +61,19 @@ __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const b
                                              float* __restrict__ delta, int heads, int kv_heads, int head_dim, int overwrite) {
   extern __shared__ float shared[];
   constexpr int STRIDE = HD + 8, KEY_TILE = FLASH_TILE_ROWS;
+  constexpr int BUFFERS = HD <= 64 ? 2 : 1;
   bf16* qs = reinterpret_cast<bf16*>(shared);
   bf16* dos = qs + FLASH_TILE_ROWS * STRIDE;
-  bf16* ks = dos + FLASH_TILE_ROWS * STRIDE;
-  bf16* vs = ks + KEY_TILE * STRIDE;
+  bf16* k_tiles = dos + FLASH_TILE_ROWS * STRIDE;  // BUFFERS of KEY_TILE rows
+  bf16* v_tiles = k_tiles + BUFFERS * KEY_TILE * STRIDE;
   const int head = blockIdx.y;
   const PackedKeys tile(k, v, tiles, head / (heads / kv_heads), kv_heads, head_dim);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const long long q_stride = (long long)heads * head_dim;
   const auto query_row = [&](int r) { return r < tile.rows ? (long long)tile.first_row + r : -1LL; };
-  fetch_tile<HD, FLASH_TILE_ROWS>(qs, q, q_stride, head * head_dim, head_dim, query_row);  // waited for with the first key tile's
+  fetch_tile<HD, FLASH_TILE_ROWS>(qs, q, q_stride, head * head_dim, head_dim, query_row);
+  if (BUFFERS == 2) tile.fetch<HD, KEY_TILE>(k_tiles, v_tiles, 0);
+  cp_async_commit();  // a group of its own: the loop's waits leave only the newest group in flight
   load_tile<HD, FLASH_TILE_ROWS>(dos, dout, q_stride, head * head_dim, head_dim, query_row);
 
   // Δ of the warp's 16 rows from the f32 dout and out (a warp sum per row); lanes g keep rows g and g + 8.
@@ -92,12 +97,19 @@ __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const b
   const int warp_seen = tile.seen(warp * 16 + 15);
   float grad[HD / 8][4] = {};
 
-  for (int key0 = 0; key0 < tile.count(); key0 += KEY_TILE) {
-    __syncthreads();  // the previous tile's K and V are no longer read
-    tile.fetch<HD, KEY_TILE>(ks, vs, key0);  // all of a tile's copies in flight at once
+  const int count = tile.count();
+  for (int key0 = 0, buffer = 0; key0 < count; key0 += KEY_TILE, buffer = (buffer + 1) % BUFFERS) {
+    const bf16* ks = k_tiles + buffer * KEY_TILE * STRIDE;
+    const bf16* vs = v_tiles + buffer * KEY_TILE * STRIDE;
+    __syncthreads();  // every warp is done with the buffer about to be filled (with one buffer, this tile's)
+    if (BUFFERS == 1) {
+      tile.fetch<HD, KEY_TILE>(k_tiles, v_tiles, key0);  // all of a tile's copies in flight at once
+    } else if (key0 + KEY_TILE < count) {
+      tile.fetch<HD, KEY_TILE>(k_tiles + (buffer ^ 1) * KEY_TILE * STRIDE, v_tiles + (buffer ^ 1) * KEY_TILE * STRIDE, key0 + KEY_TILE);
+    }
     cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
+    cp_async_wait<BUFFERS - 1>();  // this thread's copies of this tile have landed
+    __syncthreads();               // and every thread's
     if (key0 >= warp_seen || warp * 16 >= tile.rows) continue;
 
     float s[KEY_TILE / 8][4], dp[KEY_TILE / 8][4];
