@@ -903,7 +903,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   }
 
   /**
-   * q, k and v as the packed attention kernels read them, bf16: as they are, or f32 ones narrowed into scratch (the
+   * Tensors as the packed attention kernels' tiles read them, bf16: as they are, or f32 ones narrowed into scratch (the
    * rounding the tiles' loads applied to f32 values before, so the same bits either way) for the duration of `use`.
    */
   #withAttentionInputs(tensors: readonly CudaTensor[], use: (addresses: bigint[]) => void): void {
@@ -951,15 +951,16 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     try {
       const delta = allocate([rows, heads]);
       const dkHeads = allocate([rows, heads * headDim]), dvHeads = allocate([rows, heads * headDim]);
-      this.#withAttentionInputs([qs, ks, vs], ([qb, kb, vb]) => {
+      // dOut's tiles too come narrowed once (Δ reads it as it is).
+      this.#withAttentionInputs([qs, ks, vs, g], ([qb, kb, vb, gb]) => {
         this.#withIndices(queryTiles, (index) => this.#launch(`packed_attention_backward_dq_hd${hd}`, [queryTiles.length / 5, heads],
-          [2 * tensorCoreTileRows], [["ptr", qb], ["ptr", kb], ["ptr", vb], ["ptr", o.address], ["ptr", g.address],
+          [2 * tensorCoreTileRows], [["ptr", qb], ["ptr", kb], ["ptr", vb], ["ptr", o.address], ["ptr", g.address], ["ptr", gb],
             ["ptr", lse.address], ["ptr", index], ["ptr", dqs.address], ["ptr", delta.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim],
             ["i32", overwrite && covered ? 1 : 0]], dqBytes));
         const keyTiles = packedKeyTiles(segments);
         this.#withIndices(keyTiles.tiles, (tileIndex) => this.#withIndices(keyTiles.ranges, (rangeIndex) =>
           this.#launch(`packed_attention_backward_dkdv_hd${hd}`, [keyTiles.tiles.length / 4, heads], [2 * tensorCoreTileRows],
-            [["ptr", qb], ["ptr", kb], ["ptr", vb], ["ptr", g.address], ["ptr", lse.address], ["ptr", delta.address],
+            [["ptr", qb], ["ptr", kb], ["ptr", vb], ["ptr", gb], ["ptr", lse.address], ["ptr", delta.address],
               ["ptr", tileIndex], ["ptr", rangeIndex], ["ptr", dkHeads.address], ["ptr", dvHeads.address], ["i32", heads], ["i32", kvHeads],
               ["i32", headDim]], dkdvBytes)));
       });

@@ -24,7 +24,7 @@ const attentionParameters = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i
 const prefillParameters = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32] as const;
 const packedAttentionKernels = Object.fromEntries([16, 32, 64, 128].flatMap((hd) => [
   [`packed_attention_forward_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32]],
-  [`packed_attention_backward_dq_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]],
+  [`packed_attention_backward_dq_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]],
   [`packed_attention_backward_dkdv_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32]],
 ]).concat([["packed_attention_group_sum", [ptr, ptr, ptr, ptr, i64, i32, i32, i32]]])) as Record<string, readonly KernelArgType[]>;
 export const kernelModules = {

@@ -4,9 +4,10 @@
 // per (row, head), and the backward rebuilds the probabilities from it. The CPU reference is packedAttention in
 // lib/model/cpu/attention.ts.
 //
-// Layout: q, out, dout, dq are [rows, heads · head_dim], k, v, dk, dv [rows, kv_heads · head_dim]; q, k and v bf16
-// (the tiles' type: a training pass writes them so, and the host narrows f32 ones first), the rest f32; lse and delta
-// [rows, heads]. Kernels come per HD (flash.cuh), at most 128.
+// Layout: q, out, dout, dq are [rows, heads · head_dim], k, v, dk, dv [rows, kv_heads · head_dim]; q, k, v and the
+// tiles' dout bf16 (the tiles' type: a training pass writes q, k and v so; the host narrows f32 ones and dout first,
+// the rounding the tiles' loads gave them before), the rest f32 (Δ takes dout as it is); lse and delta [rows, heads].
+// Kernels come per HD (flash.cuh), at most 128.
 #include "flash.cuh"
 
 // ---- query tiles: the forward and the dq pass ---------------------------------------------------------------------
@@ -57,7 +58,7 @@ __device__ void packed_attention_forward(const bf16* __restrict__ q, const bf16*
 template <int HD>
 __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                                              const float* __restrict__ out, const float* __restrict__ dout,
-                                             const float* __restrict__ lse, const int* __restrict__ tiles, float* __restrict__ dq,
+                                             const bf16* __restrict__ dout_bf16, const float* __restrict__ lse, const int* __restrict__ tiles, float* __restrict__ dq,
                                              float* __restrict__ delta, int heads, int kv_heads, int head_dim, int overwrite) {
   extern __shared__ float shared[];
   constexpr int STRIDE = HD + 8, KEY_TILE = FLASH_TILE_ROWS;
@@ -72,9 +73,9 @@ __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const b
   const long long q_stride = (long long)heads * head_dim;
   const auto query_row = [&](int r) { return r < tile.rows ? (long long)tile.first_row + r : -1LL; };
   fetch_tile<HD, FLASH_TILE_ROWS>(qs, q, q_stride, head * head_dim, head_dim, query_row);
+  fetch_tile<HD, FLASH_TILE_ROWS>(dos, dout_bf16, q_stride, head * head_dim, head_dim, query_row);
   if (BUFFERS == 2) tile.fetch<HD, KEY_TILE>(k_tiles, v_tiles, 0);
   cp_async_commit();  // a group of its own: the loop's waits leave only the newest group in flight
-  load_tile<HD, FLASH_TILE_ROWS>(dos, dout, q_stride, head * head_dim, head_dim, query_row);
 
   // Δ of the warp's 16 rows from the f32 dout and out (a warp sum per row); lanes g keep rows g and g + 8.
   const int row0 = warp * 16 + g, row1 = row0 + 8;
@@ -151,7 +152,7 @@ __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const b
 // 2·QUERY_CHUNK floats.
 template <int HD, int QUERY_CHUNK>
 __device__ void packed_attention_backward_dkdv(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                               const float* __restrict__ dout, const float* __restrict__ lse,
+                                               const bf16* __restrict__ dout, const float* __restrict__ lse,
                                                const float* __restrict__ delta, const int* __restrict__ key_tiles,
                                                const int* __restrict__ ranges, float* __restrict__ dk_heads,
                                                float* __restrict__ dv_heads, int heads, int kv_heads, int head_dim) {
@@ -185,8 +186,8 @@ __device__ void packed_attention_backward_dkdv(const bf16* __restrict__ q, const
       __syncthreads();  // the previous chunk is no longer read
       const auto query_row = [&](int r) { return chunk + r < end ? (long long)chunk + r : -1LL; };
       fetch_tile<HD, QUERY_CHUNK>(qs, q, q_stride, head * head_dim, head_dim, query_row);
-      cp_async_commit();  // q's copies run while dO (f32, rounded on the way) comes in through registers
-      load_tile<HD, QUERY_CHUNK>(dos, dout, q_stride, head * head_dim, head_dim, query_row);
+      fetch_tile<HD, QUERY_CHUNK>(dos, dout, q_stride, head * head_dim, head_dim, query_row);
+      cp_async_commit();
       for (int r = threadIdx.x; r < QUERY_CHUNK; r += blockDim.x) {
         const bool real = chunk + r < end;
         chunk_lse[r] = real ? lse[(long long)(chunk + r) * heads + head] * log2e : 0.0f;
@@ -255,12 +256,13 @@ extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ 
     packed_attention_forward<HD>(q, k, v, tiles, out, out_bf16, lse, heads, kv_heads, head_dim);                        \
   }                                                                                                                      \
   extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dq_hd##HD(                                \
-      const bf16* q, const bf16* k, const bf16* v, const float* out, const float* dout, const float* lse,               \
-      const int* tiles, float* dq, float* delta, int heads, int kv_heads, int head_dim, int overwrite) {                \
-    packed_attention_backward_dq<HD>(q, k, v, out, dout, lse, tiles, dq, delta, heads, kv_heads, head_dim, overwrite);  \
+      const bf16* q, const bf16* k, const bf16* v, const float* out, const float* dout, const bf16* dout_bf16,          \
+      const float* lse, const int* tiles, float* dq, float* delta, int heads, int kv_heads, int head_dim, int overwrite) { \
+    packed_attention_backward_dq<HD>(q, k, v, out, dout, dout_bf16, lse, tiles, dq, delta, heads, kv_heads, head_dim,      \
+                                     overwrite);                                                                         \
   }                                                                                                                      \
   extern "C" __global__ void __launch_bounds__(128, 1) packed_attention_backward_dkdv_hd##HD(                              \
-      const bf16* q, const bf16* k, const bf16* v, const float* dout, const float* lse, const float* delta,             \
+      const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta,              \
       const int* key_tiles, const int* ranges, float* dk_heads, float* dv_heads, int heads, int kv_heads,               \
       int head_dim) {                                                                                                    \
     packed_attention_backward_dkdv<HD, QUERY_CHUNK>(q, k, v, dout, lse, delta, key_tiles, ranges, dk_heads, dv_heads,  \
