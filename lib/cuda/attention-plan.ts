@@ -154,14 +154,14 @@ export function flashForwardBytes(hd: number): number {
  * bf16 rows of HD + 8: the forward's (flashForwardBytes); the dq pass a query tile of Q and dO (K and V double-buffered
  * up to head size 64)
  * and a key tile of K and V; the dk/dv pass a key tile of K and V and a query chunk of Q and dO (64 rows, 32 at head
- * size 128) with its rows' log-sum-exp and Δ in f32.
+ * size 128; two buffers of each) with its rows' log-sum-exp and Δ in f32.
  */
 export function packedAttentionKernels(headDim: number): { hd: 16 | 32 | 64 | 128; forwardBytes: number; dqBytes: number; dkdvBytes: number } {
   checkPackedHeadDim(headDim);
   const hd = flashHeadSize(headDim)!;
   const row = (hd + 8) * 2, tile = tensorCoreTileRows, chunk = hd === 128 ? 32 : 64;
   const dqKeyBuffers = hd <= 64 ? 2 : 1;  // the dq pass's BUFFERS: two pairs would pass sm_86/89's 99 KiB at 128
-  return { hd, forwardBytes: flashForwardBytes(hd), dqBytes: (2 + 2 * dqKeyBuffers) * tile * row, dkdvBytes: (2 * tile + 2 * chunk) * row + 2 * chunk * 4 };
+  return { hd, forwardBytes: flashForwardBytes(hd), dqBytes: (2 + 2 * dqKeyBuffers) * tile * row, dkdvBytes: (2 * tile + 4 * chunk) * row + 2 * chunk * 4 };
 }
 
 /**

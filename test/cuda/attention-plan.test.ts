@@ -100,8 +100,8 @@ describe("training attention: tiles and kernels", () => {
   it("pads head sizes to the next instantiation, sizes shared memory, and refuses heads over 128", () => {
     expect([8, 16, 17, 64, 80, 128].map((size) => packedAttentionKernels(size).hd)).toEqual([16, 16, 32, 64, 128, 128]);
     const row = 72 * 2; // head size 64: rows of 64 + 8 bf16
-    expect(packedAttentionKernels(64)).toMatchObject({ forwardBytes: 5 * 64 * row, dqBytes: 6 * 64 * row, dkdvBytes: 4 * 64 * row + 2 * 64 * 4 });
-    expect(packedAttentionKernels(128).dkdvBytes).toBe((2 * 64 + 2 * 32) * 136 * 2 + 2 * 32 * 4); // query chunks of 32
+    expect(packedAttentionKernels(64)).toMatchObject({ forwardBytes: 5 * 64 * row, dqBytes: 6 * 64 * row, dkdvBytes: 6 * 64 * row + 2 * 64 * 4 });
+    expect(packedAttentionKernels(128).dkdvBytes).toBe((2 * 64 + 4 * 32) * 136 * 2 + 2 * 32 * 4); // two buffers of query chunks of 32
     expect(packedAttentionKernels(128).forwardBytes).toBe(87_040); // Q, two buffers of K and of V: within sm_86's 99 KiB
     expect(packedAttentionKernels(128).dqBytes).toBe(4 * 64 * 136 * 2); // one buffer of K and V: two would be 102 KiB
     expect(() => packedAttentionKernels(256)).toThrowError(/head size 256 is over 128/);

@@ -148,7 +148,8 @@ __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const b
 // otherwise run one after another in one block, and a batch of a few packed rows gives too few blocks to fill the
 // GPU. Each block stores its head's share in dk_heads and dv_heads ([rows, heads · head_dim]); group_sum adds the
 // group's shares into dk and dv, in a fixed order: no atomics, the same bits every run.
-// Grid: (key tiles, heads). Block: 128. Dynamic shared memory: (2·64 + 2·QUERY_CHUNK) rows of HD + 8 bf16, then
+// The query chunks come in two buffers: the next chunk's copies land while the warps work on this one.
+// Grid: (key tiles, heads). Block: 128. Dynamic shared memory: (2·64 + 4·QUERY_CHUNK) rows of HD + 8 bf16, then
 // 2·QUERY_CHUNK floats.
 template <int HD, int QUERY_CHUNK>
 __device__ void packed_attention_backward_dkdv(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
@@ -160,9 +161,9 @@ __device__ void packed_attention_backward_dkdv(const bf16* __restrict__ q, const
   constexpr int STRIDE = HD + 8, KEY_TILE = FLASH_TILE_ROWS;
   bf16* ks = reinterpret_cast<bf16*>(shared);
   bf16* vs = ks + KEY_TILE * STRIDE;
-  bf16* qs = vs + KEY_TILE * STRIDE;
-  bf16* dos = qs + QUERY_CHUNK * STRIDE;
-  float* chunk_lse = reinterpret_cast<float*>(dos + QUERY_CHUNK * STRIDE);  // in base 2
+  bf16* q_chunks = vs + KEY_TILE * STRIDE;  // two buffers of QUERY_CHUNK rows
+  bf16* do_chunks = q_chunks + 2 * QUERY_CHUNK * STRIDE;
+  float* chunk_lse = reinterpret_cast<float*>(do_chunks + 2 * QUERY_CHUNK * STRIDE);  // in base 2
   float* chunk_delta = chunk_lse + QUERY_CHUNK;
   const int* tile = key_tiles + 4 * blockIdx.x;
   const int first_key = tile[0], keys = tile[1], first_range = tile[2], range_count = tile[3];
@@ -170,52 +171,68 @@ __device__ void packed_attention_backward_dkdv(const bf16* __restrict__ q, const
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const long long q_stride = (long long)heads * head_dim, kv_stride = (long long)kv_heads * head_dim;
   const auto key_row = [&](int r) { return r < keys ? (long long)first_key + r : -1LL; };
-  fetch_tile<HD, KEY_TILE>(ks, k, kv_stride, kv_head * head_dim, head_dim, key_row);  // waited for with the first chunk's
+  fetch_tile<HD, KEY_TILE>(ks, k, kv_stride, kv_head * head_dim, head_dim, key_row);
   fetch_tile<HD, KEY_TILE>(vs, v, kv_stride, kv_head * head_dim, head_dim, key_row);
+  // The chunks, range by range (each range's rows QUERY_CHUNK at a time): step() moves (range, chunk) to the next one.
+  const int last_range = first_range + range_count;
+  const auto step = [&](int& range, int& chunk) {
+    chunk += QUERY_CHUNK;
+    if (chunk < ranges[5 * range + 1]) return;
+    range++;
+    chunk = range < last_range ? ranges[5 * range] : 0;
+  };
+  const auto fetch_chunk = [&](int buffer, int range, int chunk) {
+    const int end = ranges[5 * range + 1];
+    const auto query_row = [&](int r) { return chunk + r < end ? (long long)chunk + r : -1LL; };
+    fetch_tile<HD, QUERY_CHUNK>(q_chunks + buffer * QUERY_CHUNK * STRIDE, q, q_stride, head * head_dim, head_dim, query_row);
+    fetch_tile<HD, QUERY_CHUNK>(do_chunks + buffer * QUERY_CHUNK * STRIDE, dout, q_stride, head * head_dim, head_dim, query_row);
+  };
+  int range = first_range, chunk = range < last_range ? ranges[5 * range] : 0;
+  if (range < last_range) fetch_chunk(0, range, chunk);
+  cp_async_commit();  // K, V and the first chunk: a group of their own
   // This lane's two keys (rows g and g + 8 of the warp's 16) and the warp's key rows.
   const int key_lo = first_key + warp * 16, key0 = key_lo + g, key1 = key0 + 8;
   const int key_hi = first_key + min(warp * 16 + 16, keys);  // past the warp's last real key
   const float log2e = 1.4426950408889634f, scale = rsqrtf((float)head_dim), scale2 = scale * log2e;
   float grad_k[HD / 8][4] = {}, grad_v[HD / 8][4] = {};
 
-  for (int range = first_range; range < first_range + range_count; range++) {
+  for (int buffer = 0, next_range = range, next_chunk = chunk; range < last_range; range = next_range, chunk = next_chunk, buffer ^= 1) {
     const int* bounds = ranges + 5 * range;
-    const int first = bounds[0], end = bounds[1], prefix_start = bounds[2], prefix_end = bounds[3];
+    const int end = bounds[1], prefix_start = bounds[2], prefix_end = bounds[3];
     const bool causal = bounds[4] != 0;
-    for (int chunk = first; chunk < end; chunk += QUERY_CHUNK) {
-      __syncthreads();  // the previous chunk is no longer read
-      const auto query_row = [&](int r) { return chunk + r < end ? (long long)chunk + r : -1LL; };
-      fetch_tile<HD, QUERY_CHUNK>(qs, q, q_stride, head * head_dim, head_dim, query_row);
-      fetch_tile<HD, QUERY_CHUNK>(dos, dout, q_stride, head * head_dim, head_dim, query_row);
-      cp_async_commit();
-      for (int r = threadIdx.x; r < QUERY_CHUNK; r += blockDim.x) {
-        const bool real = chunk + r < end;
-        chunk_lse[r] = real ? lse[(long long)(chunk + r) * heads + head] * log2e : 0.0f;
-        chunk_delta[r] = real ? delta[(long long)(chunk + r) * heads + head] : 0.0f;
-      }
-      cp_async_wait<0>();
-      __syncthreads();
-      // Skip when no row of the chunk sees any of the warp's keys (uniform over the warp).
-      const int chunk_last = min(chunk + QUERY_CHUNK, end) - 1;
-      const bool any = key_lo < key_hi && (causal ? key_lo <= chunk_last : key_lo < prefix_end && key_hi > prefix_start);
-      if (!any) continue;
-
-      float p[QUERY_CHUNK / 8][4], ds[QUERY_CHUNK / 8][4];
-      product_transposed<HD, QUERY_CHUNK>(p, ks, warp * 16, qs, lane);   // Sᵀ
-      product_transposed<HD, QUERY_CHUNK>(ds, vs, warp * 16, dos, lane);  // dPᵀ
-#pragma unroll
-      for (int n = 0; n < QUERY_CHUNK / 8; n++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          const int local = n * 8 + 2 * t + (i & 1), query = chunk + local, key = i < 2 ? key0 : key1;
-          const bool seen = query < end && key < key_hi && (causal ? key <= query : key >= prefix_start && key < prefix_end);
-          p[n][i] = seen ? exp2f(p[n][i] * scale2 - chunk_lse[local]) : 0.0f;
-          ds[n][i] = p[n][i] * (ds[n][i] - chunk_delta[local]);
-        }
-      }
-      accumulate_product<HD, QUERY_CHUNK>(grad_v, p, dos, lane);
-      accumulate_product<HD, QUERY_CHUNK>(grad_k, ds, qs, lane);
+    const bf16* qs = q_chunks + buffer * QUERY_CHUNK * STRIDE;
+    const bf16* dos = do_chunks + buffer * QUERY_CHUNK * STRIDE;
+    step(next_range, next_chunk);
+    __syncthreads();  // every warp is done with the other buffer and with the last chunk's lse and Δ
+    if (next_range < last_range) fetch_chunk(buffer ^ 1, next_range, next_chunk);
+    cp_async_commit();
+    for (int r = threadIdx.x; r < QUERY_CHUNK; r += blockDim.x) {
+      const bool real = chunk + r < end;
+      chunk_lse[r] = real ? lse[(long long)(chunk + r) * heads + head] * log2e : 0.0f;
+      chunk_delta[r] = real ? delta[(long long)(chunk + r) * heads + head] : 0.0f;
     }
+    cp_async_wait<1>();  // this thread's copies of this chunk have landed (the next chunk's may still run)
+    __syncthreads();     // and every thread's
+    // Skip when no row of the chunk sees any of the warp's keys (uniform over the warp).
+    const int chunk_last = min(chunk + QUERY_CHUNK, end) - 1;
+    const bool any = key_lo < key_hi && (causal ? key_lo <= chunk_last : key_lo < prefix_end && key_hi > prefix_start);
+    if (!any) continue;
+
+    float p[QUERY_CHUNK / 8][4], ds[QUERY_CHUNK / 8][4];
+    product_transposed<HD, QUERY_CHUNK>(p, ks, warp * 16, qs, lane);   // Sᵀ
+    product_transposed<HD, QUERY_CHUNK>(ds, vs, warp * 16, dos, lane);  // dPᵀ
+#pragma unroll
+    for (int n = 0; n < QUERY_CHUNK / 8; n++) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int local = n * 8 + 2 * t + (i & 1), query = chunk + local, key = i < 2 ? key0 : key1;
+        const bool seen = query < end && key < key_hi && (causal ? key <= query : key >= prefix_start && key < prefix_end);
+        p[n][i] = seen ? exp2f(p[n][i] * scale2 - chunk_lse[local]) : 0.0f;
+        ds[n][i] = p[n][i] * (ds[n][i] - chunk_delta[local]);
+      }
+    }
+    accumulate_product<HD, QUERY_CHUNK>(grad_v, p, dos, lane);
+    accumulate_product<HD, QUERY_CHUNK>(grad_k, ds, qs, lane);
   }
   for_each_accumulator<HD>(grad_k, g, t, [&](int row, int c, float value, bool) {
     const int key = key_lo + row;
