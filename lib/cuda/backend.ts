@@ -288,6 +288,11 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   #indexCache: CachedIndex[] = [];
   /** The last activation narrowed to bf16 for a GEMM: a projection's product and its LoRA's A product read the same input. */
   #bf16Copy: { tensor: CudaTensor; version: number; address: bigint } | null = null;
+  /**
+   * Gate's and up's input gradients rounded to bf16 side by side, as swigluBackward wrote them beside the f32 ones:
+   * the operand projectionsBackward would otherwise merge from those (merge_columns_bf16), valid for these versions.
+   */
+  #mergedGradients: { parts: readonly CudaTensor[]; versions: readonly number[]; address: bigint } | null = null;
   /** Whether a bf16 matrix was uploaded: then producers of GEMM inputs write bf16 copies (#bf16Output). */
   #bf16Matrices = false;
   /** The last attention plan, reused by every layer of a pass (same arrays, so their device copies are reused too). */
@@ -393,6 +398,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const t = cuda(tensor);
     if (t instanceof CudaTensorView) return;
     if (this.#bf16Copy?.tensor === t) this.#dropBf16Copy();
+    if (this.#mergedGradients?.parts.includes(t)) this.#dropMergedGradients();
     this.#release(t.release());
   }
 
@@ -1021,10 +1027,14 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const weights = projections.map(({ weight }) => cuda(weight));
     if (d && weights.length > 1 && weights.length <= 3 && weights.every((w) => w.dtype === "bf16") && adjacent(weights)) {
       const rows = shapes[0].n, widths = shapes.map((s) => s.outFeatures), stackedWidth = widths.reduce((sum, w) => sum + w, 0);
-      const merged = this.#transient().allocate(Math.max(1, rows * stackedWidth) * 2);
-      this.#launch("merge_columns_bf16", [gridFor(rows * stackedWidth)], [256], [
-        ...[0, 1, 2].map((j): KernelArg => ["ptr", gradients[j]?.address ?? 0n]), ["ptr", merged],
-        ...[0, 1, 2].map((j): KernelArg => ["i32", widths[j] ?? 0]), ["i64", rows]]);
+      // gate/up's as swigluBackward wrote them, else merged here.
+      let merged = this.#takeMergedGradients(gradients);
+      if (merged === null) {
+        merged = this.#transient().allocate(Math.max(1, rows * stackedWidth) * 2);
+        this.#launch("merge_columns_bf16", [gridFor(rows * stackedWidth)], [256], [
+          ...[0, 1, 2].map((j): KernelArg => ["ptr", gradients[j]?.address ?? 0n]), ["ptr", merged],
+          ...[0, 1, 2].map((j): KernelArg => ["i32", widths[j] ?? 0]), ["i64", rows]]);
+      }
       this.blas.gemm(merged, weights[0].address, d.address, rows, shapes[0].inFeatures, stackedWidth, false, false, "bf16", 1, overwriteDx ? 0 : 1);
       this.#release(merged);
     } else if (d) {
@@ -1074,15 +1084,32 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     expectSize("swiglu up gradient", du, d.size);
     dg.version++;
     du.version++;
+    // Beside bf16 weights, the gradients' bf16 operand for gate/up's stacked product too (projectionsBackward).
+    this.#dropMergedGradients();
+    const merged = this.#bf16Matrices ? this.#transient().allocate(Math.max(1, 2 * d.size) * 2) : 0n;
+    if (merged) this.#mergedGradients = { parts: [dg, du], versions: [dg.version, du.version], address: merged };
     // The forward's kept LoRAs, which it left out of gateUp (the same rule picks them), added again on the way in.
     const kept = loras ? this.#keptGateUpLoras(loras, g, inter) : null;
     if (kept) {
       this.#launch("swiglu_backward_kept_lora", kept.grid, [keptColumns], [["ptr", g.address], ["ptr", d.address], ["ptr", dg.address],
-        ["ptr", du.address], ["i32", inter], ["i32", kept.rows], ["i32", overwrite ? 0 : 1], ...kept.args]);
+        ["ptr", du.address], ["ptr", merged], ["i32", inter], ["i32", kept.rows], ["i32", overwrite ? 0 : 1], ...kept.args]);
       return;
     }
     this.#launch("swiglu_backward", [gridFor(d.size)], [256], [["ptr", g.address], ["ptr", d.address], ["ptr", dg.address], ["ptr", du.address],
-      ["i32", inter], ["i32", overwrite ? 0 : 1], ["i64", d.size]]);
+      ["ptr", merged], ["i32", inter], ["i32", overwrite ? 0 : 1], ["i64", d.size]]);
+  }
+
+  /** The merged bf16 gradients of `parts` as swigluBackward left them (the caller releases them), or null. */
+  #takeMergedGradients(parts: readonly CudaTensor[]): bigint | null {
+    const cached = this.#mergedGradients;
+    if (!cached || cached.parts.length !== parts.length || !parts.every((p, i) => p === cached.parts[i] && p.version === cached.versions[i])) return null;
+    this.#mergedGradients = null;
+    return cached.address;
+  }
+
+  #dropMergedGradients(): void {
+    if (this.#mergedGradients) this.#release(this.#mergedGradients.address);
+    this.#mergedGradients = null;
   }
 
   gatherRowsBackward(rowIndex: Int32Array, dOut: Tensor, dx: Tensor): void {
@@ -1216,6 +1243,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   /** cuBLAS goes first (its destroy waits for the device), then the context, which runs even if cuBLAS fails. */
   dispose(): void {
     this.#dropBf16Copy();
+    this.#dropMergedGradients();
     for (const entry of this.#indexCache) this.context.pool.free(entry.address);
     this.#indexCache = [];
     this.#graphs?.dispose();

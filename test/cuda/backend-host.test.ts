@@ -245,9 +245,12 @@ describe("CUDA backend host logic (recording device)", () => {
     // stacked ranks, one GEMM each per group.
     expect([3, 2].map((k) => count(backward, "rows", k * rank))).toEqual([layers, layers]);
     expect([3, 2].map((k) => count(backward, "inF", k * rank))).toEqual([layers, layers]);
-    // The bf16 base weights' input gradients: q/k/v's and gate/up's output gradients merged into one bf16 operand each
-    // (a launch), then one GEMM with the stacked weight; o's and down's narrowed alone.
-    expect(device.launches.filter((l) => l.name === "merge_columns_bf16")).toHaveLength(2 * layers);
+    // The bf16 base weights' input gradients: q/k/v's and gate/up's output gradients side by side in one bf16 operand
+    // each, then one GEMM with the stacked weight (q/k/v's merged by a launch, gate/up's written so by the SwiGLU's
+    // backward beside the f32 ones); o's and down's narrowed alone.
+    expect(device.launches.filter((l) => l.name === "merge_columns_bf16")).toHaveLength(layers);
+    const swigluBackwards = device.launches.filter((l) => l.name === "swiglu_backward_kept_lora");
+    expect(swigluBackwards.every((l) => l.args[4][1] !== 0n)).toBe(true);
     // q, k and v leave the split rotated and in bf16 (attentionInputs), and both attention passes read those very
     // tensors: nothing narrows them in between.
     const splits = device.launches.filter((l) => l.name.startsWith("split"));

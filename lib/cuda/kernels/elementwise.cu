@@ -111,19 +111,26 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* _
 
 // d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))); dGate += dout · up · that, dUp += dout · silu(g) (written, not added,
 // when accumulate is 0: the gradients' first writer, so nothing zeroes them first); gate and up read from gate_up as
-// in swiglu, the gradients [rows, inter] each.
+// in swiglu, the gradients [rows, inter] each. `merged` (when not null) gets both rounded to bf16 side by side,
+// [rows, 2 · inter] as gate_up lays them out (merge_columns_bf16's values): the operand of their product with the
+// stacked gate/up weight. `gate` is element i's index in gate_up, and so in merged.
 __device__ __forceinline__ void swiglu_grad(float g, float up, float dout, float* __restrict__ d_gate, float* __restrict__ d_up,
-                                            int accumulate, long long i) {
+                                            bf16* __restrict__ merged, int inter, int accumulate, long long i, long long gate) {
   const float sig = 1.0f / (1.0f + expf(-g));
   const float du = dout * g * sig, dg = dout * up * sig * (1.0f + g * (1.0f - sig));
-  d_up[i] = accumulate ? d_up[i] + du : du;
-  d_gate[i] = accumulate ? d_gate[i] + dg : dg;
+  const float gate_gradient = accumulate ? d_gate[i] + dg : dg, up_gradient = accumulate ? d_up[i] + du : du;
+  d_gate[i] = gate_gradient;
+  d_up[i] = up_gradient;
+  if (merged) {
+    merged[gate] = __float2bfloat16_rn(gate_gradient);
+    merged[gate + inter] = __float2bfloat16_rn(up_gradient);
+  }
 }
 extern "C" __global__ void swiglu_backward(const float* __restrict__ gate_up, const float* __restrict__ dout, float* __restrict__ d_gate,
-                                           float* __restrict__ d_up, int inter, int accumulate, long long n) {
+                                           float* __restrict__ d_up, bf16* __restrict__ merged, int inter, int accumulate, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const long long gate = i + (i / inter) * inter;
-    swiglu_grad(gate_up[gate], gate_up[gate + inter], dout[i], d_gate, d_up, accumulate, i);
+    swiglu_grad(gate_up[gate], gate_up[gate + inter], dout[i], d_gate, d_up, merged, inter, accumulate, i, gate);
   }
 }
 
@@ -180,14 +187,14 @@ extern "C" __global__ void swiglu_kept_lora(const float* __restrict__ gate_up, f
                         [&](long long row, int c, float g, float up) { swiglu_store(g, up, out, out_bf16, row * inter + c); });
 }
 extern "C" __global__ void swiglu_backward_kept_lora(const float* __restrict__ gate_up, const float* __restrict__ dout,
-                                                     float* __restrict__ d_gate, float* __restrict__ d_up, int inter, int rows,
-                                                     int accumulate, const float* down_gate, const float* down_up, int down_width,
-                                                     const float* b_gate, const float* b_up, float scale_gate, float scale_up,
-                                                     int rank) {
+                                                     float* __restrict__ d_gate, float* __restrict__ d_up, bf16* __restrict__ merged,
+                                                     int inter, int rows, int accumulate, const float* down_gate, const float* down_up,
+                                                     int down_width, const float* b_gate, const float* b_up, float scale_gate,
+                                                     float scale_up, int rank) {
   for_each_kept_gate_up(gate_up, inter, rows, down_gate, down_up, down_width, b_gate, b_up, scale_gate, scale_up, rank,
                         [&](long long row, int c, float g, float up) {
-                          const long long i = row * inter + c;
-                          swiglu_grad(g, up, dout[i], d_gate, d_up, accumulate, i);
+                          swiglu_grad(g, up, dout[row * inter + c], d_gate, d_up, merged, inter, accumulate, row * inter + c,
+                                      2LL * inter * row + c);
                         });
 }
 
