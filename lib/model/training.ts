@@ -411,7 +411,7 @@ export class DifferentiableTransformer {
       // a GPU, half the bytes, the same values the attention reads). With it, the norms and RoPE in between work in f32.
       const qkNorm = w.qNorm !== null && w.kNorm !== null;
       const attentionInput = (width: number) => held.empty([n, width], qkNorm ? "f32" : b.attentionInputs);
-      const qRaw = qkNorm ? z(h * hd) : attentionInput(h * hd), kRaw = qkNorm ? z(kv * hd) : attentionInput(kv * hd);
+      const qRaw = attentionInput(h * hd), kRaw = attentionInput(kv * hd);
       const acts: LayerActivations = {
         attnInput: z(d), rstd1: held.empty([n]), qkv: z((h + 2 * kv) * hd), qRaw, kRaw, qRstd: qkNorm ? held.empty([n * h]) : null,
         kRstd: qkNorm ? held.empty([n * kv]) : null, q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: attentionInput(kv * hd),
