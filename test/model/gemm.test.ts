@@ -203,11 +203,29 @@ describe.skipIf(noSystemBlas)(`system BLAS (${detected.reason})`, () => {
   });
 });
 
-describe.skipIf(noSystemBlas)("bf16 weights beside the system BLAS", () => {
-  // Decoding's products (1 to 4 rows) over a bf16 weight read its bf16 copy on the WASM kernel (half the bytes); larger
-  // ones the BLAS's f32 product of the same rounded values. Both against float64 sums over the rounded weights:
-  // measured 8.0e-7 at a depth of 384 (f32 sums), bound 2.5× that.
-  it("1-4 rows read the bf16 copy (a stacked weight's view and a bias too), 5 rows the BLAS; both the rounded weights' product", () => {
+describe.skipIf(noSystemBlas)("decoding's products beside the system BLAS", () => {
+  // Decoding's products (1 to 4 rows) run on the WASM kernel (matmul.wat's linearF32 / linearBf16), larger ones on the
+  // BLAS. Both against float64 sums over the (rounded) weights: measured 8.0e-7 at a depth of 384 (f32 sums), bound
+  // 2.5× that. Each row count is checked, since 1-2 and 3-4 rows run different loops.
+  it("1-4 rows of an f32 weight run where it moved in the kernel's memory (a stacked weight's view and a bias too), which the BLAS then reads", () => {
+    const backend = new CpuBackend({ blas: detected.gemm.library ?? "portable", threads: 1 });
+    const k = 384, m = 200, rows = 2 * m;
+    const values = random(rows * k, 11), stacked = backend.upload(values.slice(), [rows, k]) as CpuTensor;
+    const bias = backend.upload(random(m, 12), [m]), b = backend.download(bias);
+    const second = backend.view(stacked, m, m); // the second projection of the stacked weight
+    for (const n of [1, 2, 3, 4, 5]) {
+      const xs = random(n * k, 40 + n), out = backend.zeros([n, m]);
+      backend.linear(backend.upload(xs.slice(), [n, k]), second, bias, out);
+      const want = reference(n, m, k, (i, p) => xs[i * k + p], (p, j) => values[(m + j) * k + p]).map((v, i) => v + b[i % m]);
+      expect(relativeError(want, backend.download(out))).toBeLessThan(2e-6);
+      expect(stacked.resident).not.toBeNull(); // moved on the first product, not copied: its values are a view there
+    }
+    expect(backend.download(stacked)).toEqual(values);
+    backend.free(stacked);
+    expect(stacked.resident).toBeNull(); // freeing gives the block back
+  });
+
+  it("1-4 rows of a bf16 weight read its bf16 copy (a stacked weight's view and a bias too), 5 rows the BLAS", () => {
     const backend = new CpuBackend({ blas: detected.gemm.library ?? "portable", threads: 1 });
     const k = 384, m = 200, rows = 2 * m;
     const stacked = backend.upload(random(rows * k, 21), [rows, k], "bf16") as CpuTensor;
@@ -221,7 +239,8 @@ describe.skipIf(noSystemBlas)("bf16 weights beside the system BLAS", () => {
       const b = backend.download(bias);
       const want = reference(n, m, k, (i, p) => xs[i * k + p], (p, j) => rounded[(m + j) * k + p]).map((v, i) => v + b[i % m]);
       expect(relativeError(want, backend.download(out))).toBeLessThan(2e-6);
-      if (n === 4) expect(stacked.bf16Resident).not.toBeNull();
+      expect(stacked.bf16Resident).not.toBeNull();
+      expect(stacked.resident).toBeNull(); // its f32 values stay where they were, for the BLAS
     }
     const alone = backend.upload(random(m * k, 23), [m, k], "bf16") as CpuTensor, x5 = backend.upload(random(5 * k, 24), [5, k]);
     backend.linear(x5, alone, null, backend.zeros([5, m]));

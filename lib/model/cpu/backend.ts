@@ -136,10 +136,10 @@ function cpu(tensor: Tensor): CpuTensor {
 }
 
 /**
- * Rows of a product over a bf16 weight that read its bf16 copy (`CpuBackend.#bf16Linear`, system BLAS): decoding's
+ * Rows of a product that run on the WASM decoding kernel (`CpuBackend.#decodeLinear`, system BLAS): decoding's
  * batches, which read each weight once per step and so are bound by its bytes. Larger products are the BLAS's.
  */
-const BF16_DECODE_ROWS = 4;
+const DECODE_ROWS = 4;
 
 /** Moves a tensor's values into a block of the kernel's memory; null when the memory cannot hold them. */
 function moveIntoWasm(kernel: WasmMatmul, tensor: CpuTensor): CpuTensor["resident"] {
@@ -255,10 +255,10 @@ export class CpuBackend implements Backend {
   /** The WASM SIMD matmul the portable `linear` runs on; null with a system BLAS or without WebAssembly SIMD. */
   readonly #kernel: WasmMatmul | null;
   /**
-   * With a system BLAS: the WASM matmul that holds bf16 weights' bf16 copies for decoding's products (made on first
-   * use; null where the runtime has no WebAssembly SIMD).
+   * With a system BLAS: the WASM matmul that decoding's products run on, holding the f32 weights they read and bf16
+   * weights' bf16 copies (made on first use; null where the runtime has no WebAssembly SIMD).
    */
-  #bf16Kernel: WasmMatmul | null | undefined;
+  #decodeKernel: WasmMatmul | null | undefined;
   /** What is not a product (SwiGLU, softmaxes, RMSNorm, RoPE, exponentials) on WebAssembly SIMD, with the system
    * BLAS only (the portable products keep the references' bits). */
   readonly #elementwise: WasmElementwise | null;
@@ -384,14 +384,14 @@ export class CpuBackend implements Backend {
     expectSize("linear out", o, n * outFeatures);
     if (bias) expectSize("linear bias", bias, outFeatures);
     const y = o.data, b = bias ? cpu(bias).data : null, system = this.gemm.library !== null;
-    const bf16 = system && w.dtype === "bf16" && n >= 1 && n <= BF16_DECODE_ROWS && this.#bf16Linear(xs, w, n, inFeatures, outFeatures, o);
-    if (system && !bf16) {
+    const decoded = system && n >= 1 && n <= DECODE_ROWS && this.#decodeLinear(xs, w, n, inFeatures, outFeatures, o);
+    if (system && !decoded) {
       // The bias first, and the BLAS adds the product to it (one pass fewer over the output).
       if (b) for (let i = 0; i < n; i++) y.set(b, i * outFeatures);
       this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, y, { accumulate: b !== null });
       return;
     }
-    if (!bf16 && !this.#wasmMatmul(xs, w, n, inFeatures, outFeatures, o)) this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, y);
+    if (!decoded && !this.#wasmMatmul(xs, w, n, inFeatures, outFeatures, o)) this.gemm.nt(xs.data, w.data, n, inFeatures, outFeatures, y);
     if (b) for (let i = 0; i < n; i++) for (let j = 0; j < outFeatures; j++) y[i * outFeatures + j] += b[j];
   }
 
@@ -438,24 +438,30 @@ export class CpuBackend implements Backend {
   }
 
   /**
-   * out = x Wᵀ for a decoding product (1 to BF16_DECODE_ROWS rows) over a bf16 weight, read as bf16 (half the bytes of
-   * its f32 values, which hold the same bf16-rounded numbers for the BLAS's larger products): the weight's bf16 copy
-   * goes into the WASM matmul's memory on first use. False where that cannot be (no WebAssembly SIMD, a width not a
-   * multiple of 8, the memory past 4 GiB): the caller's BLAS product then computes the same values.
+   * out = x Wᵀ for a decoding product (1 to DECODE_ROWS rows) on the WASM kernel beside the system BLAS, which reads a
+   * weight it does not hold at ~10 GB/s (docs/engine.md): an f32 weight moves into the kernel's memory on first use
+   * (its values become a view there, which the BLAS reads as well: no second copy); a bf16 one gets a bf16 copy there
+   * (half the bytes; its f32 values, the same bf16-rounded numbers, stay for the BLAS's larger products). False where
+   * that cannot be (no WebAssembly SIMD, a width not a multiple of 8, the memory past 4 GiB): the BLAS then computes it.
    */
-  #bf16Linear(x: CpuTensor, w: CpuTensor, n: number, k: number, m: number, out: CpuTensor): boolean {
+  #decodeLinear(x: CpuTensor, w: CpuTensor, n: number, k: number, m: number, out: CpuTensor): boolean {
     if (k % 8 !== 0) return false;
-    if (this.#bf16Kernel === undefined) this.#bf16Kernel = WasmMatmul.create(1);
-    const kernel = this.#bf16Kernel;
+    if (this.#decodeKernel === undefined) this.#decodeKernel = WasmMatmul.create(1);
+    const kernel = this.#decodeKernel;
     if (!kernel) return false;
-    // A view (one projection of a stacked weight) is read where its owner's copy holds its rows.
+    // A view (one projection of a stacked weight) is read where its owner's values lie.
     const owner = w instanceof CpuTensorView ? w.owner : w, start = w instanceof CpuTensorView ? w.offset : 0;
-    if (!owner.bf16Resident) {
-      const offset = kernel.residentBf16(owner.data);
-      if (offset === null) return false;
-      owner.bf16Resident = { kernel, offset };
+    if (w.dtype === "bf16") {
+      if (!owner.bf16Resident) {
+        const offset = kernel.residentBf16(owner.data);
+        if (offset === null) return false;
+        owner.bf16Resident = { kernel, offset };
+      }
+      return owner.bf16Resident.kernel.decodeLinearArrays(x.data, owner.bf16Resident.offset + start * 2, "bf16", out.data, n, k, m);
     }
-    return owner.bf16Resident.kernel.linearBf16Arrays(x.data, owner.bf16Resident.offset + start * 2, out.data, n, k, m);
+    const resident = owner.resident ?? moveIntoWasm(kernel, owner);
+    if (!resident) return false;
+    return resident.kernel.decodeLinearArrays(x.data, resident.offset + start * 4, "f32", out.data, n, k, m);
   }
 
   rope(q: Tensor, k: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {

@@ -1,5 +1,5 @@
-;; Three kernels on one shared memory: matmulNT, below, the portable linear layers' f32 product; linearBf16, the
-;; system-BLAS backend's decoding products over bf16 weights; and matmulF64, at the end, every other portable product
+;; Four kernels on one shared memory: matmulNT, below, the portable linear layers' f32 product; linearBf16 and
+;; linearF32, the system-BLAS backend's decoding products over bf16 and f32 weights; and matmulF64, at the end, every other portable product
 ;; with the JavaScript reference's bits (its own comment says how).
 ;;
 ;; matmulNT: out[n, m] = alpha · x[n, k] · w[m, k]ᵀ (+ out when accumulating), in f32 with 128-bit SIMD.
@@ -441,19 +441,145 @@
         (local.set $p (i32.add (local.get $p) (i32.const 1)))
         (br $next))))
 
-  ;; linearBf16: out[r·m + j] = Σ_i x[r·k + i] · w[j·k + i] for the n ≤ 4 rows of x, w in bf16 (each u16 the high half of
-  ;; the f32 it stands for), k a multiple of 8. Decoding multiplies a few rows by every weight once per token, so it is
-  ;; bound by reading the weights (f32 weights of a 20M model: ~80 MB a step at ~10 GB/s on one core), and half the
-  ;; bytes is about half the time. A 16-byte load is 8 weights, widened to two f32x4 by shifting each into the high half
-  ;; of a lane; each row sums into two accumulators (relaxed multiply-adds), whose lanes are added at the end. Rows past
-  ;; n read row 0 again and are not stored, so one loop serves every n.
+  ;; linearF32 and linearBf16: out[r·m + j] = Σ_i x[r·k + i] · w[j·k + i] for the n ≤ 4 rows of x, w in f32 or in bf16
+  ;; (each u16 the high half of the f32 it stands for), k a multiple of 8: the system-BLAS backend's decoding products.
+  ;; Decoding multiplies a few rows by every weight once per token, so it is bound by reading the weights, and
+  ;; OpenBLAS's sgemm/sgemv read them at only 7-11 GB/s on one core of these machines (they pack or tile for larger
+  ;; products). Each step takes 32 bytes of x's rows (8 values) against 8 weights: two f32x4 loads, or one 16-byte
+  ;; load of bf16 widened to two f32x4 by shifting each into the high half of a lane (half the bytes). Each row sums
+  ;; into two accumulators (two independent chains of relaxed multiply-adds hide their latency), whose lanes are added
+  ;; at the end. 1 or 2 rows take a loop of 2 rows, 3 or 4 one of 4; rows past n read row 0 again and are not stored.
+  ;; Measured for f32 on the 20M model's layers, one core: 1-2 rows ~29 GB/s, 3 ~24, 4 ~17, against sgemm's 7-11; a
+  ;; loop of 4 rows serving 1 does 4 rows' multiply-adds for the bytes of one (4 → 2.3 ms a pass), and 8 accumulators
+  ;; over 2 weight rows ran at half the speed under V8's register allocator.
+  (func (export "linearF32") (param $x i32) (param $w i32) (param $out i32) (param $n i32) (param $k i32) (param $m i32)
+    (if (i32.le_u (local.get $n) (i32.const 2))
+      (then (call $linear_f32_rows2 (local.get $x) (local.get $w) (local.get $out) (local.get $n) (local.get $k) (local.get $m)))
+      (else (call $linear_f32_rows4 (local.get $x) (local.get $w) (local.get $out) (local.get $n) (local.get $k) (local.get $m)))))
+
   (func (export "linearBf16") (param $x i32) (param $w i32) (param $out i32) (param $n i32) (param $k i32) (param $m i32)
-    (local $j i32) (local $i i32) (local $row i32) (local $rowBytes i32) (local $x1 i32) (local $x2 i32) (local $x3 i32)
-    (local $v v128) (local $lo v128) (local $hi v128)
-    (local $a0 v128) (local $b0 v128) (local $a1 v128) (local $b1 v128) (local $a2 v128) (local $b2 v128) (local $a3 v128)
-    (local $b3 v128)
+    (if (i32.le_u (local.get $n) (i32.const 2))
+      (then (call $linear_bf16_rows2 (local.get $x) (local.get $w) (local.get $out) (local.get $n) (local.get $k) (local.get $m)))
+      (else (call $linear_bf16_rows4 (local.get $x) (local.get $w) (local.get $out) (local.get $n) (local.get $k) (local.get $m)))))
+
+  (func $linear_f32_rows2 (param $x i32) (param $w i32) (param $out i32) (param $n i32) (param $k i32) (param $m i32)
+    (local $j i32) (local $i i32) (local $rowBytes i32) (local $x0 i32) (local $x1 i32) (local $lo v128) (local $hi v128)
+    (local $a0 v128) (local $b0 v128) (local $a1 v128) (local $b1 v128)
     (local.set $rowBytes (i32.shl (local.get $k) (i32.const 2)))
-    (local.set $x1 (select (i32.add (local.get $x) (local.get $rowBytes)) (local.get $x) (i32.gt_u (local.get $n) (i32.const 1))))
+    (local.set $x0 (local.get $x))
+    (local.set $x1 (select (i32.add (local.get $x0) (local.get $rowBytes)) (local.get $x) (i32.gt_u (local.get $n) (i32.const 1))))
+    (block $doneColumns
+      (loop $nextColumn
+        (br_if $doneColumns (i32.ge_u (local.get $j) (local.get $m)))
+        (local.set $a0 (v128.const i32x4 0 0 0 0)) (local.set $b0 (v128.const i32x4 0 0 0 0))
+        (local.set $a1 (v128.const i32x4 0 0 0 0)) (local.set $b1 (v128.const i32x4 0 0 0 0))
+        (local.set $i (i32.const 0))
+        (block $doneSum
+          (loop $nextVector
+            (br_if $doneSum (i32.ge_u (local.get $i) (local.get $rowBytes)))
+            (local.set $lo (v128.load (i32.add (local.get $w) (local.get $i))))
+            (local.set $hi (v128.load offset=16 (i32.add (local.get $w) (local.get $i))))
+            (local.set $a0 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x0) (local.get $i))) (local.get $a0)))
+            (local.set $b0 (f32x4.relaxed_madd (local.get $hi) (v128.load offset=16 (i32.add (local.get $x0) (local.get $i))) (local.get $b0)))
+            (local.set $a1 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x1) (local.get $i))) (local.get $a1)))
+            (local.set $b1 (f32x4.relaxed_madd (local.get $hi) (v128.load offset=16 (i32.add (local.get $x1) (local.get $i))) (local.get $b1)))
+            (local.set $i (i32.add (local.get $i) (i32.const 32)))
+            (br $nextVector)))
+        (f32.store (i32.add (local.get $out) (i32.shl (local.get $j) (i32.const 2)))
+          (call $sum_lanes (f32x4.add (local.get $a0) (local.get $b0))))
+        (if (i32.gt_u (local.get $n) (i32.const 1)) (then
+          (f32.store (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $m) (i32.const 1)) (local.get $j)) (i32.const 2)))
+            (call $sum_lanes (f32x4.add (local.get $a1) (local.get $b1))))))
+        (local.set $w (i32.add (local.get $w) (local.get $rowBytes)))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $nextColumn))))
+
+  (func $linear_f32_rows4 (param $x i32) (param $w i32) (param $out i32) (param $n i32) (param $k i32) (param $m i32)
+    (local $j i32) (local $i i32) (local $rowBytes i32) (local $x0 i32) (local $x1 i32) (local $x2 i32) (local $x3 i32) (local $lo v128) (local $hi v128)
+    (local $a0 v128) (local $b0 v128) (local $a1 v128) (local $b1 v128) (local $a2 v128) (local $b2 v128) (local $a3 v128) (local $b3 v128)
+    (local.set $rowBytes (i32.shl (local.get $k) (i32.const 2)))
+    (local.set $x0 (local.get $x))
+    (local.set $x1 (select (i32.add (local.get $x0) (local.get $rowBytes)) (local.get $x) (i32.gt_u (local.get $n) (i32.const 1))))
+    (local.set $x2 (select (i32.add (local.get $x1) (local.get $rowBytes)) (local.get $x) (i32.gt_u (local.get $n) (i32.const 2))))
+    (local.set $x3 (select (i32.add (local.get $x2) (local.get $rowBytes)) (local.get $x) (i32.gt_u (local.get $n) (i32.const 3))))
+    (block $doneColumns
+      (loop $nextColumn
+        (br_if $doneColumns (i32.ge_u (local.get $j) (local.get $m)))
+        (local.set $a0 (v128.const i32x4 0 0 0 0)) (local.set $b0 (v128.const i32x4 0 0 0 0))
+        (local.set $a1 (v128.const i32x4 0 0 0 0)) (local.set $b1 (v128.const i32x4 0 0 0 0))
+        (local.set $a2 (v128.const i32x4 0 0 0 0)) (local.set $b2 (v128.const i32x4 0 0 0 0))
+        (local.set $a3 (v128.const i32x4 0 0 0 0)) (local.set $b3 (v128.const i32x4 0 0 0 0))
+        (local.set $i (i32.const 0))
+        (block $doneSum
+          (loop $nextVector
+            (br_if $doneSum (i32.ge_u (local.get $i) (local.get $rowBytes)))
+            (local.set $lo (v128.load (i32.add (local.get $w) (local.get $i))))
+            (local.set $hi (v128.load offset=16 (i32.add (local.get $w) (local.get $i))))
+            (local.set $a0 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x0) (local.get $i))) (local.get $a0)))
+            (local.set $b0 (f32x4.relaxed_madd (local.get $hi) (v128.load offset=16 (i32.add (local.get $x0) (local.get $i))) (local.get $b0)))
+            (local.set $a1 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x1) (local.get $i))) (local.get $a1)))
+            (local.set $b1 (f32x4.relaxed_madd (local.get $hi) (v128.load offset=16 (i32.add (local.get $x1) (local.get $i))) (local.get $b1)))
+            (local.set $a2 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x2) (local.get $i))) (local.get $a2)))
+            (local.set $b2 (f32x4.relaxed_madd (local.get $hi) (v128.load offset=16 (i32.add (local.get $x2) (local.get $i))) (local.get $b2)))
+            (local.set $a3 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x3) (local.get $i))) (local.get $a3)))
+            (local.set $b3 (f32x4.relaxed_madd (local.get $hi) (v128.load offset=16 (i32.add (local.get $x3) (local.get $i))) (local.get $b3)))
+            (local.set $i (i32.add (local.get $i) (i32.const 32)))
+            (br $nextVector)))
+        (f32.store (i32.add (local.get $out) (i32.shl (local.get $j) (i32.const 2)))
+          (call $sum_lanes (f32x4.add (local.get $a0) (local.get $b0))))
+        (if (i32.gt_u (local.get $n) (i32.const 1)) (then
+          (f32.store (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $m) (i32.const 1)) (local.get $j)) (i32.const 2)))
+            (call $sum_lanes (f32x4.add (local.get $a1) (local.get $b1))))))
+        (if (i32.gt_u (local.get $n) (i32.const 2)) (then
+          (f32.store (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $m) (i32.const 2)) (local.get $j)) (i32.const 2)))
+            (call $sum_lanes (f32x4.add (local.get $a2) (local.get $b2))))))
+        (if (i32.gt_u (local.get $n) (i32.const 3)) (then
+          (f32.store (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $m) (i32.const 3)) (local.get $j)) (i32.const 2)))
+            (call $sum_lanes (f32x4.add (local.get $a3) (local.get $b3))))))
+        (local.set $w (i32.add (local.get $w) (local.get $rowBytes)))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $nextColumn))))
+
+  (func $linear_bf16_rows2 (param $x i32) (param $w i32) (param $out i32) (param $n i32) (param $k i32) (param $m i32)
+    (local $j i32) (local $i i32) (local $rowBytes i32) (local $x0 i32) (local $x1 i32) (local $v v128) (local $lo v128) (local $hi v128)
+    (local $a0 v128) (local $b0 v128) (local $a1 v128) (local $b1 v128)
+    (local.set $rowBytes (i32.shl (local.get $k) (i32.const 2)))
+    (local.set $x0 (local.get $x))
+    (local.set $x1 (select (i32.add (local.get $x0) (local.get $rowBytes)) (local.get $x) (i32.gt_u (local.get $n) (i32.const 1))))
+    (block $doneColumns
+      (loop $nextColumn
+        (br_if $doneColumns (i32.ge_u (local.get $j) (local.get $m)))
+        (local.set $a0 (v128.const i32x4 0 0 0 0)) (local.set $b0 (v128.const i32x4 0 0 0 0))
+        (local.set $a1 (v128.const i32x4 0 0 0 0)) (local.set $b1 (v128.const i32x4 0 0 0 0))
+        (local.set $i (i32.const 0))
+        (block $doneSum
+          (loop $nextVector
+            (br_if $doneSum (i32.ge_u (local.get $i) (local.get $rowBytes)))
+            ;; $i walks x's bytes (4 a value); the weights' bytes are half as far in
+            (local.set $v (v128.load (i32.add (local.get $w) (i32.shr_u (local.get $i) (i32.const 1)))))
+            (local.set $lo (i32x4.shl (i32x4.extend_low_i16x8_u (local.get $v)) (i32.const 16)))
+            (local.set $hi (i32x4.shl (i32x4.extend_high_i16x8_u (local.get $v)) (i32.const 16)))
+            (local.set $a0 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x0) (local.get $i))) (local.get $a0)))
+            (local.set $b0 (f32x4.relaxed_madd (local.get $hi) (v128.load offset=16 (i32.add (local.get $x0) (local.get $i))) (local.get $b0)))
+            (local.set $a1 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x1) (local.get $i))) (local.get $a1)))
+            (local.set $b1 (f32x4.relaxed_madd (local.get $hi) (v128.load offset=16 (i32.add (local.get $x1) (local.get $i))) (local.get $b1)))
+            (local.set $i (i32.add (local.get $i) (i32.const 32)))
+            (br $nextVector)))
+        (f32.store (i32.add (local.get $out) (i32.shl (local.get $j) (i32.const 2)))
+          (call $sum_lanes (f32x4.add (local.get $a0) (local.get $b0))))
+        (if (i32.gt_u (local.get $n) (i32.const 1)) (then
+          (f32.store (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $m) (i32.const 1)) (local.get $j)) (i32.const 2)))
+            (call $sum_lanes (f32x4.add (local.get $a1) (local.get $b1))))))
+        (local.set $w (i32.add (local.get $w) (i32.shr_u (local.get $rowBytes) (i32.const 1))))
+        (local.set $j (i32.add (local.get $j) (i32.const 1)))
+        (br $nextColumn))))
+
+  (func $linear_bf16_rows4 (param $x i32) (param $w i32) (param $out i32) (param $n i32) (param $k i32) (param $m i32)
+    (local $j i32) (local $i i32) (local $rowBytes i32) (local $x0 i32) (local $x1 i32) (local $x2 i32) (local $x3 i32) (local $v v128) (local $lo v128) (local $hi v128)
+    (local $a0 v128) (local $b0 v128) (local $a1 v128) (local $b1 v128) (local $a2 v128) (local $b2 v128) (local $a3 v128) (local $b3 v128)
+    (local.set $rowBytes (i32.shl (local.get $k) (i32.const 2)))
+    (local.set $x0 (local.get $x))
+    (local.set $x1 (select (i32.add (local.get $x0) (local.get $rowBytes)) (local.get $x) (i32.gt_u (local.get $n) (i32.const 1))))
     (local.set $x2 (select (i32.add (local.get $x1) (local.get $rowBytes)) (local.get $x) (i32.gt_u (local.get $n) (i32.const 2))))
     (local.set $x3 (select (i32.add (local.get $x2) (local.get $rowBytes)) (local.get $x) (i32.gt_u (local.get $n) (i32.const 3))))
     (block $doneColumns
@@ -471,8 +597,8 @@
             (local.set $v (v128.load (i32.add (local.get $w) (i32.shr_u (local.get $i) (i32.const 1)))))
             (local.set $lo (i32x4.shl (i32x4.extend_low_i16x8_u (local.get $v)) (i32.const 16)))
             (local.set $hi (i32x4.shl (i32x4.extend_high_i16x8_u (local.get $v)) (i32.const 16)))
-            (local.set $a0 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x) (local.get $i))) (local.get $a0)))
-            (local.set $b0 (f32x4.relaxed_madd (local.get $hi) (v128.load offset=16 (i32.add (local.get $x) (local.get $i))) (local.get $b0)))
+            (local.set $a0 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x0) (local.get $i))) (local.get $a0)))
+            (local.set $b0 (f32x4.relaxed_madd (local.get $hi) (v128.load offset=16 (i32.add (local.get $x0) (local.get $i))) (local.get $b0)))
             (local.set $a1 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x1) (local.get $i))) (local.get $a1)))
             (local.set $b1 (f32x4.relaxed_madd (local.get $hi) (v128.load offset=16 (i32.add (local.get $x1) (local.get $i))) (local.get $b1)))
             (local.set $a2 (f32x4.relaxed_madd (local.get $lo) (v128.load (i32.add (local.get $x2) (local.get $i))) (local.get $a2)))
@@ -484,10 +610,10 @@
         (f32.store (i32.add (local.get $out) (i32.shl (local.get $j) (i32.const 2)))
           (call $sum_lanes (f32x4.add (local.get $a0) (local.get $b0))))
         (if (i32.gt_u (local.get $n) (i32.const 1)) (then
-          (f32.store (i32.add (local.get $out) (i32.shl (i32.add (local.get $m) (local.get $j)) (i32.const 2)))
+          (f32.store (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $m) (i32.const 1)) (local.get $j)) (i32.const 2)))
             (call $sum_lanes (f32x4.add (local.get $a1) (local.get $b1))))))
         (if (i32.gt_u (local.get $n) (i32.const 2)) (then
-          (f32.store (i32.add (local.get $out) (i32.shl (i32.add (i32.shl (local.get $m) (i32.const 1)) (local.get $j)) (i32.const 2)))
+          (f32.store (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $m) (i32.const 2)) (local.get $j)) (i32.const 2)))
             (call $sum_lanes (f32x4.add (local.get $a2) (local.get $b2))))))
         (if (i32.gt_u (local.get $n) (i32.const 3)) (then
           (f32.store (i32.add (local.get $out) (i32.shl (i32.add (i32.mul (local.get $m) (i32.const 3)) (local.get $j)) (i32.const 2)))

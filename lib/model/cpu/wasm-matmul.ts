@@ -27,6 +27,7 @@ declare const WebAssembly: {
 interface MatmulExports {
   matmulNT(x: number, w: number, out: number, n: number, k: number, m: number, ldOut: number, alpha: number, accumulate: number): void;
   linearBf16(x: number, w: number, out: number, n: number, k: number, m: number): void;
+  linearF32(x: number, w: number, out: number, n: number, k: number, m: number): void;
   matmulF64(a: number, b: number, out: number, n: number, k: number, m: number, aRow: number, aCol: number, bRow: number,
     outRow: number, outCol: number, alpha: number, flags: number): void;
 }
@@ -388,7 +389,7 @@ export class WasmMatmul {
 
   /**
    * A matrix's values, already bf16-rounded (each f32's low 16 bits zero), stored in the memory as bf16 for
-   * `linearBf16Arrays`: the byte offset of its block (give it back with `release`), or null when the memory cannot
+   * `decodeLinearArrays`: the byte offset of its block (give it back with `release`), or null when the memory cannot
    * hold it.
    */
   residentBf16(values: Float32Array): number | null {
@@ -401,19 +402,20 @@ export class WasmMatmul {
   }
 
   /**
-   * out[n, m] = x[n, k] · Wᵀ for n ≤ 4 rows, with W in bf16 at byte offset `w` (`residentBf16`) and x, out arrays
-   * outside the memory, copied through the scratch space; k must be a multiple of 8. False when the memory cannot hold
-   * them. f32 multiply-adds in matmul.wat's order (not the JavaScript reference's bits: the system-BLAS backend's
-   * decoding uses it, whose products are the library's anyway).
+   * out[n, m] = x[n, k] · Wᵀ for a decoding product of n ≤ 4 rows, with W in the memory at byte offset `w`, stored as
+   * `weights`: "f32" (a resident weight) or "bf16" (`residentBf16`); x and out are arrays outside the memory, copied
+   * through the scratch space; k must be a multiple of 8. False when the memory cannot hold them. f32 multiply-adds in
+   * matmul.wat's order (linearF32, linearBf16), not the JavaScript reference's bits: the system-BLAS backend's
+   * decoding uses it, whose products are the library's anyway.
    */
-  linearBf16Arrays(x: Float32Array, w: number, out: Float32Array, n: number, k: number, m: number): boolean {
-    if (!(n >= 1 && n <= 4) || k % 8 !== 0) throw new ArtError("bad_matmul_operands", `linearBf16: ${n} rows of ${k} (1 to 4 rows, k a multiple of 8)`);
+  decodeLinearArrays(x: Float32Array, w: number, weights: "f32" | "bf16", out: Float32Array, n: number, k: number, m: number): boolean {
+    if (!(n >= 1 && n <= 4) || k % 8 !== 0) throw new ArtError("bad_matmul_operands", `decodeLinear: ${n} rows of ${k} (1 to 4 rows, k a multiple of 8)`);
     const at = this.#scratch([n * k, n * m]);
     if (!at) return false;
     const [xAt, outAt] = at, heap = this.heap;
-    this.#checkOperands([[w, (m * k) / 2]], `WASM bf16 weight at ${w} (k=${k}, m=${m})`);
+    this.#checkOperands([[w, weights === "f32" ? m * k : (m * k) / 2]], `WASM ${weights} weight at ${w} (k=${k}, m=${m})`);
     heap.set(x.subarray(0, n * k), xAt! / 4);
-    this.#exports.linearBf16(xAt!, w, outAt!, n, k, m);
+    (weights === "f32" ? this.#exports.linearF32 : this.#exports.linearBf16)(xAt!, w, outAt!, n, k, m);
     out.set(heap.subarray(outAt! / 4, outAt! / 4 + n * m));
     return true;
   }
