@@ -51,8 +51,8 @@ options:
                        --api-key-file <path>, the key on the file's first line, or the ART_API_KEY variable)
   --device <d>         auto | cpu | cuda (default auto)
   --dtype <t>          how the weights are stored: f32 | bf16 (default bf16 on CUDA, f32 on the CPU; bf16 on the CPU
-                       rounds them as a GPU does and, beside OpenBLAS's AVX2 kernels, decodes faster, reading half
-                       the bytes)
+                       rounds them as a GPU does and decodes a little faster, reading half the
+                       bytes)
   --slots <n>          sequences decoded at once (default: on CUDA, as many as --kv-memory of the free GPU memory
                        holds, at most 256; on the CPU, 32)
   --kv-memory <f>      the share of free memory (after the weights) the KV cache takes when --slots is not given

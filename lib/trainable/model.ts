@@ -55,9 +55,8 @@ export interface TrainableModelOptions {
   device?: Device;
   /**
    * How the base weights are stored: default "bf16" on CUDA, "f32" on the CPU. "bf16" on the CPU rounds them as a GPU
-   * does and, beside the system BLAS, decodes rollouts from a bf16 copy, 1.7–1.9× faster on the 20M bench model with
-   * OpenBLAS's AVX2 kernels, where decoding is bound by reading the weights (no faster beside its AVX-512 ones:
-   * docs/engine.md); the LoRA trains in f32 either way.
+   * does and, beside the system BLAS, decodes rollouts from a bf16 copy, half the bytes a step, 1.1–1.2× faster than f32
+   * on the 20M bench model (docs/engine.md); the LoRA trains in f32 either way.
    */
   dtype?: DType;
   /** LoRA rank, alpha, target modules; defaults are ART's (r 8, alpha 16, all seven projections). */
