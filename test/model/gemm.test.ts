@@ -221,6 +221,11 @@ describe.skipIf(noSystemBlas)("decoding's products beside the system BLAS", () =
       expect(stacked.resident).not.toBeNull(); // moved on the first product, not copied: its values are a view there
     }
     expect(backend.download(stacked)).toEqual(values);
+    // Written in place (as full-parameter training's update is), the next decoding product reads the new values.
+    const updated = values.map((v) => -2 * v), xs = random(k, 50), out = backend.zeros([1, m]);
+    backend.write(stacked, updated);
+    backend.linear(backend.upload(xs.slice(), [1, k]), second, null, out);
+    expect(relativeError(reference(1, m, k, (_, p) => xs[p], (p, j) => updated[(m + j) * k + p]), backend.download(out))).toBeLessThan(2e-6);
     backend.free(stacked);
     expect(stacked.resident).toBeNull(); // freeing gives the block back
   });

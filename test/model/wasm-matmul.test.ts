@@ -70,6 +70,39 @@ describe("WASM SIMD matmul", () => {
     }
   });
 
+  it.each([true, false])("decoding's products (1-4 rows over f32 or bf16 weights) are within f32 rounding of float64 on edge shapes (fused %s)", (fusedMultiplyAdd) => {
+    const kernel = WasmMatmul.create(1, { fusedMultiplyAdd });
+    if (!kernel) throw new Error("this runtime has no WebAssembly SIMD");
+    const rng = seededRandom(12);
+    for (const [k, m] of [[8, 1], [16, 3], [24, 7], [392, 5]]) {
+      const w = Float32Array.from({ length: m * k }, () => rng() * 2 - 1);
+      const rounded = w.map((v) => new Float32Array(new Uint32Array([new Uint32Array(Float32Array.of(v).buffer)[0] & 0xffff0000]).buffer)[0]);
+      const f32At = kernel.allocate(w.byteLength)!;
+      kernel.heap.set(w, f32At / 4);
+      const bf16At = kernel.residentBf16(rounded)!;
+      for (const [weights, at, values] of [["f32", f32At, w], ["bf16", bf16At, rounded]] as const) {
+        for (const n of [1, 2, 3, 4]) {
+          const x = Float32Array.from({ length: n * k }, () => rng() * 2 - 1), out = new Float32Array(n * m).fill(NaN);
+          expect(kernel.decodeLinearArrays(x, at, weights, out, n, k, m)).toBe(true);
+          for (let i = 0; i < n; i++) for (let o = 0; o < m; o++) {
+            let exact = 0, magnitude = 0;
+            for (let j = 0; j < k; j++) {
+              exact += x[i * k + j] * values[o * k + j];
+              magnitude += Math.abs(x[i * k + j] * values[o * k + j]);
+            }
+            // Any summation order of k f32 products is within k·ε of Σ|x·w|; a row read from the wrong place is O(1) off.
+            const error = Math.abs(out[i * m + o] - exact), bound = (k + 3) * F32_EPSILON * magnitude + 1e-30;
+            if (!(error <= bound)) throw new Error(`${weights} n=${n} k=${k} m=${m}: out[${i}, ${o}] is off by ${error} > ${bound}`);
+          }
+        }
+      }
+      kernel.release(f32At);
+      kernel.release(bf16At);
+    }
+    expect(() => kernel.decodeLinearArrays(new Float32Array(5 * 8), 0, "f32", new Float32Array(5), 5, 8, 1)).toThrow(/1 to 4 rows/);
+    expect(() => kernel.decodeLinearArrays(new Float32Array(12), 0, "f32", new Float32Array(1), 1, 12, 1)).toThrow(/multiple of 8/);
+  });
+
   it("allocates first fit, merges released neighbours and gives free space at the top back", () => {
     const kernel = WasmMatmul.create()!;
     const a = kernel.allocate(100)!, b = kernel.allocate(64)!, c = kernel.allocate(16)!;
