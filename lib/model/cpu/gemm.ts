@@ -72,11 +72,12 @@ export interface GemmChoice {
 }
 
 /**
- * Bytes of W per product when `x Wᵀ` has few rows (decoding), by row count: each slice of W is read from memory once
- * and stays in cache while the library packs and multiplies it, where one product over the whole of W streams it
- * through cache in the library's own blocking. Measured on the 20M model's seven products per layer (8 layers, one
- * thread, OpenBLAS 0.3.21): against one product each, 1.58× faster at 1 row, 1.51× at 4, 1.38× at 8, 1.25× at 12;
- * none from 16 rows. 256 KiB slices beat per-row matrix-vector products too (1.04× at 1 row, 1.26× at 4).
+ * Bytes of W per product when `x Wᵀ` has few rows (decoding's products on the BLAS: a linear layer's from 5 rows, and
+ * the LoRA and attention products; a linear layer's 1 to 4 rows run on matmul.wat's linearF32, CpuBackend's
+ * #decodeLinear), by row count: each slice of W is read from memory once and stays in cache while the library packs
+ * and multiplies it, where one product over the whole of W streams it through cache in the library's own blocking.
+ * Measured on the 20M model's seven products per layer (8 layers, one thread, OpenBLAS 0.3.21): against one product
+ * each, 1.58× faster at 1 row, 1.51× at 4, 1.38× at 8, 1.25× at 12; none from 16 rows. 256 KiB slices beat per-row matrix-vector products too (1.04× at 1 row, 1.26× at 4).
  */
 function sliceBytes(rows: number): number {
   return rows <= 4 ? 256 << 10 : rows <= 12 ? 128 << 10 : Infinity;
