@@ -150,18 +150,26 @@ export function flashForwardBytes(hd: number): number {
 }
 
 /**
- * The training attention's instantiation for a head size (flashHeadSize) and its kernels' dynamic shared memory, in
- * bf16 rows of HD + 8: the forward's (flashForwardBytes); the dq pass a query tile of Q and dO (K and V double-buffered
- * up to head size 64)
- * and a key tile of K and V; the dk/dv pass a key tile of K and V and a query chunk of Q and dO (64 rows, 32 at head
- * size 128; two buffers of each) with its rows' log-sum-exp and Δ in f32.
+ * The training attention's kernels for a head size (flashHeadSize) on a device whose blocks may hold
+ * `sharedBytesPerBlock` (DeviceInfo), and their dynamic shared memory, in bf16 rows of HD + 8: the forward's
+ * (flashForwardBytes); the dq pass a query tile of Q and dO and a key tile of K and V, double-buffered where the block
+ * holds two (every head size up to 64; at 128 the 102 KiB of two pass sm_86/89's 99 KiB, so those take the one-buffer
+ * instantiation, and sm_80/90 `…_hd128_two_buffers`); the dk/dv pass a key tile of K and V and a query chunk of Q and
+ * dO (64 rows, 32 at head size 128; two buffers of each) with its rows' log-sum-exp and Δ in f32.
  */
-export function packedAttentionKernels(headDim: number): { hd: 16 | 32 | 64 | 128; forwardBytes: number; dqBytes: number; dkdvBytes: number } {
+export function packedAttentionKernels(headDim: number, sharedBytesPerBlock: number): {
+  forwardKernel: string; forwardBytes: number; dqKernel: string; dqBytes: number; dkdvKernel: string; dkdvBytes: number;
+} {
   checkPackedHeadDim(headDim);
   const hd = flashHeadSize(headDim)!;
   const row = (hd + 8) * 2, tile = tensorCoreTileRows, chunk = hd === 128 ? 32 : 64;
-  const dqKeyBuffers = hd <= 64 ? 2 : 1;  // the dq pass's BUFFERS: two pairs would pass sm_86/89's 99 KiB at 128
-  return { hd, forwardBytes: flashForwardBytes(hd), dqBytes: (2 + 2 * dqKeyBuffers) * tile * row, dkdvBytes: (2 * tile + 4 * chunk) * row + 2 * chunk * 4 };
+  const dqBytes = (buffers: number) => (2 + 2 * buffers) * tile * row;
+  const twoBuffers = hd <= 64 || dqBytes(2) <= sharedBytesPerBlock;
+  return {
+    forwardKernel: `packed_attention_forward_hd${hd}`, forwardBytes: flashForwardBytes(hd),
+    dqKernel: `packed_attention_backward_dq_hd${hd}${hd === 128 && twoBuffers ? "_two_buffers" : ""}`, dqBytes: dqBytes(twoBuffers ? 2 : 1),
+    dkdvKernel: `packed_attention_backward_dkdv_hd${hd}`, dkdvBytes: (2 * tile + 4 * chunk) * row + 2 * chunk * 4,
+  };
 }
 
 /**

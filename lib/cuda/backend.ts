@@ -78,7 +78,7 @@ class CudaTensorView extends CudaTensor {
 
 /** What the backend needs of a device. CudaContext is the real one; host-logic tests use a recording one. */
 export interface DeviceQueue {
-  readonly device: { name: string; multiprocessors: number };
+  readonly device: { name: string; multiprocessors: number; sharedBytesPerBlock: number };
   readonly pool: MemoryPool;
   upload(destination: bigint, source: ArrayBufferView, offset?: number): void;
   download(source: bigint, target: ArrayBufferView, offset?: number): void;
@@ -893,7 +893,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const { rows, heads, kvHeads } = packedShape(qs, ks, headDim);
     expectSize("attention v", vs, ks.size);
     expectSize("attention out", o, qs.size);
-    const { hd, forwardBytes } = packedAttentionKernels(headDim);
+    const { forwardKernel, forwardBytes } = packedAttentionKernels(headDim, this.context.device.sharedBytesPerBlock);
     o.version++;
     // Segments that cover every row (a training batch's do) get every row of lse written, and o_proj's bf16 operand
     // too, beside out; otherwise rows outside them keep zeros (lse here, out the caller's) and there is no copy.
@@ -902,7 +902,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const tiles = packedQueryTiles(segments);
     if (tiles.length === 0) return lse;
     this.#withAttentionInputs([qs, ks, vs], ([qb, kb, vb]) => this.#withIndices(tiles, (index) =>
-      this.#launch(`packed_attention_forward_hd${hd}`, [tiles.length / 5, heads], [2 * tensorCoreTileRows],
+      this.#launch(forwardKernel, [tiles.length / 5, heads], [2 * tensorCoreTileRows],
         [["ptr", qb], ["ptr", kb], ["ptr", vb], ["ptr", index], ["ptr", o.address],
           ["ptr", covered ? this.#bf16Output(o) : 0n], ["ptr", lse.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim]], forwardBytes)));
     return lse;
@@ -933,7 +933,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const { rows, heads, kvHeads } = packedShape(qs, ks, headDim);
     for (const [name, tensor, size] of [["out", o, qs.size], ["output gradient", g, qs.size], ["dq", dqs, qs.size], ["dk", dks, ks.size],
       ["dv", dvs, ks.size], ["log-sum-exp", lse, rows * heads]] as const) expectSize(`attention ${name}`, tensor, size);
-    const { hd, dqBytes, dkdvBytes } = packedAttentionKernels(headDim);
+    const { dqKernel, dqBytes, dkdvKernel, dkdvBytes } = packedAttentionKernels(headDim, this.context.device.sharedBytesPerBlock);
     const queryTiles = packedQueryTiles(segments);
     const covered = segmentsCoverRows(segments, rows);
     // Overwritten gradients: the dq pass writes only the segments' rows, so the others are zeroed first; the group sum
@@ -959,13 +959,13 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       const dkHeads = allocate([rows, heads * headDim]), dvHeads = allocate([rows, heads * headDim]);
       // dOut's tiles too come narrowed once (Δ reads it as it is).
       this.#withAttentionInputs([qs, ks, vs, g], ([qb, kb, vb, gb]) => {
-        this.#withIndices(queryTiles, (index) => this.#launch(`packed_attention_backward_dq_hd${hd}`, [queryTiles.length / 5, heads],
+        this.#withIndices(queryTiles, (index) => this.#launch(dqKernel, [queryTiles.length / 5, heads],
           [2 * tensorCoreTileRows], [["ptr", qb], ["ptr", kb], ["ptr", vb], ["ptr", o.address], ["ptr", g.address], ["ptr", gb],
             ["ptr", lse.address], ["ptr", index], ["ptr", dqs.address], ["ptr", delta.address], ["i32", heads], ["i32", kvHeads], ["i32", headDim],
             ["i32", overwrite && covered ? 1 : 0]], dqBytes));
         const keyTiles = packedKeyTiles(segments);
         this.#withIndices(keyTiles.tiles, (tileIndex) => this.#withIndices(keyTiles.ranges, (rangeIndex) =>
-          this.#launch(`packed_attention_backward_dkdv_hd${hd}`, [keyTiles.tiles.length / 4, heads], [2 * tensorCoreTileRows],
+          this.#launch(dkdvKernel, [keyTiles.tiles.length / 4, heads], [2 * tensorCoreTileRows],
             [["ptr", qb], ["ptr", kb], ["ptr", vb], ["ptr", gb], ["ptr", lse.address], ["ptr", delta.address],
               ["ptr", tileIndex], ["ptr", rangeIndex], ["ptr", dkHeads.address], ["ptr", dvHeads.address], ["i32", heads], ["i32", kvHeads],
               ["i32", headDim]], dkdvBytes)));

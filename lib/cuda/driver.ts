@@ -66,6 +66,7 @@ export const driverConstants = {
   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 75,
   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 76,
   CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 16,
+  CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 97,
   CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: 8,
   CU_MEMHOSTALLOC_PORTABLE: 1,
   CU_EVENT_DEFAULT: 0,
@@ -74,7 +75,8 @@ export const driverConstants = {
 } as const;
 const {
   CUDA_ERROR_OUT_OF_MEMORY, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, CU_MEMHOSTALLOC_PORTABLE,
+  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, CU_MEMHOSTALLOC_PORTABLE,
   CU_EVENT_DEFAULT, CU_STREAM_NON_BLOCKING, CU_STREAM_CAPTURE_MODE_RELAXED,
 } = driverConstants;
 
@@ -85,6 +87,8 @@ export interface DeviceInfo {
   name: string;
   computeCapability: [number, number];
   multiprocessors: number;
+  /** The most shared memory a block may ask for (cuFuncSetAttribute's opt-in bound): 99 KiB on sm_86/89, 163 on sm_80, 227 on sm_90. */
+  sharedBytesPerBlock: number;
   totalMemoryBytes: number;
   driverVersion: number;
 }
@@ -147,6 +151,7 @@ export function listDevices(): DeviceInfo[] {
       name: new TextDecoder().decode(nameBytes.subarray(0, nameBytes.indexOf(0))),
       computeCapability: [attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)],
       multiprocessors: attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+      sharedBytesPerBlock: attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
       totalMemoryBytes: Number(total[0]),
       driverVersion,
     });

@@ -22,11 +22,13 @@ import type { KernelArg, KernelArgType } from "./kernel-args.ts";
 const ptr = "ptr", i32 = "i32", f32 = "f32", i64 = "i64";
 const attentionParameters = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr] as const;
 const prefillParameters = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32] as const;
+const packedDqParameters = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32] as const;
 const packedAttentionKernels = Object.fromEntries([16, 32, 64, 128].flatMap((hd) => [
   [`packed_attention_forward_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32]],
-  [`packed_attention_backward_dq_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]],
+  [`packed_attention_backward_dq_hd${hd}`, packedDqParameters],
   [`packed_attention_backward_dkdv_hd${hd}`, [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32]],
-]).concat([["packed_attention_group_sum", [ptr, ptr, ptr, ptr, i64, i32, i32, i32]]])) as Record<string, readonly KernelArgType[]>;
+]).concat([["packed_attention_backward_dq_hd128_two_buffers", packedDqParameters],
+  ["packed_attention_group_sum", [ptr, ptr, ptr, ptr, i64, i32, i32, i32]]])) as Record<string, readonly KernelArgType[]>;
 export const kernelModules = {
   convert: { f32_to_bf16: [ptr, ptr, i64], bf16_to_f32: [ptr, ptr, i64] },
   elementwise: {

@@ -97,13 +97,21 @@ describe("training attention: tiles and kernels", () => {
     expect(of(5)).toEqual([[140, 145, 0, 0, 1]]);
   });
 
-  it("pads head sizes to the next instantiation, sizes shared memory, and refuses heads over 128", () => {
-    expect([8, 16, 17, 64, 80, 128].map((size) => packedAttentionKernels(size).hd)).toEqual([16, 16, 32, 64, 128, 128]);
+  it("pads head sizes to the next instantiation, sizes shared memory by the device, and refuses heads over 128", () => {
+    const sm90 = 227 * 1024, sm86 = 99 * 1024; // the opt-in shared memory per block of an H100 and of an RTX 3090/4090
+    expect([8, 16, 17, 64, 80, 128].map((size) => packedAttentionKernels(size, sm90).forwardKernel))
+      .toEqual([16, 16, 32, 64, 128, 128].map((hd) => `packed_attention_forward_hd${hd}`));
     const row = 72 * 2; // head size 64: rows of 64 + 8 bf16
-    expect(packedAttentionKernels(64)).toMatchObject({ forwardBytes: 5 * 64 * row, dqBytes: 6 * 64 * row, dkdvBytes: 6 * 64 * row + 2 * 64 * 4 });
-    expect(packedAttentionKernels(128).dkdvBytes).toBe((2 * 64 + 4 * 32) * 136 * 2 + 2 * 32 * 4); // two buffers of query chunks of 32
-    expect(packedAttentionKernels(128).forwardBytes).toBe(87_040); // Q, two buffers of K and of V: within sm_86's 99 KiB
-    expect(packedAttentionKernels(128).dqBytes).toBe(4 * 64 * 136 * 2); // one buffer of K and V: two would be 102 KiB
-    expect(() => packedAttentionKernels(256)).toThrowError(/head size 256 is over 128/);
+    for (const device of [sm90, sm86]) {
+      expect(packedAttentionKernels(64, device)).toMatchObject({ forwardBytes: 5 * 64 * row, dqKernel: "packed_attention_backward_dq_hd64",
+        dqBytes: 6 * 64 * row, dkdvKernel: "packed_attention_backward_dkdv_hd64", dkdvBytes: 6 * 64 * row + 2 * 64 * 4 });
+      expect(packedAttentionKernels(128, device).dkdvBytes).toBe((2 * 64 + 4 * 32) * 136 * 2 + 2 * 32 * 4); // two buffers of query chunks of 32
+      expect(packedAttentionKernels(128, device).forwardBytes).toBe(87_040); // Q, two buffers of K and of V: within sm_86's 99 KiB
+    }
+    // The dq pass at head size 128: two buffers of K and V (102 KiB) where a block may hold them, else one.
+    expect(packedAttentionKernels(128, sm90)).toMatchObject({ dqKernel: "packed_attention_backward_dq_hd128_two_buffers", dqBytes: 6 * 64 * 136 * 2 });
+    expect(packedAttentionKernels(128, sm86)).toMatchObject({ dqKernel: "packed_attention_backward_dq_hd128", dqBytes: 4 * 64 * 136 * 2 });
+    expect(packedAttentionKernels(128, 6 * 64 * 136 * 2)).toMatchObject({ dqKernel: "packed_attention_backward_dq_hd128_two_buffers" });
+    expect(() => packedAttentionKernels(256, sm90)).toThrowError(/head size 256 is over 128/);
   });
 });

@@ -91,7 +91,11 @@ export function emulatedGemmEx(library: string): (g: GemmExArguments, alpha: num
  * recording. Everything else runs at once (one in-order stream).
  */
 class EmulatedDevice implements DeviceQueue {
-  readonly device = { name: "CPU emulation", multiprocessors: 8 };
+  /**
+   * An H100's opt-in shared memory per block by default, so kernels pick what sm_90 runs; a test sets a smaller one
+   * (sm_86/89's 99 KiB) to run what those devices do.
+   */
+  readonly device = { name: "CPU emulation", multiprocessors: 8, sharedBytesPerBlock: 232_448 };
   readonly pool: MemoryPool;
   readonly #lib: NativeLibrary;
   readonly #memory = hostMemory();
@@ -171,7 +175,7 @@ class EmulatedDevice implements DeviceQueue {
   }
 
   launch(kernel: KernelFunction, config: LaunchConfig, args: readonly KernelArg[]): void {
-    checkLaunchGeometry(kernel.name, config);
+    checkLaunchGeometry(kernel.name, config, this.device.sharedBytesPerBlock);
     const packed = packKernelArgs(args, this.#argBlock);
     const [gx, gy = 1, gz = 1] = config.grid, [bx, by = 1, bz = 1] = config.block;
     this.#stream(() => {

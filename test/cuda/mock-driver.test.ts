@@ -22,7 +22,7 @@ const cudaInclude = systemDiscoveryInputs().toolkitRoots.map((r) => join(r, "inc
 const skip = !compiler ? "no C++ compiler (g++ or clang++; set CXX)" : !cudaInclude ? "no CUDA toolkit include/cuda.h" : "";
 
 const expected = {
-  device: { ordinal: 0, handle: 7, name: "Mock GPU", computeCapability: [9, 0], multiprocessors: 132, totalMemoryBytes: 80 * 2 ** 30, driverVersion: 13000 },
+  device: { ordinal: 0, handle: 7, name: "Mock GPU", computeCapability: [9, 0], multiprocessors: 132, sharedBytesPerBlock: 232_448, totalMemoryBytes: 80 * 2 ** 30, driverVersion: 13000 },
   uploadsIntact: [true, true, true, true, true],
   filled: [2.5, -1.25],
   zeroThenCopy: true,

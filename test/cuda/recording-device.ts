@@ -24,7 +24,7 @@ export interface RecordedLaunch {
 }
 
 export class RecordingDevice implements DeviceQueue {
-  readonly device = { name: "recording device", multiprocessors: 132 };
+  readonly device = { name: "recording device", multiprocessors: 132, sharedBytesPerBlock: 232_448 };
   readonly launches: RecordedLaunch[] = [];
   readonly gemms: Array<{ rows: number; inF: number; outF: number; type: string; alpha: number; beta: number }> = [];
   readonly pool: MemoryPool;
@@ -88,7 +88,7 @@ export class RecordingDevice implements DeviceQueue {
   launch(kernel: KernelFunction, config: LaunchConfig, args: readonly KernelArg[]): void {
     const [gx, gy = 1, gz = 1] = config.grid, [bx, by = 1, bz = 1] = config.block;
     const shared = config.sharedBytes ?? 0;
-    checkLaunchGeometry(kernel.name, config);
+    checkLaunchGeometry(kernel.name, config, this.device.sharedBytesPerBlock);
     // Every kernel here reduces over warps: whole warps only.
     if ((bx * by * bz) % 32 !== 0) throw new Error(`${kernel.name}: bad block ${config.block}`);
     const check = () => args.forEach(([type, value], i) => {

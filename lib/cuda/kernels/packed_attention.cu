@@ -51,18 +51,19 @@ __device__ void packed_attention_forward(const bf16* __restrict__ q, const bf16*
 // Backward, first pass: dq, per query tile and head as the forward. With p = exp(q·k/√d − lse), dP = dout·vᵀ and
 // Δ = Σ_c dout·out per (row, head) (= Σ_j p_j dP_j), dS = p (dP − Δ) and dq += dS·k / √d (dq = … with `overwrite`: a
 // tile's rows are written by this block alone). Each warp recomputes S and p for its 16 rows and a key tile, dP = dO·Vᵀ
-// likewise, and accumulates dS·K. Δ goes to `delta` for the second pass. Up to head size 64, K and V come in two buffers
-// as in the forward (the next tile's copies land while the warps work on this one); at 128 the second pair of
-// buffers would pass the 99 KiB of shared memory an sm_86/89 block may have, so each tile's copies are waited for.
-// Grid: (query tiles, heads). Block: 128. Dynamic shared memory: (2 + 2 · buffers) · 64 rows of HD + 8 bf16.
-template <int HD>
+// likewise, and accumulates dS·K. Δ goes to `delta` for the second pass. With BUFFERS 2, K and V come in two buffers
+// as in the forward (the next tile's copies land while the warps work on this one); with 1, each tile's copies are
+// waited for. At head size 128 two pairs of buffers take 102 KiB, past the 99 KiB an sm_86/89 block may have, so the
+// host picks by the device (packedAttentionKernels): both are instantiated there, two buffers below it.
+// Grid: (query tiles, heads). Block: 128. Dynamic shared memory: (2 + 2 · BUFFERS) · 64 rows of HD + 8 bf16.
+template <int HD, int BUFFERS>
 __device__ void packed_attention_backward_dq(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                                              const float* __restrict__ out, const float* __restrict__ dout,
                                              const bf16* __restrict__ dout_bf16, const float* __restrict__ lse, const int* __restrict__ tiles, float* __restrict__ dq,
                                              float* __restrict__ delta, int heads, int kv_heads, int head_dim, int overwrite) {
   extern __shared__ float shared[];
   constexpr int STRIDE = HD + 8, KEY_TILE = FLASH_TILE_ROWS;
-  constexpr int BUFFERS = HD <= 64 ? 2 : 1;
+  static_assert(BUFFERS == 1 || BUFFERS == 2, "the dq pass's K/V tiles come in one buffer or two");
   bf16* qs = reinterpret_cast<bf16*>(shared);
   bf16* dos = qs + FLASH_TILE_ROWS * STRIDE;
   bf16* k_tiles = dos + FLASH_TILE_ROWS * STRIDE;  // BUFFERS of KEY_TILE rows
@@ -263,10 +264,12 @@ extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ 
   }
 }
 
-// Instantiations per head size: the dk/dv pass reads query chunks of 64 rows, or 32 at head size 128, where its two
-// 16 × 128 accumulators per warp take 128 registers per thread. Its launch bounds say one block per SM suffices: with
-// the block size alone, ptxas held sm_80's head-size-16 instantiation to 128 registers and spilled.
-#define PACKED_ATTENTION(HD, QUERY_CHUNK)                                                                               \
+// Instantiations per head size: the dq pass with two buffers of K/V tiles up to head size 64 and one at 128 (and
+// two below, for the devices whose blocks may hold them); the dk/dv pass reads query chunks of 64 rows, or 32 at head
+// size 128, where its two 16 × 128 accumulators per warp take 128 registers per thread. Its launch bounds say one
+// block per SM suffices: with the block size alone, ptxas held sm_80's head-size-16 instantiation to 128 registers
+// and spilled.
+#define PACKED_ATTENTION(HD, QUERY_CHUNK, DQ_BUFFERS)                                                                   \
   extern "C" __global__ void __launch_bounds__(128) packed_attention_forward_hd##HD(                                    \
       const bf16* q, const bf16* k, const bf16* v, const int* tiles, float* out, bf16* out_bf16, float* lse, int heads, \
       int kv_heads, int head_dim) {                                                                                      \
@@ -275,8 +278,8 @@ extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ 
   extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dq_hd##HD(                                \
       const bf16* q, const bf16* k, const bf16* v, const float* out, const float* dout, const bf16* dout_bf16,          \
       const float* lse, const int* tiles, float* dq, float* delta, int heads, int kv_heads, int head_dim, int overwrite) { \
-    packed_attention_backward_dq<HD>(q, k, v, out, dout, dout_bf16, lse, tiles, dq, delta, heads, kv_heads, head_dim,      \
-                                     overwrite);                                                                         \
+    packed_attention_backward_dq<HD, DQ_BUFFERS>(q, k, v, out, dout, dout_bf16, lse, tiles, dq, delta, heads, kv_heads,  \
+                                                 head_dim, overwrite);                                                   \
   }                                                                                                                      \
   extern "C" __global__ void __launch_bounds__(128, 1) packed_attention_backward_dkdv_hd##HD(                              \
       const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta,              \
@@ -285,7 +288,12 @@ extern "C" __global__ void packed_attention_group_sum(const float* __restrict__ 
     packed_attention_backward_dkdv<HD, QUERY_CHUNK>(q, k, v, dout, lse, delta, key_tiles, ranges, dk_heads, dv_heads,  \
                                                     heads, kv_heads, head_dim);                                          \
   }
-PACKED_ATTENTION(16, 64)
-PACKED_ATTENTION(32, 64)
-PACKED_ATTENTION(64, 64)
-PACKED_ATTENTION(128, 32)
+PACKED_ATTENTION(16, 64, 2)
+PACKED_ATTENTION(32, 64, 2)
+PACKED_ATTENTION(64, 64, 2)
+PACKED_ATTENTION(128, 32, 1)
+extern "C" __global__ void __launch_bounds__(128) packed_attention_backward_dq_hd128_two_buffers(
+    const bf16* q, const bf16* k, const bf16* v, const float* out, const float* dout, const bf16* dout_bf16, const float* lse,
+    const int* tiles, float* dq, float* delta, int heads, int kv_heads, int head_dim, int overwrite) {
+  packed_attention_backward_dq<128, 2>(q, k, v, out, dout, dout_bf16, lse, tiles, dq, delta, heads, kv_heads, head_dim, overwrite);
+}
