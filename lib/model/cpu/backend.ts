@@ -25,7 +25,7 @@ import { chooseGemm, type CpuBlasChoice, type Gemm, portableGemm } from "./gemm.
 import { transposeRows } from "./matmul.ts";
 import { sampleRows } from "./sample.ts";
 import { WasmElementwise } from "./wasm-elementwise.ts";
-import { WasmMatmul } from "./wasm-matmul.ts";
+import { DECODE_MAX_ROWS, WasmMatmul } from "./wasm-matmul.ts";
 
 export class CpuTensor implements Tensor {
   readonly shape: readonly number[];
@@ -134,12 +134,6 @@ function cpu(tensor: Tensor): CpuTensor {
   if (tensor.data.length === 0 && tensor.size !== 0) throw new ArtError("freed_tensor", "a freed tensor was used");
   return tensor;
 }
-
-/**
- * Rows of a product that run on the WASM decoding kernel (`CpuBackend.#decodeLinear`, system BLAS): decoding's
- * batches, which read each weight once per step and so are bound by its bytes. Larger products are the BLAS's.
- */
-const DECODE_ROWS = 4;
 
 /** Moves a tensor's values into a block of the kernel's memory; null when the memory cannot hold them. */
 function moveIntoWasm(kernel: WasmMatmul, tensor: CpuTensor): CpuTensor["resident"] {
@@ -384,7 +378,7 @@ export class CpuBackend implements Backend {
     expectSize("linear out", o, n * outFeatures);
     if (bias) expectSize("linear bias", bias, outFeatures);
     const y = o.data, b = bias ? cpu(bias).data : null, system = this.gemm.library !== null;
-    const decoded = system && n >= 1 && n <= DECODE_ROWS && this.#decodeLinear(xs, w, n, inFeatures, outFeatures, o);
+    const decoded = system && n >= 1 && n <= DECODE_MAX_ROWS && this.#decodeLinear(xs, w, n, inFeatures, outFeatures, o);
     if (system && !decoded) {
       // The bias first, and the BLAS adds the product to it (one pass fewer over the output).
       if (b) for (let i = 0; i < n; i++) y.set(b, i * outFeatures);
@@ -438,7 +432,7 @@ export class CpuBackend implements Backend {
   }
 
   /**
-   * out = x Wᵀ for a decoding product (1 to DECODE_ROWS rows) on the WASM kernel beside the system BLAS, which reads a
+   * out = x Wᵀ for a decoding product (1 to DECODE_MAX_ROWS rows) on the WASM kernel beside the system BLAS, which reads a
    * weight it does not hold at ~10 GB/s (docs/engine.md): an f32 weight moves into the kernel's memory on first use
    * (its values become a view there, which the BLAS reads as well: no second copy); a bf16 one gets a bf16 copy there
    * (half the bytes; its f32 values, the same bf16-rounded numbers, stay for the BLAS's larger products). False where

@@ -60,6 +60,11 @@ const MIN_ARRAY_ROWS = 4;
 const MIN_ROW_MULTIPLY_ADDS = 16_384;
 
 const PAGE_BYTES = 65536;
+/**
+ * Rows of a product that matmul.wat's decoding kernels take (linearF32, linearBf16): decoding's batches, which read
+ * each weight once per step and so are bound by its bytes; CpuBackend gives larger products to the BLAS.
+ */
+export const DECODE_MAX_ROWS = 4;
 /** A 32-bit memory addresses 4 GiB: 65536 pages. */
 const MAX_PAGES = 65536;
 
@@ -409,7 +414,9 @@ export class WasmMatmul {
    * decoding uses it, whose products are the library's anyway.
    */
   decodeLinearArrays(x: Float32Array, w: number, weights: "f32" | "bf16", out: Float32Array, n: number, k: number, m: number): boolean {
-    if (!(n >= 1 && n <= 4) || k % 8 !== 0) throw new ArtError("bad_matmul_operands", `decodeLinear: ${n} rows of ${k} (1 to 4 rows, k a multiple of 8)`);
+    if (!(n >= 1 && n <= DECODE_MAX_ROWS) || k % 8 !== 0) {
+      throw new ArtError("bad_matmul_operands", `decodeLinear: ${n} rows of ${k} (1 to ${DECODE_MAX_ROWS} rows, k a multiple of 8)`);
+    }
     const at = this.#scratch([n * k, n * m]);
     if (!at) return false;
     const [xAt, outAt] = at, heap = this.heap;
