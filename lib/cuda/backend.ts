@@ -172,13 +172,6 @@ function f32(name: string, tensor: Tensor): CudaTensor {
   return t;
 }
 
-/** Refuses a gradient this backend has no kernel for (full-parameter training runs on the CPU). */
-function frozenOnly(what: string, gradient: Tensor | null): void {
-  if (gradient !== null) {
-    throw new ArtError("cuda_unsupported", `cuda backend: ${what} gradients are not implemented on CUDA (full-parameter training); train a LoRA adapter, or train on device "cpu"`);
-  }
-}
-
 /** An addLoras target, checked: its tensors, its shapes, its output's row width and first column. */
 interface LoraPart {
   a: CudaTensor; b: CudaTensor; o: CudaTensor; kept: KeptDown | null;
@@ -238,6 +231,8 @@ const LORA_FOLD_BYTES = 8 << 20;
 
 /** Blocks of the sum-of-squares reduction per tensor. */
 const sumSquaresBlocks = 64;
+/** Rows per block of column_sums_partial: 8,192 rows of a 896-wide gradient make 128 × 4 blocks of 256 threads. */
+const COLUMN_SUM_ROWS = 64;
 
 /** Threads for a block-per-row kernel over `width` elements: a multiple of 32, at most 1024. */
 function rowThreads(width: number, cap = 256): number {
@@ -277,7 +272,6 @@ interface Recording {
 
 export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Backend {
   readonly name = "cuda" as const;
-  readonly fullParameterTraining = false;
   /** 1024 rows × 16384 vocabulary entries: a 64 MB f32 block, 80 blocks for 8 × 1024 tokens of a 152k vocabulary. */
   readonly logitChunks: ChunkSizes = { rowChunk: 1024, vocabChunk: 16384 };
   /** The tensor-core attention multiplies bf16 tiles: q, k and v stored as bf16 lose nothing and halve its reads. */
@@ -977,15 +971,30 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
   }
 
-  embeddingBackward(_ids: Int32Array, _dOut: Tensor, dTable: Tensor): void {
-    frozenOnly("embedding", dTable);
+  /** table[ids[i]] += dOut[i], each token's rows summed by one block (embeddingPlan), so no atomics. */
+  embeddingBackward(ids: Int32Array, dOut: Tensor, dTable: Tensor): void {
+    const t = f32("embedding gradient", dTable), g = f32("embedding output gradient", dOut);
+    const [vocab, d] = t.shape;
+    expectSize("embedding output gradient", g, ids.length * d);
+    checkRowIndex(ids, vocab);
+    t.version++;
+    if (ids.length === 0) return;
+    const { plan, tokens } = embeddingPlan(ids);
+    this.#withIndices(plan, (address) => this.#launch("embedding_backward", [tokens], [rowThreads(d)],
+      [["ptr", address], ["ptr", g.address], ["ptr", t.address], ["i32", tokens], ["i32", d]]));
   }
 
   rmsNormBackward(x: Tensor, weight: Tensor, rstd: Tensor, dOut: Tensor, dx: Tensor, dWeight: Tensor | null): void {
-    frozenOnly("norm weight", dWeight);
     const xs = f32("rmsnorm input", x), w = cuda(weight), s = f32("rmsnorm rstd", rstd), g = f32("rmsnorm output gradient", dOut);
     const d = f32("rmsnorm input gradient", dx);
     expectSize("rmsnorm rstd", s, xs.size / w.size);
+    if (dWeight !== null) {
+      // dW += Σ over rows of dOut · x̂ (x̂ = x · rstd)
+      const dw = f32("rmsnorm weight gradient", dWeight);
+      expectSize("rmsnorm weight gradient", dw, w.size);
+      dw.version++;
+      this.#columnSums(g, { x: xs, rowScale: s }, dw);
+    }
     d.version++;
     // Its bf16 copy too (once a bf16 matrix is loaded): the residual stream's gradient is the output gradient of the
     // next projection backward, o's or the layer below's down (projectionsBackward reads the cached copy).
@@ -999,18 +1008,30 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
    * and one GEMM with the stacked weight), then their LoRAs: dB +=
    * scale · dOutᵀ (x Aᵀ) and the [n, rank] scale · dOut B per LoRA; a stacked group (`stackable`: q/k/v, gate/up
    * as DifferentiableTransformer lays them out) then takes dA += (dOut B)ᵀ x and dx += (dOut B) A as one GEMM each
-   * over its stacked A, a lone LoRA as a GEMM of its own. Base weight and bias gradients are not implemented here.
+   * over its stacked A, a lone LoRA as a GEMM of its own. Full-parameter training's dW += dOutᵀ x is a GEMM (f32) and
+   * dBias += Σ dOut a column sum, per projection.
    */
   projectionsBackward(x: Tensor, projections: readonly ProjectionGradient[], dx: Tensor | null, overwriteDx = false): void {
     const xs = f32("projections' input", x);
     if (projections.length === 0) throw new ArtError("wrong_shape", "cuda backend: projectionsBackward needs at least one projection");
     const shapes = projections.map((projection) => projectionGradientShape("cuda backend", xs, dx, projection));
-    for (const { dWeight, dBias } of projections) {
-      frozenOnly("base weight", dWeight);
-      frozenOnly("bias", dBias);
-    }
     const d = dx === null ? null : f32("projections' input gradient", dx);
     const gradients = projections.map(({ dOut }) => f32("projection output gradient", dOut));
+    projections.forEach(({ dWeight, dBias }, i) => {
+      const { n, inFeatures, outFeatures } = shapes[i];
+      if (dWeight !== null) {
+        const dw = f32("projection weight gradient", dWeight);
+        expectSize("projection weight gradient", dw, outFeatures * inFeatures);
+        dw.version++;
+        this.blas.gemm(gradients[i].address, xs.address, dw.address, outFeatures, inFeatures, n, true, false, "f32", 1, 1);
+      }
+      if (dBias !== null) {
+        const db = f32("projection bias gradient", dBias);
+        expectSize("projection bias gradient", db, outFeatures);
+        db.version++;
+        this.#columnSums(gradients[i], null, db);
+      }
+    });
     const loras = projections.flatMap(({ lora }, i) => {
       if (!lora) return [];
       const { weights, down, dA, dB } = lora;
@@ -1154,13 +1175,17 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     return { logprobs, entropies, logsumexp };
   }
 
-  /** dz = g · (onehot − softmax) per block, then dHidden += dz · head (the LM head is frozen here). */
+  /** dz = g · (onehot − softmax) per block, then dHidden += dz · head and (full-parameter training) dHead += dzᵀ · hidden. */
   targetLogprobsBackward(hidden: Tensor, head: Tensor, targets: Int32Array, logsumexp: Float32Array, dLogprobs: Float32Array,
     dHidden: Tensor, dHead: Tensor | null, chunks: ChunkSizes): void {
-    frozenOnly("LM head", dHead);
     const rows = targets.length;
     if (rows === 0) return;
     const d = f32("final hidden gradient", dHidden), h = f32("final hidden states", hidden), w = cuda(head);
+    const dh = dHead === null ? null : f32("LM head gradient", dHead);
+    if (dh) {
+      expectSize("LM head gradient", dh, w.size);
+      dh.version++;
+    }
     const dim = h.size / rows;
     d.version++;
     const perRow = cuda(this.upload(Float32Array.from([...logsumexp, ...dLogprobs]), [2, rows]));
@@ -1172,6 +1197,8 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
         // dHidden[r0 .. r0+rc] += dz [rc, vc] · head[v0 .. v0+vc] [vc, dim]
         const dRows = new CudaTensor([rc, dim], "f32", d.address + BigInt(r0 * dim * 4));
         this.#product(new CudaTensor([rc, vc], "f32", block), headRows, dRows, rc, dim, vc, false, false, 1, 1);
+        // dHead[v0 .. v0+vc] += dzᵀ [vc, rc] · hidden[r0 .. r0+rc] [rc, dim]
+        if (dh) this.blas.gemm(block, h.address + BigInt(r0 * dim * 4), dh.address + BigInt(v0 * dim * 4), vc, dim, rc, true, false, "f32", 1, 1);
       });
     } finally {
       this.free(perRow);
@@ -1376,6 +1403,25 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   }
 
   /** Uploads a small int32 array for the launches `use` queues; freed after them (later stream work reuses it). */
+  /**
+   * out[j] += Σ_r a[r, j], or Σ_r a[r, j] · x[r, j] · rowScale[r] with `weighted` (a norm weight's gradient), over the
+   * rows of a [rows, out.size]: partial sums of COLUMN_SUM_ROWS rows per block, then their sum, both in row order.
+   */
+  #columnSums(a: CudaTensor, weighted: { x: CudaTensor; rowScale: CudaTensor } | null, out: CudaTensor): void {
+    const width = out.size, rows = a.size / width;
+    if (rows === 0) return;
+    const blocks = Math.ceil(rows / COLUMN_SUM_ROWS), threads = rowThreads(width), columnBlocks = Math.ceil(width / threads);
+    const pool = this.context.pool;
+    const partial = pool.allocate(blocks * width * 4);
+    try {
+      this.#launch("column_sums_partial", [columnBlocks, blocks], [threads], [["ptr", a.address], ["ptr", weighted?.x.address ?? 0n],
+        ["ptr", weighted?.rowScale.address ?? 0n], ["ptr", partial], ["i32", width], ["i32", rows], ["i32", COLUMN_SUM_ROWS]]);
+      this.#launch("column_sums_add", [columnBlocks], [threads], [["ptr", partial], ["ptr", out.address], ["i32", width], ["i32", blocks]]);
+    } finally {
+      pool.free(partial);
+    }
+  }
+
   #withIndices(values: Int32Array, use: (address: bigint) => void): void {
     const pool = this.context.pool;
     const address = pool.allocate(Math.max(4, values.byteLength));
@@ -1466,6 +1512,23 @@ function packedShape(q: CudaTensor, k: CudaTensor, headDim: number): { rows: num
     throw new ArtError("wrong_shape", `cuda backend: attention q [${q.shape}] and k [${k.shape}] are not whole heads of ${headDim} in groups`);
   }
   return { rows, heads, kvHeads };
+}
+
+/**
+ * The embedding backward's launch plan: the distinct tokens of `ids` in ascending order, where each one's rows start
+ * in the row list (and one past the last), then the row list, the rows of each token in ascending order.
+ */
+function embeddingPlan(ids: Int32Array): { plan: Int32Array; tokens: number } {
+  const rows = Array.from(ids.keys()).sort((a, b) => ids[a] - ids[b] || a - b);
+  const tokens: number[] = [], starts: number[] = [];
+  rows.forEach((row, i) => {
+    if (i === 0 || ids[row] !== ids[rows[i - 1]]) {
+      tokens.push(ids[row]);
+      starts.push(i);
+    }
+  });
+  starts.push(rows.length);
+  return { plan: Int32Array.from([...tokens, ...starts, ...rows]), tokens: tokens.length };
 }
 
 function checkRowIndex(rowIndex: Int32Array, rows: number): void {

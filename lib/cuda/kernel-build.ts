@@ -40,6 +40,8 @@ export const kernelModules = {
     swiglu_kept_lora: [ptr, ptr, ptr, i32, i32, ptr, ptr, i32, ptr, ptr, f32, f32, i32],
     swiglu_backward_kept_lora: [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, ptr, ptr, i32, ptr, ptr, f32, f32, i32],
     split_columns: [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i64], merge_columns_bf16: [ptr, ptr, ptr, ptr, i32, i32, i32, i64],
+    column_sums_partial: [ptr, ptr, ptr, ptr, i32, i32, i32], column_sums_add: [ptr, ptr, i32, i32],
+    embedding_backward: [ptr, ptr, ptr, i32, i32],
   },
   rmsnorm: {
     rmsnorm_f32: [ptr, ptr, f32, ptr, ptr, ptr, i32], rmsnorm_bf16: [ptr, ptr, f32, ptr, ptr, ptr, i32],

@@ -301,8 +301,6 @@ export interface AdamWScalars {
  */
 export interface Backend {
   readonly name: "cpu" | "cuda";
-  /** Whether weight, bias, norm and embedding gradients exist here (full-parameter training), not only LoRA's. */
-  readonly fullParameterTraining: boolean;
   /**
    * The logits block of targetLogprobs when the caller names none: small on the CPU (it stays in cache), large on a
    * GPU (each block is a product and a few launches, so many small blocks would be launch-bound).

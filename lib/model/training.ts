@@ -155,9 +155,6 @@ export class DifferentiableTransformer {
     this.recomputeActivations = options.recomputeActivations ?? "auto";
     this.chunks = options.chunks ?? backend.logitChunks;
     const full = this.lora === null;
-    if (full && !backend.fullParameterTraining) {
-      throw new ArtError("cuda_unsupported", `full-parameter training runs on the CPU only; train a LoRA adapter on ${backend.name}, or load the model with device "cpu"`);
-    }
     const param = (name: string, tensor: Tensor): Param => {
       if (full && tensor.dtype !== "f32") {
         throw new ArtError("full_parameter_needs_f32", `full-parameter training updates every weight in place, but ${name} is stored ${tensor.dtype}; load the model with f32 weights or train a LoRA adapter`);

@@ -205,3 +205,44 @@ extern "C" __global__ void gather_rows_backward(const int* __restrict__ row_inde
   const long long target = row_index[blockIdx.x];
   for (int j = threadIdx.x; j < d; j += blockDim.x) dx[target * d + j] += dout[(long long)blockIdx.x * d + j];
 }
+
+// The parameter gradients of full-parameter training that are sums over rows, in two deterministic passes (no atomics:
+// the same inputs give the same bits run after run). column_sums_partial: block (x, y) sums rows y·rows_per_block ..
+// of columns x·blockDim.x .., each thread one column in row order (a warp reads consecutive columns of a row), into
+// partial[y, column]; a[r, j] is weighted by b[r, j] · scale[r] when b is given (the norm weight's dW = Σ dOut · x̂),
+// alone otherwise (a bias's dB = Σ dOut). column_sums_add: out[j] += Σ_y partial[y, j], in order.
+extern "C" __global__ void column_sums_partial(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ scale,
+                                               float* __restrict__ partial, int width, int rows, int rows_per_block) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= width) return;
+  const int first = blockIdx.y * rows_per_block, last = min(rows, first + rows_per_block);
+  float sum = 0.0f;
+  for (int r = first; r < last; r++) {
+    const long long at = (long long)r * width + j;
+    sum += b ? a[at] * (b[at] * scale[r]) : a[at];
+  }
+  partial[(long long)blockIdx.y * width + j] = sum;
+}
+
+extern "C" __global__ void column_sums_add(const float* __restrict__ partial, float* __restrict__ out, int width, int blocks) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= width) return;
+  float sum = 0.0f;
+  for (int y = 0; y < blocks; y++) sum += partial[(long long)y * width + j];
+  out[j] += sum;
+}
+
+// table[token, :] += Σ dout[i, :] over the rows i holding that token: the embedding's backward. The host groups the
+// rows by token (plan: the tokens, then where each token's rows start in `rows` and one past the last, then the rows
+// in order), so each block owns one table row and adds into it once: no atomics, the same bits each run.
+extern "C" __global__ void embedding_backward(const int* __restrict__ plan, const float* __restrict__ dout, float* __restrict__ table,
+                                              int tokens, int d) {
+  const int* starts = plan + tokens;
+  const int* rows = starts + tokens + 1;
+  const long long target = plan[blockIdx.x];
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    float sum = 0.0f;
+    for (int i = starts[blockIdx.x]; i < starts[blockIdx.x + 1]; i++) sum += dout[(long long)rows[i] * d + j];
+    table[target * d + j] += sum;
+  }
+}

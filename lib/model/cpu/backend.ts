@@ -236,7 +236,6 @@ export interface CpuBackendOptions {
 
 export class CpuBackend implements Backend {
   readonly name = "cpu" as const;
-  readonly fullParameterTraining = true;
   /**
    * Rows of 128 keep the BLAS's LM-head products large; the portable products keep 16, the committed models' bits
    * (a chunk's rows are one product, whose sums over rows depend on how many it holds).
