@@ -7,6 +7,14 @@ import { causalSoftmax, causalSoftmaxBackward } from "../../lib/model/cpu/attent
 import { rmsNormRows, rmsNormRowsBackward, ropeRows, ropeTable } from "../../lib/model/cpu/kernels.ts";
 import { referenceLogSumExp, referenceSamplerKernels } from "../../lib/model/cpu/sample.ts";
 import { WasmElementwise } from "../../lib/model/cpu/wasm-elementwise.ts";
+import { CpuBackend, type CpuBackendOptions } from "../../lib/model/cpu/backend.ts";
+import { chooseGemm } from "../../lib/model/cpu/gemm.ts";
+import { PROJECTIONS } from "../../lib/model/lora.ts";
+import { DifferentiableTransformer } from "../../lib/model/training.ts";
+import { loadTransformer, sequenceLogits } from "../../lib/model/transformer.ts";
+import { Trainer } from "../../lib/grpo/train.ts";
+import type { TrainingSequence } from "../../lib/grpo/tokenize.ts";
+import { loadTinyModel } from "./tiny-fixture.ts";
 
 // Both modules: relaxed SIMD's fused multiply-adds (what Node, Deno and Chromium load) and the plain one beside it.
 const variants = [true, false].flatMap((fusedMultiplyAdd) => {
@@ -302,5 +310,48 @@ describe.each(variants)("WASM SIMD kernels, $variant", ({ kernels }) => {
       expect(maxRelative(actual, x, 1)).toBeLessThan(1e-6);
       expect(kernels.rope(actual, 6 * 6, ropeTable(positions, invFreq.subarray(0, 3), 1), 3)).toBe(false);
     });
+  });
+});
+
+// Which runs what is not a product: the references where the portable products were asked for (the same bits on every
+// machine), the WebAssembly kernels otherwise, including the portable products' fallback where no system BLAS opens.
+describe("CpuBackend's elementwise option", () => {
+  const { dir } = loadTinyModel("qwen2");
+  const ids = [1, 5, 9, 2, 7, 3, 11, 4, 8, 6, 2, 9, 13, 17, 0, 4];
+  const lora = { rank: 2, alpha: 4, targetModules: [...PROJECTIONS], useRslora: false };
+  const sequences: TrainingSequence[] = [0, 1].map((s) => ({ tokens: ids.map((t) => (t + 3 * s) % 20), trainable: Uint8Array.from(ids, (_, t) => (t >= 4 ? 1 : 0)),
+    logprobs: new Float32Array(ids.length).fill(NaN), advantage: s === 0 ? 1 : -0.5, trajectory: s }));
+  /** max |a − b| over the largest |b|: one number per tensor. */
+  const relative = (a: Float32Array, b: Float32Array) => a.reduce((worst, x, i) => Math.max(worst, Math.abs(x - b[i]!)), 0) / b.reduce((m, x) => Math.max(m, Math.abs(x)), 0);
+  /** Logits of `ids` and a LoRA step's gradients (B ≠ 0, so every A gradient is nonzero) on a backend. */
+  function run(options: CpuBackendOptions) {
+    const transformer = loadTransformer(dir, new CpuBackend(options));
+    const model = new DifferentiableTransformer(transformer, { lora, seed: 3 });
+    model.loras.forEach((p, i) => transformer.backend.write(p.b.tensor, Float32Array.from({ length: p.b.tensor.size }, (_, j) => Math.sin(i + j))));
+    const { gradients } = new Trainer(model, { learningRate: 1e-2, microBatchSize: 2 }).computeGradients(sequences);
+    const result = { logits: sequenceLogits(transformer, ids), gradients };
+    transformer.free();
+    return result;
+  }
+
+  it("portable products: the references by default, the WebAssembly kernels with \"wasm\" (within float rounding of them)", () => {
+    const reference = run({ blas: "portable", elementwise: "reference" }), byDefault = run({ blas: "portable" });
+    expect(byDefault.logits).toEqual(reference.logits);
+    for (const [name, grad] of reference.gradients) expect(byDefault.gradients.get(name), name).toEqual(grad);
+    const wasm = run({ blas: "portable", elementwise: "wasm" });
+    // Measured: the logits within 2.5e-7 of the largest, every gradient within 3.3e-6.
+    expect(wasm.logits).not.toEqual(reference.logits);
+    expect(relative(wasm.logits, reference.logits)).toBeLessThan(1e-6);
+    for (const [name, grad] of reference.gradients) expect(relative(wasm.gradients.get(name)!, grad), name).toBeLessThan(1e-5);
+  });
+
+  it.skipIf(chooseGemm("auto", 1).gemm.library === null)("a system BLAS: the WebAssembly kernels by default", () => {
+    const byDefault = run({ blas: "system" }), wasm = run({ blas: "system", elementwise: "wasm" }), reference = run({ blas: "system", elementwise: "reference" });
+    expect(byDefault.logits).toEqual(wasm.logits);
+    expect(byDefault.logits).not.toEqual(reference.logits);
+  });
+
+  it("refuses another value", () => {
+    expect(() => new CpuBackend({ elementwise: "fast" as never })).toThrow(/elementwise must be "wasm" or "reference", got "fast"/);
   });
 });

@@ -228,6 +228,15 @@ export interface CpuBackendOptions {
    */
   threads?: number;
   /**
+   * What runs what is not a product (SwiGLU, softmaxes, RMSNorm, RoPE, exponentials): "wasm", the WebAssembly SIMD
+   * kernels of elementwise.wat (a few f32 ulps from the references, with fused multiply-adds where the runtime has
+   * relaxed SIMD), or "reference", the JavaScript references, the same bits on every machine. Default "reference"
+   * where the portable products were asked for (`blas` or `ART_CPU_BLAS` "portable": reproducible bits), else
+   * "wasm", including where no system BLAS opened and the products fell back to the portable ones (there only speed
+   * counts: attention's softmaxes dominate a long sequence's training step on the references).
+   */
+  elementwise?: "wasm" | "reference";
+  /**
    * What `empty` fills its storage with; default nothing (the storage as the pool has it). Tests fill it with NaN to
    * show that every such buffer is written whole before anything reads it.
    */
@@ -252,8 +261,8 @@ export class CpuBackend implements Backend {
    * weights' bf16 copies (made on first use; null where the runtime has no WebAssembly SIMD).
    */
   #decodeKernel: WasmMatmul | null | undefined;
-  /** What is not a product (SwiGLU, softmaxes, RMSNorm, RoPE, exponentials) on WebAssembly SIMD, with the system
-   * BLAS only (the portable products keep the references' bits). */
+  /** What is not a product (SwiGLU, softmaxes, RMSNorm, RoPE, exponentials) on WebAssembly SIMD; null: the
+   * JavaScript references (CpuBackendOptions.elementwise), or a runtime without WebAssembly SIMD. */
   readonly #elementwise: WasmElementwise | null;
   // Attention scratch (a decoding row's scores, one head's values transposed, a stacked block), grown as needed.
   #scores = new Float32Array(0);
@@ -264,13 +273,18 @@ export class CpuBackend implements Backend {
   readonly #emptyFill: number | undefined;
 
   constructor(options: CpuBackendOptions = {}) {
-    const { gemm, reason } = chooseGemm(options.blas, options.threads);
+    const blas = options.blas ?? (process.env.ART_CPU_BLAS || "auto");
+    const { gemm, reason } = chooseGemm(blas, options.threads);
     this.gemmReason = reason;
     this.#kernel = gemm.library === null ? WasmMatmul.create(gemm.threads) : null;
     this.gemm = this.#kernel ? portableGemm(gemm.threads, this.#kernel) : gemm;
     this.#emptyFill = options.emptyFill;
     this.logitChunks = { rowChunk: this.gemm.library === null ? 16 : 128, vocabChunk: 4096 };
-    this.#elementwise = this.gemm.library === null ? null : WasmElementwise.create();
+    const elementwise = options.elementwise ?? (blas === "portable" ? "reference" : "wasm");
+    if (elementwise !== "wasm" && elementwise !== "reference") {
+      throw new ArtError("bad_option", `CpuBackend: elementwise must be "wasm" or "reference", got ${JSON.stringify(elementwise)}`);
+    }
+    this.#elementwise = elementwise === "wasm" ? WasmElementwise.create() : null;
   }
 
   // ---- memory -----------------------------------------------------------------------------------------------------
