@@ -21,7 +21,7 @@ import {
   rmsNormRowsBackward, sumOfSquares, swigluRows, swigluRowsBackward,
 } from "./kernels.ts";
 import { chunkedLogprobs, chunkedLogprobsBackward } from "./logprobs.ts";
-import { chooseGemm, type CpuBlasChoice, type Gemm, portableGemm } from "./gemm.ts";
+import { chooseGemm, type CpuBlasChoice, defaultBlasChoice, type Gemm, portableGemm } from "./gemm.ts";
 import { transposeRows } from "./matmul.ts";
 import { sampleRows } from "./sample.ts";
 import { WasmElementwise } from "./wasm-elementwise.ts";
@@ -273,7 +273,7 @@ export class CpuBackend implements Backend {
   readonly #emptyFill: number | undefined;
 
   constructor(options: CpuBackendOptions = {}) {
-    const blas = options.blas ?? (process.env.ART_CPU_BLAS || "auto");
+    const blas = options.blas ?? defaultBlasChoice();
     const { gemm, reason } = chooseGemm(blas, options.threads);
     this.gemmReason = reason;
     this.#kernel = gemm.library === null ? WasmMatmul.create(gemm.threads) : null;

@@ -108,6 +108,11 @@ export function blasCandidates(platform = process.platform): string[] {
   return ["libopenblas.so.0", "libopenblasp.so.0", "libopenblas.so", "libmkl_rt.so.2", "libmkl_rt.so", "libblis.so.4"];
 }
 
+/** The products `ART_CPU_BLAS` asks for, else "auto". */
+export function defaultBlasChoice(env: Record<string, string | undefined> = process.env): CpuBlasChoice {
+  return env.ART_CPU_BLAS || "auto";
+}
+
 /** The thread count `ART_CPU_THREADS` asks for, else the machine's cores. */
 export function defaultCpuThreads(env: Record<string, string | undefined> = process.env): number {
   const text = env.ART_CPU_THREADS;
@@ -123,7 +128,7 @@ export function defaultCpuThreads(env: Record<string, string | undefined> = proc
  * The products a CPU backend uses. `choice` "auto" never throws (a library that does not open is the reason given
  * for the portable products); "system" and a path throw ArtError("cpu_blas_unavailable") naming what was tried.
  */
-export function chooseGemm(choice: CpuBlasChoice = process.env.ART_CPU_BLAS || "auto", threads = defaultCpuThreads()): GemmChoice {
+export function chooseGemm(choice: CpuBlasChoice = defaultBlasChoice(), threads = defaultCpuThreads()): GemmChoice {
   if (choice === "portable") return { gemm: portableGemm(threads), reason: "portable products asked for" };
   const explicit = choice !== "auto" && choice !== "system";
   const failures: string[] = [];
