@@ -46,18 +46,42 @@ export function attendBlock(
   gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, keys: Float32Array, values: Float32Array, valuesT: Float32Array | null, out: Float32Array, positions: Int32Array,
   headDim: number, qStride: number, kvStride: number, runKeys: number, scores: Float32Array,
 ): void {
-  const blockRows = positions.length;
-  let blockKeys = 0;
-  for (let r = 0; r < blockRows; r++) blockKeys = Math.max(blockKeys, positions[r] + 1);
+  blockProbabilities(gemm, fast, q, keys, positions, headDim, qStride, kvStride, runKeys, scores);
+  blockValues(gemm, scores, values, valuesT, out, positions, headDim, qStride, kvStride, runKeys);
+}
+
+/** Keys a block of query rows at `positions` sees: up to its last row's. */
+function blockKeyCount(positions: Int32Array): number {
+  let keys = 0;
+  for (let r = 0; r < positions.length; r++) keys = Math.max(keys, positions[r] + 1);
+  return keys;
+}
+
+/**
+ * attendBlock's first half: the softmax probabilities of a block of query rows into `scores` (row r at r·runKeys,
+ * up to the block's last key). The training backward recomputes only this (groupProbabilities).
+ */
+function blockProbabilities(
+  gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, keys: Float32Array, positions: Int32Array,
+  headDim: number, qStride: number, kvStride: number, runKeys: number, scores: Float32Array,
+): void {
+  const blockRows = positions.length, blockKeys = blockKeyCount(positions);
   gemm.nt(q, keys, blockRows, headDim, blockKeys, scores,
     { alpha: 1 / Math.sqrt(headDim), xStride: qStride, wStride: kvStride, outStride: runKeys });
   if (fast) fast.softmaxRows(scores, 0, runKeys, positions, blockKeys);
   else for (let r = 0; r < blockRows; r++) causalSoftmax(scores, r * runKeys, positions[r], blockKeys);
+}
+
+/** attendBlock's second half: out = p·v for the block's probabilities in `scores`. */
+function blockValues(
+  gemm: Gemm, scores: Float32Array, values: Float32Array, valuesT: Float32Array | null, out: Float32Array, positions: Int32Array,
+  headDim: number, qStride: number, kvStride: number, runKeys: number,
+): void {
   if (valuesT) {
-    gemm.nt(scores, valuesT, blockRows, blockKeys, headDim, out, { xStride: runKeys, wStride: runKeys, outStride: qStride });
+    gemm.nt(scores, valuesT, positions.length, blockKeyCount(positions), headDim, out, { xStride: runKeys, wStride: runKeys, outStride: qStride });
     return;
   }
-  for (let r = 0; r < blockRows; r++) {
+  for (let r = 0; r < positions.length; r++) {
     gemm.weightedRowSum(scores.subarray(r * runKeys), values, positions[r] + 1, headDim, kvStride, out.subarray(r * qStride));
   }
 }
@@ -75,6 +99,7 @@ export class GroupScratch {
   q = new Float32Array(0);
   out = new Float32Array(0);
   scores = new Float32Array(0);
+  positions = new Int32Array(0);
 }
 
 /**
@@ -89,14 +114,36 @@ export function attendGroup(
   group: number, positions: Int32Array, headDim: number, keys: Float32Array, values: Float32Array, valuesT: Float32Array, kvStride: number,
   runKeys: number,
 ): Float32Array {
+  const scores = groupProbabilities(gemm, fast, scratch, q, qStride, firstHead, group, positions, headDim, keys, kvStride, runKeys);
+  const rows = positions.length, stackedOut = scratch.out;
+  blockValues(gemm, scores, values, valuesT, stackedOut, scratch.positions.subarray(0, rows * group), headDim, headDim, kvStride, runKeys);
+  for (let g = 0, row = 0; g < group; g++) {
+    const column = (firstHead + g) * headDim;
+    for (let r = 0; r < rows; r++, row++) {
+      const from = row * headDim, to = r * qStride + column;
+      for (let j = 0; j < headDim; j++) out[to + j] = stackedOut[from + j];
+    }
+  }
+  return scores;
+}
+
+/**
+ * attendGroup without the values: the group's query rows stacked as there and their probabilities, returned as
+ * there. The training backward recomputes these and needs no output rows.
+ */
+function groupProbabilities(
+  gemm: Gemm, fast: WasmElementwise | null, scratch: GroupScratch, q: Float32Array, qStride: number, firstHead: number,
+  group: number, positions: Int32Array, headDim: number, keys: Float32Array, kvStride: number, runKeys: number,
+): Float32Array {
   const rows = positions.length, stacked = rows * group;
   if (scratch.q.length < stacked * headDim) {
     scratch.q = new Float32Array(stacked * headDim);
     scratch.out = new Float32Array(stacked * headDim);
   }
+  if (scratch.positions.length < stacked) scratch.positions = new Int32Array(stacked);
   if (!fast && scratch.scores.length < stacked * runKeys) scratch.scores = new Float32Array(stacked * runKeys);
   const scores = fast ? fast.scratchView(stacked * runKeys) : scratch.scores;
-  const stackedQ = scratch.q, stackedOut = scratch.out, stackedPositions = new Int32Array(stacked);
+  const stackedQ = scratch.q, stackedPositions = scratch.positions.subarray(0, stacked);
   // Plain loops: a subarray per row and head would allocate more than the copy costs.
   for (let g = 0, row = 0; g < group; g++) {
     const column = (firstHead + g) * headDim;
@@ -106,14 +153,7 @@ export function attendGroup(
       for (let j = 0; j < headDim; j++) stackedQ[to + j] = q[from + j];
     }
   }
-  attendBlock(gemm, fast, stackedQ, keys, values, valuesT, stackedOut, stackedPositions, headDim, headDim, kvStride, runKeys, scores);
-  for (let g = 0, row = 0; g < group; g++) {
-    const column = (firstHead + g) * headDim;
-    for (let r = 0; r < rows; r++, row++) {
-      const from = row * headDim, to = r * qStride + column;
-      for (let j = 0; j < headDim; j++) out[to + j] = stackedOut[from + j];
-    }
-  }
+  blockProbabilities(gemm, fast, stackedQ, keys, stackedPositions, headDim, headDim, kvStride, runKeys, scores);
   return scores;
 }
 
@@ -142,7 +182,7 @@ function segmentAttention(
   queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
   const scratch = new SegmentScratch(queryLen, keyLen, headDim);
-  for (let kvh = 0; kvh < kvHeads; kvh++) attendKvHead(gemm, fast, scratch, kvh, out, null, q, k, v, queryLen, keyLen, heads, kvHeads, headDim);
+  for (let kvh = 0; kvh < kvHeads; kvh++) attendKvHead(gemm, fast, scratch, kvh, out, q, k, v, queryLen, keyLen, heads, kvHeads, headDim);
 }
 
 /** What attendKvHead reuses across the KV heads of a segment. */
@@ -150,31 +190,45 @@ class SegmentScratch {
   readonly valuesT: Float32Array;
   readonly positions: Int32Array;
   readonly group = new GroupScratch();
-  constructor(queryLen: number, keyLen: number, headDim: number) {
-    this.valuesT = new Float32Array(headDim * keyLen);
+  /** `valuesDim`: the head size of the values transposed for p·v, 0 where only probabilities are computed. */
+  constructor(queryLen: number, keyLen: number, valuesDim: number) {
+    this.valuesT = new Float32Array(valuesDim * keyLen);
     this.positions = Int32Array.from({ length: queryLen }, (_, t) => keyLen - queryLen + t);
   }
 }
 
-/**
- * The query heads of KV head `kvh` over every query row: their out rows, and, given `probs` ([group, queryLen,
- * keyLen]), their softmax probabilities, each row written up to its block's last key (zero past the row's own last
- * key). The forward calls it without `probs`; the backward calls it again with them: the same calls on the same
- * inputs, so the probabilities are the forward's bit for bit, and no [heads × queryLen × keyLen] array is kept from
- * the forward to the backward (at a few thousand tokens that is gigabytes per layer).
- */
+/** The query heads of KV head `kvh` over every query row: their out rows (one attendGroup per block of rows). */
 function attendKvHead(
-  gemm: Gemm, fast: WasmElementwise | null, scratch: SegmentScratch, kvh: number, out: Float32Array, probs: Float32Array | null,
+  gemm: Gemm, fast: WasmElementwise | null, scratch: SegmentScratch, kvh: number, out: Float32Array,
   q: Float32Array, k: Float32Array, v: Float32Array, queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
-  const group = heads / kvHeads, qStride = heads * headDim, kvStride = kvHeads * headDim, offset = keyLen - queryLen;
+  const group = heads / kvHeads, qStride = heads * headDim, kvStride = kvHeads * headDim;
   const blockRows = groupBlockRows(group);
   transposeRows(v.subarray(kvh * headDim), keyLen, headDim, kvStride, scratch.valuesT);
   for (let t0 = 0; t0 < queryLen; t0 += blockRows) {
-    const rows = Math.min(blockRows, queryLen - t0), blockKeys = offset + t0 + rows;
-    const scores = attendGroup(gemm, fast, scratch.group, q.subarray(t0 * qStride), out.subarray(t0 * qStride), qStride, kvh * group, group,
+    const rows = Math.min(blockRows, queryLen - t0);
+    attendGroup(gemm, fast, scratch.group, q.subarray(t0 * qStride), out.subarray(t0 * qStride), qStride, kvh * group, group,
       scratch.positions.subarray(t0, t0 + rows), headDim, k.subarray(kvh * headDim), v.subarray(kvh * headDim), scratch.valuesT, kvStride, keyLen);
-    if (!probs) continue;
+  }
+}
+
+/**
+ * attendKvHead's softmax probabilities into `probs` ([group, queryLen, keyLen]), each row written up to its block's
+ * last key (zero past the row's own last key), without the out rows. The backward recomputes them: the same blocks and
+ * calls as the forward's on the same inputs, so the probabilities are the forward's bit for bit, and no
+ * [heads × queryLen × keyLen] array is kept from the forward to the backward (at a few thousand tokens that is
+ * gigabytes per layer).
+ */
+function kvHeadProbabilities(
+  gemm: Gemm, fast: WasmElementwise | null, scratch: SegmentScratch, kvh: number, probs: Float32Array,
+  q: Float32Array, k: Float32Array, queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
+): void {
+  const group = heads / kvHeads, qStride = heads * headDim, kvStride = kvHeads * headDim, offset = keyLen - queryLen;
+  const blockRows = groupBlockRows(group);
+  for (let t0 = 0; t0 < queryLen; t0 += blockRows) {
+    const rows = Math.min(blockRows, queryLen - t0), blockKeys = offset + t0 + rows;
+    const scores = groupProbabilities(gemm, fast, scratch.group, q.subarray(t0 * qStride), qStride, kvh * group, group,
+      scratch.positions.subarray(t0, t0 + rows), headDim, k.subarray(kvh * headDim), kvStride, keyLen);
     for (let g = 0; g < group; g++) {
       for (let r = 0; r < rows; r++) {
         const from = (g * rows + r) * keyLen;
@@ -201,11 +255,10 @@ function segmentAttentionBackward(
   queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
   const group = heads / kvHeads;
-  // One KV head's probabilities at a time, recomputed (attendKvHead), and the out rows that come with them, unused.
-  // Every KV head writes the same entries of `probs`; the rest (past each block's last key) stay zero, as the key-block
-  // products read them.
-  const scratch = new SegmentScratch(queryLen, keyLen, headDim);
-  const probs = new Float32Array(group * queryLen * keyLen), unusedOut = new Float32Array(queryLen * heads * headDim);
+  // One KV head's probabilities at a time, recomputed (kvHeadProbabilities). Every KV head writes the same entries of
+  // `probs`; the rest (past each block's last key) stay zero, as the key-block products read them.
+  const scratch = new SegmentScratch(queryLen, keyLen, 0);
+  const probs = new Float32Array(group * queryLen * keyLen);
   const scale = 1 / Math.sqrt(headDim);
   const qStride = heads * headDim;
   const kvStride = kvHeads * headDim;
@@ -218,7 +271,7 @@ function segmentAttentionBackward(
   const scoresT = new Float32Array(fast ? 0 : keyLen * queryLen); // Pᵀ or dSᵀ, zero where the mask hides a key
   const rowsT = new Float32Array(fast ? 0 : headDim * queryLen); // q or dout of one head, transposed
   for (let kvh = 0; kvh < kvHeads; kvh++) {
-    attendKvHead(gemm, fast, scratch, kvh, unusedOut, probs, q, k, v, queryLen, keyLen, heads, kvHeads, headDim);
+    kvHeadProbabilities(gemm, fast, scratch, kvh, probs, q, k, queryLen, keyLen, heads, kvHeads, headDim);
     transposeRows(k.subarray(kvh * headDim), keyLen, headDim, kvStride, keysT);
     for (let g = 0; g < group; g++) {
       const h = kvh * group + g, p = probs.subarray(g * queryLen * keyLen, (g + 1) * queryLen * keyLen);
