@@ -340,14 +340,13 @@ function segmentKeys(x: Float32Array, segment: PackedSegment, width: number): Fl
   return keys;
 }
 
-/** Adds a segment's key gradients back to the rows they came from (the prefix's rows and its own). */
-function scatterKeyGradients(dx: Float32Array, dKeys: Float32Array, segment: PackedSegment, width: number): void {
-  const prefixLength = segment.prefix?.length ?? 0;
+/** Adds the key gradients of a segment with a prefix back to the rows they came from: the prefix's, then its own. */
+function scatterKeyGradients(dx: Float32Array, dKeys: Float32Array, start: number, length: number, prefix: { start: number; length: number }, width: number): void {
   const add = (rowStart: number, from: number, rows: number) => {
     for (let i = 0; i < rows * width; i++) dx[rowStart * width + i] += dKeys[from * width + i];
   };
-  if (segment.prefix) add(segment.prefix.start, 0, prefixLength);
-  add(segment.start, prefixLength, segment.length);
+  add(prefix.start, 0, prefix.length);
+  add(start, prefix.length, length);
 }
 
 /** Keys a segment's queries see. */
@@ -382,11 +381,14 @@ export function packedAttentionBackward(
     const { start, length } = segment;
     const rowsOf = (x: Float32Array) => x.subarray(start * qWidth, (start + length) * qWidth);
     const keyLen = keyLength(segment);
-    const dKeys = new Float32Array(keyLen * kvWidth);
-    const dValues = new Float32Array(keyLen * kvWidth);
+    // Without a prefix the key rows are the segment's own, so their gradients accumulate in place; a prefix's rows
+    // gather every segment's share, each through a zeroed copy added back.
+    const keyGradients = (dx: Float32Array) => (segment.prefix ? new Float32Array(keyLen * kvWidth) : segmentKeys(dx, segment, kvWidth));
+    const dKeys = keyGradients(dk), dValues = keyGradients(dv);
     segmentAttentionBackward(gemm, fast, rowsOf(dq), dKeys, dValues, rowsOf(dOut), rowsOf(q),
       segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
-    scatterKeyGradients(dk, dKeys, segment, kvWidth);
-    scatterKeyGradients(dv, dValues, segment, kvWidth);
+    if (!segment.prefix) continue;
+    scatterKeyGradients(dk, dKeys, start, length, segment.prefix, kvWidth);
+    scatterKeyGradients(dv, dValues, start, length, segment.prefix, kvWidth);
   }
 }
