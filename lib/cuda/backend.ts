@@ -9,9 +9,10 @@
  * passes are recorded into CUDA graphs and replayed (decode-graphs.ts); while one is recorded, the backend takes its
  * transient memory from the graph arena and reads the pass's ids, slots and positions from the graph's input buffer.
  *
- * Training runs here for LoRA adapters: the frozen base weights are the engine's own tensors (f32 or bf16); LoRA A/B,
- * their gradients, the AdamW moments and every activation but q, k and v (bf16: attentionInputs) are f32. Weight, bias,
- * norm and embedding gradients (full-parameter training) have no kernels here and are refused with what to do instead.
+ * Training runs here for LoRA adapters and for every weight: the frozen base weights are the engine's own tensors (f32
+ * or bf16); LoRA A/B, their gradients, the AdamW moments and every activation but q, k and v (bf16: attentionInputs)
+ * are f32. Full-parameter training's weight and LM-head gradients are f32 cuBLAS products, a bias's and a norm
+ * weight's column sums (#columnSums), the embedding's one block per distinct token (embeddingPlan).
  */
 import { ArtError } from "../core/errors.ts";
 import {
@@ -233,6 +234,8 @@ const LORA_FOLD_BYTES = 8 << 20;
 const sumSquaresBlocks = 64;
 /** Rows per block of column_sums_partial: 8,192 rows of a 896-wide gradient make 128 × 4 blocks of 256 threads. */
 const COLUMN_SUM_ROWS = 64;
+/** A launch's most blocks along the grid's y (and z). */
+const MAX_GRID_Y = 65535;
 
 /** Threads for a block-per-row kernel over `width` elements: a multiple of 32, at most 1024. */
 function rowThreads(width: number, cap = 256): number {
@@ -976,7 +979,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const t = f32("embedding gradient", dTable), g = f32("embedding output gradient", dOut);
     const [vocab, d] = t.shape;
     expectSize("embedding output gradient", g, ids.length * d);
-    checkRowIndex(ids, vocab);
+    checkTokenIds(ids, vocab);
     t.version++;
     if (ids.length === 0) return;
     const { plan, tokens } = embeddingPlan(ids);
@@ -1245,7 +1248,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     blocks: number): void {
     const count = sizes.length;
     if (count === 0) return;
-    if (count > 65535) throw new ArtError("too_many_tensors", `cuda backend: ${kernel} over ${count} tensors; a launch takes at most 65,535 (the grid's y)`);
+    if (count > MAX_GRID_Y) throw new ArtError("too_many_tensors", `cuda backend: ${kernel} over ${count} tensors; a launch takes at most 65,535 (the grid's y)`);
     const fields = addresses[0]!.length;
     const table = new BigUint64Array(count * (fields + 1));
     for (let t = 0; t < count; t++) {
@@ -1402,7 +1405,6 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     }
   }
 
-  /** Uploads a small int32 array for the launches `use` queues; freed after them (later stream work reuses it). */
   /**
    * out[j] += Σ_r a[r, j], or Σ_r a[r, j] · x[r, j] · rowScale[r] with `weighted` (a norm weight's gradient), over the
    * rows of a [rows, out.size]: partial sums of COLUMN_SUM_ROWS rows per block, then their sum, both in row order.
@@ -1410,18 +1412,22 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
   #columnSums(a: CudaTensor, weighted: { x: CudaTensor; rowScale: CudaTensor } | null, out: CudaTensor): void {
     const width = out.size, rows = a.size / width;
     if (rows === 0) return;
-    const blocks = Math.ceil(rows / COLUMN_SUM_ROWS), threads = rowThreads(width), columnBlocks = Math.ceil(width / threads);
+    // Blocks of COLUMN_SUM_ROWS rows, or more where that many blocks would pass the grid's y limit (a Qwen3 q-norm's
+    // rows are tokens × heads: 4M at 131k tokens and 32 heads).
+    const rowsPerBlock = Math.max(COLUMN_SUM_ROWS, Math.ceil(rows / MAX_GRID_Y));
+    const blocks = Math.ceil(rows / rowsPerBlock), threads = rowThreads(width), columnBlocks = Math.ceil(width / threads);
     const pool = this.context.pool;
     const partial = pool.allocate(blocks * width * 4);
     try {
       this.#launch("column_sums_partial", [columnBlocks, blocks], [threads], [["ptr", a.address], ["ptr", weighted?.x.address ?? 0n],
-        ["ptr", weighted?.rowScale.address ?? 0n], ["ptr", partial], ["i32", width], ["i32", rows], ["i32", COLUMN_SUM_ROWS]]);
+        ["ptr", weighted?.rowScale.address ?? 0n], ["ptr", partial], ["i32", width], ["i32", rows], ["i32", rowsPerBlock]]);
       this.#launch("column_sums_add", [columnBlocks], [threads], [["ptr", partial], ["ptr", out.address], ["i32", width], ["i32", blocks]]);
     } finally {
       pool.free(partial);
     }
   }
 
+  /** Uploads a small int32 array for the launches `use` queues; freed after them (later stream work reuses it). */
   #withIndices(values: Int32Array, use: (address: bigint) => void): void {
     const pool = this.context.pool;
     const address = pool.allocate(Math.max(4, values.byteLength));

@@ -356,6 +356,23 @@ describe("CUDA backend host logic (recording device)", () => {
     backend.dispose();
   });
 
+  it("a norm weight's gradient over more rows than 64 × the grid's 65,535 blocks takes more rows per block", () => {
+    const { device, backend } = recordingBackend();
+    for (const rows of [130, 64 * 65535 + 1]) {
+      const x = backend.zeros([rows, 4]), weight = backend.zeros([4]), rstd = backend.zeros([rows]), dWeight = backend.zeros([4]);
+      const before = device.launches.length;
+      backend.rmsNormBackward(x, weight, rstd, x, x, dWeight);
+      const partial = device.launches.slice(before).find((l) => l.name === "column_sums_partial")!;
+      // grid y = blocks of rows; the last argument, rows per block
+      const [blocks, rowsPerBlock] = [partial.grid[1]!, partial.args.at(-1)![1] as number];
+      expect(blocks).toBeLessThanOrEqual(65535);
+      expect(blocks * rowsPerBlock).toBeGreaterThanOrEqual(rows);
+      expect(rowsPerBlock).toBe(rows === 130 ? 64 : 65);
+      for (const t of [x, weight, rstd, dWeight]) backend.free(t);
+    }
+    backend.dispose();
+  });
+
   it("names wrong shapes, foreign tensors, bad token ids and too many query heads per kv head", () => {
     const { backend } = recordingBackend();
     const x = backend.zeros([2, 8]), w = backend.upload(new Float32Array(6 * 8), [6, 8], "bf16"), out = backend.zeros([2, 5]);
@@ -363,6 +380,8 @@ describe("CUDA backend host logic (recording device)", () => {
     expect(() => backend.linear(new CpuBackend().zeros([2, 8]), w, null, out)).toThrowError("a tensor from another backend was passed to the CUDA backend");
     expect(() => backend.linear(w, w, null, out)).toThrowError("cuda backend: linear input must be f32 (activations), got bf16");
     expect(() => backend.embedding(w, Int32Array.from([0, 6]), x)).toThrowError("token id 6 is outside the vocabulary (0..5)");
+    const table = backend.zeros([6, 8]);
+    expect(() => backend.embeddingBackward(Int32Array.from([0, 6]), x, table)).toThrowError("token id 6 is outside the vocabulary (0..5)");
     const cache = backend.createKvCache({ numLayers: 1, numKvHeads: 1, headDim: 8, numSlots: 1, maxPositions: 4 });
     const q = backend.zeros([1, 32 * 8]), kv = backend.zeros([1, 8]), o = backend.zeros([1, 32 * 8]);
     expect(() => backend.attention(q, kv, kv, cache, 0, { slots: Int32Array.from([0]), positions: Int32Array.from([4]) }, o))

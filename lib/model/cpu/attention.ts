@@ -1,9 +1,10 @@
 /**
  * Attention on the CPU as tiled matmuls. `attendBlock` is the one attention block both passes run: the engine's
  * attention over the KV cache (CpuBackend.attention) and the training pass's attention over packed sequences
- * (`packedAttention` here, with its backward). Per query head and block of 32 query rows, the scores against every
- * key the block sees are one matmulNT, and after the softmax the output is one matmulNT against the values
- * transposed; the backward is tiled the same way over the blocks the causal mask leaves.
+ * (`packedAttention` here; its backward recomputes the block's first half, the probabilities). Per query head and
+ * block of 32 query rows, the scores against every key the block sees are one matmulNT, and after the softmax the
+ * output is one matmulNT against the values transposed; the backward is tiled the same way over the blocks the causal
+ * mask leaves.
  */
 import type { PackedSegment } from "../backend.ts";
 import type { Gemm } from "./gemm.ts";
@@ -245,7 +246,7 @@ const BACKWARD_BLOCK = 128;
  * Backward of segmentAttention; dq, dk, dv accumulate. Query heads sharing a kv head add into its gradient.
  * With P the softmax: dP = dout·vᵀ, dS = P ∘ (dP − Σ_s P dP)/√d, then dq += dS·k, dk += dSᵀ·q, dv += Pᵀ·dout, each
  * a tiled matmul over the blocks the causal mask leaves (key block s sees only queries t ≥ s − offset). The fast
- * path (with `fast`, beside a system BLAS) takes dS a block of rows at a time in WebAssembly and reads dSᵀ and Pᵀ
+ * path (with `fast`, the WebAssembly kernels) takes dS a block of rows at a time in WebAssembly and reads dSᵀ and Pᵀ
  * through the BLAS's transposed operands; the reference transposes them in JavaScript, a product per head and block
  * of ATTENTION_BLOCK, so that its float64 sums keep their order.
  */
@@ -357,7 +358,7 @@ function keyLength(segment: PackedSegment): number {
 
 /**
  * Attention within each segment of a packed batch. q, out: [rows, heads·hd]; k, v: [rows, kvHeads·hd]. Nothing is kept
- * for the backward, which recomputes each KV head's probabilities (attendKvHead).
+ * for the backward, which recomputes each KV head's probabilities (kvHeadProbabilities).
  */
 export function packedAttention(
   gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number, kvHeads: number, headDim: number,

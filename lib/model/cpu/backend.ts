@@ -274,16 +274,17 @@ export class CpuBackend implements Backend {
 
   constructor(options: CpuBackendOptions = {}) {
     const blas = options.blas ?? defaultBlasChoice();
+    // Checked before a BLAS is opened or a kernel compiled.
+    const elementwise = options.elementwise ?? (blas === "portable" ? "reference" : "wasm");
+    if (elementwise !== "wasm" && elementwise !== "reference") {
+      throw new ArtError("bad_option", `CpuBackend: elementwise must be "wasm" or "reference", got ${JSON.stringify(elementwise)}`);
+    }
     const { gemm, reason } = chooseGemm(blas, options.threads);
     this.gemmReason = reason;
     this.#kernel = gemm.library === null ? WasmMatmul.create(gemm.threads) : null;
     this.gemm = this.#kernel ? portableGemm(gemm.threads, this.#kernel) : gemm;
     this.#emptyFill = options.emptyFill;
     this.logitChunks = { rowChunk: this.gemm.library === null ? 16 : 128, vocabChunk: 4096 };
-    const elementwise = options.elementwise ?? (blas === "portable" ? "reference" : "wasm");
-    if (elementwise !== "wasm" && elementwise !== "reference") {
-      throw new ArtError("bad_option", `CpuBackend: elementwise must be "wasm" or "reference", got ${JSON.stringify(elementwise)}`);
-    }
     this.#elementwise = elementwise === "wasm" ? WasmElementwise.create() : null;
   }
 

@@ -6,7 +6,7 @@
  * [rowChunk × vocabChunk] block of logits exists at once. Per row an online log-sum-exp keeps the running
  * max m, s = Σ e^(z−m) and u = Σ e^(z−m)·z, so that logsumexp = m + ln s and entropy = logsumexp − u/s.
  * The backward recomputes each block (cheaper than storing it) and needs only the saved logsumexp.
- * `fastExp` (the fast path's, with a system BLAS) computes a row's exponentials in f32 four at a time; without it
+ * `fastExp` (the WebAssembly kernels', CpuBackendOptions.elementwise) computes a row's exponentials in f32 four at a time; without it
  * each is Math.exp in float64, the portable reference.
  */
 import type { ChunkSizes, TokenLogprobs } from "../backend.ts";
