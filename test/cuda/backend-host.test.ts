@@ -380,8 +380,6 @@ describe("CUDA backend host logic (recording device)", () => {
     expect(() => backend.linear(new CpuBackend().zeros([2, 8]), w, null, out)).toThrowError("a tensor from another backend was passed to the CUDA backend");
     expect(() => backend.linear(w, w, null, out)).toThrowError("cuda backend: linear input must be f32 (activations), got bf16");
     expect(() => backend.embedding(w, Int32Array.from([0, 6]), x)).toThrowError("token id 6 is outside the vocabulary (0..5)");
-    const table = backend.zeros([6, 8]);
-    expect(() => backend.embeddingBackward(Int32Array.from([0, 6]), x, table)).toThrowError("token id 6 is outside the vocabulary (0..5)");
     const cache = backend.createKvCache({ numLayers: 1, numKvHeads: 1, headDim: 8, numSlots: 1, maxPositions: 4 });
     const q = backend.zeros([1, 32 * 8]), kv = backend.zeros([1, 8]), o = backend.zeros([1, 32 * 8]);
     expect(() => backend.attention(q, kv, kv, cache, 0, { slots: Int32Array.from([0]), positions: Int32Array.from([4]) }, o))
