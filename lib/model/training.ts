@@ -20,7 +20,7 @@ import { type Backend, type ChunkSizes, type DType, type PackedSegment, type Pro
 import type { ModelConfig } from "./config.ts";
 import { type LayerLoras, type LoraConfig, loraScale, PROJECTION_GROUPS, PROJECTIONS, type Projection, projectionPath } from "./lora.ts";
 import { type Adapter, writeAdapter } from "./peft.ts";
-import { type Attend, gateUpLoras, type LayerActivations, type Transformer } from "./transformer.ts";
+import { type Attend, gateUpLoras, type LayerActivations, type LayerChain, type Transformer } from "./transformer.ts";
 
 /**
  * A parameter: its PEFT / Hugging Face name (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight), its
@@ -313,9 +313,14 @@ export class DifferentiableTransformer {
       // The memory a layer's forward takes, measured on the first (every layer has the same shapes): "auto" keeps
       // layers by it.
       let layerBytes: number | undefined;
+      // Each layer's last add writes the next one's normed input (after the last layer, the final norm's output) as
+      // one fused add + RMSNorm (LayerChain); the first layer norms its own.
+      let normed: Normed | null = null;
       for (let l = 0; l < c.numLayers; l++) {
         const availableBefore = l === 0 && keep && this.recomputeActivations === "auto" ? this.backend.availableMemory?.() : undefined;
-        const { acts, output } = this.layerForward(l, x, batch, useAdapter);
+        const next: Normed = { attnInput: held.empty([n, d]), rstd1: held.empty([n]) };
+        const nextNorm = l + 1 < c.numLayers ? this.layers[l + 1].inputNorm.tensor : this.finalNorm.tensor;
+        const { acts, output } = this.layerForward(l, x, batch, useAdapter, { normed: normed !== null, nextNorm, next }, normed);
         for (const tensor of [...activationTensors(acts), output]) held.hold(tensor);
         if (availableBefore !== undefined) layerBytes = Math.max(0, availableBefore - this.backend.availableMemory!());
         if (!keep) {
@@ -328,10 +333,9 @@ export class DifferentiableTransformer {
           layers.push({ input: x, acts: null });
         }
         x = output;
+        normed = next;
       }
-      const finalRstd = held.empty([n]);
-      const finalHidden = held.empty([n, d]);
-      b.rmsNorm(x, this.finalNorm.tensor, c.rmsNormEps, finalHidden, finalRstd);
+      const { attnInput: finalHidden, rstd1: finalRstd } = normed!;
       const scored: number[] = [];
       for (let r = 0; r < n; r++) if (batch.targets[r] >= 0) scored.push(r);
       const scoredRows = Int32Array.from(scored);
@@ -379,8 +383,12 @@ export class DifferentiableTransformer {
     for (const tensor of activationTensors(acts)) this.backend.free(tensor);
   }
 
-  /** One layer through Transformer.layerForward with buffers of its own; returns them and the layer's output. */
-  private layerForward(l: number, input: Tensor, batch: SequenceBatch, useAdapter: boolean): { acts: LayerActivations; output: Tensor } {
+  /**
+   * One layer through Transformer.layerForward with buffers of its own, but for its normed input when the layer
+   * before wrote it (`normed`, with `chain`); returns them and the layer's output.
+   */
+  private layerForward(l: number, input: Tensor, batch: SequenceBatch, useAdapter: boolean, chain?: LayerChain, normed: Normed | null = null):
+    { acts: LayerActivations; output: Tensor } {
     const b = this.backend, c = this.config, w = this.layers[l];
     const n = batch.tokens.length;
     const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
@@ -410,14 +418,14 @@ export class DifferentiableTransformer {
       const attentionInput = (width: number) => held.empty([n, width], qkNorm ? "f32" : b.attentionInputs);
       const qRaw = attentionInput(h * hd), kRaw = attentionInput(kv * hd);
       const acts: LayerActivations = {
-        attnInput: z(d), rstd1: held.empty([n]), qkv: z((h + 2 * kv) * hd), qRaw, kRaw, qRstd: qkNorm ? held.empty([n * h]) : null,
+        attnInput: normed?.attnInput ?? z(d), rstd1: normed?.rstd1 ?? held.empty([n]), qkv: z((h + 2 * kv) * hd), qRaw, kRaw, qRstd: qkNorm ? held.empty([n * h]) : null,
         kRstd: qkNorm ? held.empty([n * kv]) : null, q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: attentionInput(kv * hd),
         attn: covered ? z(h * hd) : held.zeros([n, h * hd]), attnSaved: null, attnOut: z(d), mid: z(d), mlpInput: z(d), rstd2: held.empty([n]), gateUp: z(2 * inter),
         hidden: z(inter), mlpOut: z(d), loraDown,
       };
       const output = z(d);
       const attend: Attend = (_layer, q, k, v, out) => held.hold(b.packedAttention(q, k, v, batch.segments, hd, out));
-      this.transformer.layerForward(l, input, output, acts, batch.positions, attend, loras);
+      this.transformer.layerForward(l, input, output, acts, batch.positions, attend, loras, chain);
       for (const scratch of [acts.qkv, acts.attnOut, acts.mlpOut]) held.free(scratch);
       return { acts, output };
     } catch (error) {
@@ -551,6 +559,12 @@ export class DifferentiableTransformer {
  * The tensors a pass has allocated and not yet freed or handed on. If the pass fails part-way (out of GPU memory, most
  * often), freeing them leaves the backend's memory as the pass found it, so the engine goes on serving and training.
  */
+/** A layer's normed input and its 1/rms, written by the layer before (LayerChain's `next`). */
+interface Normed {
+  attnInput: Tensor;
+  rstd1: Tensor;
+}
+
 class Holdings {
   readonly #tensors = new Set<Tensor>();
   readonly #backend: Backend;

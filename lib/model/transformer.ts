@@ -112,6 +112,19 @@ export interface LayerActivations {
   loraDown: Partial<Record<Projection, LoraDown>>;
 }
 
+/**
+ * How a layer meets its neighbours (Transformer.layerForward): whether its input's norm is already in its
+ * acts.attnInput and acts.rstd1 (`normed`), and the norm weight of what comes next (`nextNorm`: the next layer's input
+ * norm, or the final norm), whose output the layer's last add writes as one fused add + RMSNorm, into `next` (the
+ * next layer's own buffers, training) or else into its own acts (inference, where one set of buffers serves every
+ * layer). The same values as an add then an RMSNorm, one launch fewer per layer.
+ */
+export interface LayerChain {
+  normed: boolean;
+  nextNorm: Tensor | null;
+  next?: Pick<LayerActivations, "attnInput" | "rstd1">;
+}
+
 /** How a layer's attention reads its keys and values: the KV cache (decoding) or the packed batch (training). */
 export type Attend = (layer: number, q: Tensor, k: Tensor, v: Tensor, out: Tensor) => Tensor | null;
 
@@ -247,13 +260,10 @@ export class Transformer {
    * One layer over the rows of `input` (the residual stream entering layer `layer`), writing the stream leaving it to
    * `output`: the same tensor when decoding (updated in place), another when training (the input is kept for the
    * backward). Every intermediate goes to `acts`; `attend` runs the attention and returns what its backward needs.
-   * `chain` (inference, where one set of buffers serves every layer): the input's norm is already in acts.attnInput
-   * (`normed`), and the layer ends by writing the next layer's normed input there too (`nextNorm`: its weight, or the
-   * final norm's after the last layer), one fused add + RMSNorm where an add and an RMSNorm were two launches (the
-   * same values).
+   * `chain`: what the neighbouring layers compute for this one and this one for the next (LayerChain).
    */
   layerForward(layer: number, input: Tensor, output: Tensor, acts: LayerActivations, positions: Int32Array, attend: Attend,
-    loras?: LayerLoras, chain: { normed: boolean; nextNorm: Tensor | null } = { normed: false, nextNorm: null }): void {
+    loras?: LayerLoras, chain: LayerChain = { normed: false, nextNorm: null }): void {
     const b = this.backend, w = this.weights.layers[layer], c = this.config, eps = c.rmsNormEps;
     /** A lone projection's product; its LoRA is left to the op that reads its output (addRmsNorm's `loras`). */
     const linear = (projection: Projection, x: Tensor, out: Tensor): InputLoras | null => {
@@ -283,7 +293,8 @@ export class Transformer {
     b.swiglu(acts.gateUp, acts.hidden, gateUpLoras(loras, acts, c.intermediateSize));
     const downLoras = linear("down_proj", acts.hidden, acts.mlpOut);
     if (chain.nextNorm) {
-      b.addRmsNorm(acts.mid, acts.mlpOut, output, chain.nextNorm, eps, acts.attnInput, acts.rstd1, downLoras);
+      const next = chain.next ?? acts;
+      b.addRmsNorm(acts.mid, acts.mlpOut, output, chain.nextNorm, eps, next.attnInput, next.rstd1, downLoras);
     } else {
       if (downLoras) b.addLoras(downLoras.x, downLoras.targets);
       b.add(acts.mid, acts.mlpOut, output);
