@@ -555,16 +555,16 @@ export class DifferentiableTransformer {
   }
 }
 
-/**
- * The tensors a pass has allocated and not yet freed or handed on. If the pass fails part-way (out of GPU memory, most
- * often), freeing them leaves the backend's memory as the pass found it, so the engine goes on serving and training.
- */
 /** A layer's normed input and its 1/rms, written by the layer before (LayerChain's `next`). */
 interface Normed {
   attnInput: Tensor;
   rstd1: Tensor;
 }
 
+/**
+ * The tensors a pass has allocated and not yet freed or handed on. If the pass fails part-way (out of GPU memory, most
+ * often), freeing them leaves the backend's memory as the pass found it, so the engine goes on serving and training.
+ */
 class Holdings {
   readonly #tensors = new Set<Tensor>();
   readonly #backend: Backend;
