@@ -320,7 +320,7 @@ export class DifferentiableTransformer {
         const availableBefore = l === 0 && keep && this.recomputeActivations === "auto" ? this.backend.availableMemory?.() : undefined;
         const next: Normed = { attnInput: held.empty([n, d]), rstd1: held.empty([n]) };
         const nextNorm = l + 1 < c.numLayers ? this.layers[l + 1].inputNorm.tensor : this.finalNorm.tensor;
-        const { acts, output } = this.layerForward(l, x, batch, useAdapter, { normed: normed !== null, nextNorm, next }, normed);
+        const { acts, output } = this.layerForward(l, x, batch, useAdapter, { normed, nextNorm, next });
         for (const tensor of [...activationTensors(acts), output]) held.hold(tensor);
         if (availableBefore !== undefined) layerBytes = Math.max(0, availableBefore - this.backend.availableMemory!());
         if (!keep) {
@@ -384,11 +384,12 @@ export class DifferentiableTransformer {
   }
 
   /**
-   * One layer through Transformer.layerForward with buffers of its own, but for its normed input when the layer
-   * before wrote it (`normed`, with `chain`); returns them and the layer's output.
+   * One layer through Transformer.layerForward with buffers of its own, but for its normed input where the layer
+   * before wrote it (`chain.normed`); with `chain`, its last add writes `chain.next` (LayerChain). Returns the buffers
+   * and the layer's output.
    */
-  private layerForward(l: number, input: Tensor, batch: SequenceBatch, useAdapter: boolean, chain?: LayerChain, normed: Normed | null = null):
-    { acts: LayerActivations; output: Tensor } {
+  private layerForward(l: number, input: Tensor, batch: SequenceBatch, useAdapter: boolean,
+    chain?: { normed: Normed | null; nextNorm: Tensor; next: Normed }): { acts: LayerActivations; output: Tensor } {
     const b = this.backend, c = this.config, w = this.layers[l];
     const n = batch.tokens.length;
     const { hiddenSize: d, numHeads: h, numKvHeads: kv, headDim: hd, intermediateSize: inter } = c;
@@ -418,14 +419,15 @@ export class DifferentiableTransformer {
       const attentionInput = (width: number) => held.empty([n, width], qkNorm ? "f32" : b.attentionInputs);
       const qRaw = attentionInput(h * hd), kRaw = attentionInput(kv * hd);
       const acts: LayerActivations = {
-        attnInput: normed?.attnInput ?? z(d), rstd1: normed?.rstd1 ?? held.empty([n]), qkv: z((h + 2 * kv) * hd), qRaw, kRaw, qRstd: qkNorm ? held.empty([n * h]) : null,
+        attnInput: chain?.normed?.attnInput ?? z(d), rstd1: chain?.normed?.rstd1 ?? held.empty([n]), qkv: z((h + 2 * kv) * hd), qRaw, kRaw, qRstd: qkNorm ? held.empty([n * h]) : null,
         kRstd: qkNorm ? held.empty([n * kv]) : null, q: qkNorm ? z(h * hd) : qRaw, k: qkNorm ? z(kv * hd) : kRaw, v: attentionInput(kv * hd),
         attn: covered ? z(h * hd) : held.zeros([n, h * hd]), attnSaved: null, attnOut: z(d), mid: z(d), mlpInput: z(d), rstd2: held.empty([n]), gateUp: z(2 * inter),
         hidden: z(inter), mlpOut: z(d), loraDown,
       };
       const output = z(d);
       const attend: Attend = (_layer, q, k, v, out) => held.hold(b.packedAttention(q, k, v, batch.segments, hd, out));
-      this.transformer.layerForward(l, input, output, acts, batch.positions, attend, loras, chain);
+      const links: LayerChain | undefined = chain && { normed: chain.normed !== null, nextNorm: chain.nextNorm, next: chain.next };
+      this.transformer.layerForward(l, input, output, acts, batch.positions, attend, loras, links);
       for (const scratch of [acts.qkv, acts.attnOut, acts.mlpOut]) held.free(scratch);
       return { acts, output };
     } catch (error) {

@@ -4,9 +4,9 @@
  * backward, and RoPE on the WebAssembly SIMD kernels of elementwise.wat (assembled into elementwise-wasm-bytes.ts by
  * scripts/build-wasm.ts). The formulas are kernels.ts', attention.ts' and sample.ts', with an f32 exponential four
  * lanes at a time instead of V8's Math.exp and sums in a different order, so results agree with them to a few f32 ulps
- * (test/model/wasm-elementwise.test.ts), not bit for bit: the backend uses this path except where the portable products
- * were asked for, whose bits are the references' (CpuBackendOptions.elementwise). The exception is the sampler's weights (`samplingWeights`), which are
- * sample.ts' samplingExp bit for bit, as the CUDA sampler's are.
+ * (test/model/wasm-elementwise.test.ts), not bit for bit: the backend uses this path except where the portable
+ * products were asked for, whose bits are the references' (CpuBackendOptions.elementwise). The exception is the
+ * sampler's weights (`samplingWeights`), which are sample.ts' samplingExp bit for bit, as the CUDA sampler's are.
  *
  * Operands are copied into the module's memory a chunk at a time and results copied out (a copy costs about a
  * twentieth of the arithmetic); the memory grows to the widest row it is given. Attention's score blocks can instead
