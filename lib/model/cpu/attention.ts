@@ -4,7 +4,8 @@
  * (`packedAttention` here; its backward recomputes the block's first half, the probabilities). Per query head and
  * block of 32 query rows, the scores against every key the block sees are one matmulNT, and after the softmax the
  * output is one matmulNT against the values transposed; the backward is tiled the same way over the blocks the causal
- * mask leaves.
+ * mask leaves. The training pass's work comes in units (a segment's query heads of one KV head, attentionUnits) that
+ * share nothing they write, which attention-threads.ts spreads over worker threads.
  */
 import type { PackedSegment } from "../backend.ts";
 import type { Gemm } from "./gemm.ts";
@@ -170,22 +171,6 @@ export function causalSoftmaxBackward(probs: Float32Array, grads: Float32Array, 
   grads.fill(0, at + last + 1, at + end);
 }
 
-/**
- * Causal grouped-query attention of `queryLen` queries over `keyLen` keys, the queries being the LAST queryLen
- * positions of the key sequence: query t sees keys 0..(keyLen − queryLen + t). keyLen = queryLen is ordinary causal
- * attention; keyLen > queryLen lets completions attend to a shared prompt stored once (packing).
- * q [queryLen, heads, d], k/v [keyLen, kvHeads, d]; out [queryLen, heads, d].
- * Per GQA group and block of query rows through attendGroup (v transposed once per KV head), the same code as the
- * engine's attention over a prompt.
- */
-function segmentAttention(
-  gemm: Gemm, fast: WasmElementwise | null, out: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
-  queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
-): void {
-  const scratch = new SegmentScratch(queryLen, keyLen, headDim);
-  for (let kvh = 0; kvh < kvHeads; kvh++) attendKvHead(gemm, fast, scratch, kvh, out, q, k, v, queryLen, keyLen, heads, kvHeads, headDim);
-}
-
 /** What attendKvHead reuses across the KV heads of a segment. */
 class SegmentScratch {
   readonly valuesT: Float32Array;
@@ -243,21 +228,21 @@ function kvHeadProbabilities(
 const BACKWARD_BLOCK = 128;
 
 /**
- * Backward of segmentAttention; dq, dk, dv accumulate. Query heads sharing a kv head add into its gradient.
- * With P the softmax: dP = dout·vᵀ, dS = P ∘ (dP − Σ_s P dP)/√d, then dq += dS·k, dk += dSᵀ·q, dv += Pᵀ·dout, each
- * a tiled matmul over the blocks the causal mask leaves (key block s sees only queries t ≥ s − offset). The fast
- * path (with `fast`, the WebAssembly kernels) takes dS a block of rows at a time in WebAssembly and reads dSᵀ and Pᵀ
- * through the BLAS's transposed operands; the reference transposes them in JavaScript, a product per head and block
- * of ATTENTION_BLOCK, so that its float64 sums keep their order.
+ * Backward of attendKvHead over a segment, for KV head `kvh` and its query heads; dq, dk, dv accumulate. Query heads
+ * sharing a kv head add into its gradient, in order. With P the softmax: dP = dout·vᵀ, dS = P ∘ (dP − Σ_s P dP)/√d,
+ * then dq += dS·k, dk += dSᵀ·q, dv += Pᵀ·dout, each a tiled matmul over the blocks the causal mask leaves (key block
+ * s sees only queries t ≥ s − offset). The fast path (with `fast`, the WebAssembly kernels) takes dS a block of rows
+ * at a time in WebAssembly and reads dSᵀ and Pᵀ through the BLAS's transposed operands; the reference transposes them
+ * in JavaScript, a product per head and block of ATTENTION_BLOCK, so that its float64 sums keep their order.
  */
-function segmentAttentionBackward(
-  gemm: Gemm, fast: WasmElementwise | null, dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array,
+function kvHeadBackward(
+  gemm: Gemm, fast: WasmElementwise | null, kvh: number, dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array,
   q: Float32Array, k: Float32Array, v: Float32Array,
   queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
 ): void {
   const group = heads / kvHeads;
-  // One KV head's probabilities at a time, recomputed (kvHeadProbabilities). Every KV head writes the same entries of
-  // `probs`; the rest (past each block's last key) stay zero, as the key-block products read them.
+  // The KV head's probabilities, recomputed (kvHeadProbabilities); past each block's last key they stay zero, as the
+  // key-block products read them.
   const scratch = new SegmentScratch(queryLen, keyLen, 0);
   const probs = new Float32Array(group * queryLen * keyLen);
   const scale = 1 / Math.sqrt(headDim);
@@ -271,38 +256,36 @@ function segmentAttentionBackward(
   const dScores = new Float32Array(queryLen * keyLen);
   const scoresT = new Float32Array(fast ? 0 : keyLen * queryLen); // Pᵀ or dSᵀ, zero where the mask hides a key
   const rowsT = new Float32Array(fast ? 0 : headDim * queryLen); // q or dout of one head, transposed
-  for (let kvh = 0; kvh < kvHeads; kvh++) {
-    kvHeadProbabilities(gemm, fast, scratch, kvh, probs, q, k, queryLen, keyLen, heads, kvHeads, headDim);
-    transposeRows(k.subarray(kvh * headDim), keyLen, headDim, kvStride, keysT);
-    for (let g = 0; g < group; g++) {
-      const h = kvh * group + g, p = probs.subarray(g * queryLen * keyLen, (g + 1) * queryLen * keyLen);
-      for (let t0 = 0; t0 < queryLen; t0 += queryBlock) {
-        const rows = Math.min(queryBlock, queryLen - t0), keys = offset + t0 + rows;
-        gemm.nt(dout.subarray(t0 * qStride + h * headDim), v.subarray(kvh * headDim), rows, headDim, keys, dScores.subarray(t0 * keyLen),
-          { xStride: qStride, wStride: kvStride, outStride: keyLen });
-        if (fast) fast.softmaxBackwardRows(p, dScores, t0 * keyLen, keyLen, Int32Array.from({ length: rows }, (_, r) => offset + t0 + r), keys, scale);
-        else for (let t = t0; t < t0 + rows; t++) causalSoftmaxBackward(p, dScores, t * keyLen, offset + t, keys, scale);
-        gemm.nt(dScores.subarray(t0 * keyLen), keysT, rows, keys, headDim, dq.subarray(t0 * qStride + h * headDim),
-          { accumulate: true, xStride: keyLen, wStride: keyLen, outStride: qStride });
-      }
-      if (fast) {
-        for (let s0 = 0; s0 < keyLen; s0 += BACKWARD_BLOCK) {
-          const keys = Math.min(BACKWARD_BLOCK, keyLen - s0), first = Math.max(0, s0 - offset);
-          const strides = { aStride: keyLen, bStride: qStride, outStride: kvStride };
-          gemm.tnAccumulate(dk.subarray(s0 * kvStride + kvh * headDim), dScores.subarray(first * keyLen + s0), q.subarray(first * qStride + h * headDim),
-            queryLen - first, keys, headDim, strides);
-          gemm.tnAccumulate(dv.subarray(s0 * kvStride + kvh * headDim), p.subarray(first * keyLen + s0), dout.subarray(first * qStride + h * headDim),
-            queryLen - first, keys, headDim, strides);
-        }
-        continue;
-      }
-      transposeCausal(dScores, queryLen, keyLen, scoresT);
-      transposeRows(q.subarray(h * headDim), queryLen, headDim, qStride, rowsT);
-      keyBlockProducts(gemm, scoresT, rowsT, dk.subarray(kvh * headDim), queryLen, keyLen, headDim, kvStride);
-      transposeCausal(p, queryLen, keyLen, scoresT);
-      transposeRows(dout.subarray(h * headDim), queryLen, headDim, qStride, rowsT);
-      keyBlockProducts(gemm, scoresT, rowsT, dv.subarray(kvh * headDim), queryLen, keyLen, headDim, kvStride);
+  kvHeadProbabilities(gemm, fast, scratch, kvh, probs, q, k, queryLen, keyLen, heads, kvHeads, headDim);
+  transposeRows(k.subarray(kvh * headDim), keyLen, headDim, kvStride, keysT);
+  for (let g = 0; g < group; g++) {
+    const h = kvh * group + g, p = probs.subarray(g * queryLen * keyLen, (g + 1) * queryLen * keyLen);
+    for (let t0 = 0; t0 < queryLen; t0 += queryBlock) {
+      const rows = Math.min(queryBlock, queryLen - t0), keys = offset + t0 + rows;
+      gemm.nt(dout.subarray(t0 * qStride + h * headDim), v.subarray(kvh * headDim), rows, headDim, keys, dScores.subarray(t0 * keyLen),
+        { xStride: qStride, wStride: kvStride, outStride: keyLen });
+      if (fast) fast.softmaxBackwardRows(p, dScores, t0 * keyLen, keyLen, Int32Array.from({ length: rows }, (_, r) => offset + t0 + r), keys, scale);
+      else for (let t = t0; t < t0 + rows; t++) causalSoftmaxBackward(p, dScores, t * keyLen, offset + t, keys, scale);
+      gemm.nt(dScores.subarray(t0 * keyLen), keysT, rows, keys, headDim, dq.subarray(t0 * qStride + h * headDim),
+        { accumulate: true, xStride: keyLen, wStride: keyLen, outStride: qStride });
     }
+    if (fast) {
+      for (let s0 = 0; s0 < keyLen; s0 += BACKWARD_BLOCK) {
+        const keys = Math.min(BACKWARD_BLOCK, keyLen - s0), first = Math.max(0, s0 - offset);
+        const strides = { aStride: keyLen, bStride: qStride, outStride: kvStride };
+        gemm.tnAccumulate(dk.subarray(s0 * kvStride + kvh * headDim), dScores.subarray(first * keyLen + s0), q.subarray(first * qStride + h * headDim),
+          queryLen - first, keys, headDim, strides);
+        gemm.tnAccumulate(dv.subarray(s0 * kvStride + kvh * headDim), p.subarray(first * keyLen + s0), dout.subarray(first * qStride + h * headDim),
+          queryLen - first, keys, headDim, strides);
+      }
+      continue;
+    }
+    transposeCausal(dScores, queryLen, keyLen, scoresT);
+    transposeRows(q.subarray(h * headDim), queryLen, headDim, qStride, rowsT);
+    keyBlockProducts(gemm, scoresT, rowsT, dk.subarray(kvh * headDim), queryLen, keyLen, headDim, kvStride);
+    transposeCausal(p, queryLen, keyLen, scoresT);
+    transposeRows(dout.subarray(h * headDim), queryLen, headDim, qStride, rowsT);
+    keyBlockProducts(gemm, scoresT, rowsT, dv.subarray(kvh * headDim), queryLen, keyLen, headDim, kvStride);
   }
 }
 
@@ -356,40 +339,121 @@ function keyLength(segment: PackedSegment): number {
 }
 
 
-/**
- * Attention within each segment of a packed batch. q, out: [rows, heads·hd]; k, v: [rows, kvHeads·hd]. Nothing is kept
- * for the backward, which recomputes each KV head's probabilities (kvHeadProbabilities).
- */
-export function packedAttention(
-  gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number, kvHeads: number, headDim: number,
-  out: Float32Array,
-): void {
-  const qWidth = heads * headDim, kvWidth = kvHeads * headDim;
-  for (const segment of segments) {
-    const { start, length } = segment;
-    segmentAttention(gemm, fast, out.subarray(start * qWidth, (start + length) * qWidth), q.subarray(start * qWidth, (start + length) * qWidth),
-      segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLength(segment), heads, kvHeads, headDim);
-  }
+/** What a packed attention attends over: the batch's segments, and its heads. */
+export interface PackedAttentionShape {
+  segments: readonly PackedSegment[];
+  heads: number;
+  kvHeads: number;
+  headDim: number;
 }
 
-/** Backward of packedAttention, its probabilities recomputed; dq, dk, dv accumulate. */
-export function packedAttentionBackward(
-  gemm: Gemm, fast: WasmElementwise | null, q: Float32Array, k: Float32Array, v: Float32Array, segments: readonly PackedSegment[], heads: number,
-  kvHeads: number, headDim: number, dOut: Float32Array, dq: Float32Array, dk: Float32Array, dv: Float32Array,
+/**
+ * Units of a packed attention: (segment, KV head) pairs, unit u being segment ⌊u / kvHeads⌋'s query heads of KV head
+ * u mod kvHeads. A unit writes only its own columns of its own segment's rows (of out; of dq, and of dk and dv or of
+ * its segment's prefix gradients), reading nothing another unit writes, so units run in any order, on any thread,
+ * with the same bits (CpuBackend's attention threads run them across workers).
+ */
+export function attentionUnits(shape: PackedAttentionShape): number {
+  return shape.segments.length * shape.kvHeads;
+}
+
+/** The multiply-adds of a packed attention's forward (q·kᵀ and p·v over the keys each query sees). */
+export function attentionMultiplyAdds(shape: PackedAttentionShape): number {
+  let total = 0;
+  for (const segment of shape.segments) total += segment.length * (keyLength(segment) - (segment.length - 1) / 2);
+  return 2 * total * shape.heads * shape.headDim;
+}
+
+/** A unit's segment and KV head. */
+function unitOf(shape: PackedAttentionShape, unit: number): { segment: PackedSegment; index: number; kvh: number } {
+  const index = Math.floor(unit / shape.kvHeads);
+  return { segment: shape.segments[index], index, kvh: unit % shape.kvHeads };
+}
+
+/**
+ * Unit `unit` of the attention within each segment of a packed batch: q, out [rows, heads·hd]; k, v [rows, kvHeads·hd].
+ * Nothing is kept for the backward, which recomputes each KV head's probabilities (kvHeadProbabilities).
+ */
+export function packedAttentionUnit(
+  gemm: Gemm, fast: WasmElementwise | null, shape: PackedAttentionShape, unit: number, q: Float32Array, k: Float32Array, v: Float32Array, out: Float32Array,
 ): void {
-  const qWidth = heads * headDim, kvWidth = kvHeads * headDim;
-  for (const segment of segments) {
-    const { start, length } = segment;
-    const rowsOf = (x: Float32Array) => x.subarray(start * qWidth, (start + length) * qWidth);
-    const keyLen = keyLength(segment);
-    // Without a prefix the key rows are the segment's own, so their gradients accumulate in place; a prefix's rows
-    // gather every segment's share, each through a zeroed copy added back.
-    const keyGradients = (dx: Float32Array) => (segment.prefix ? new Float32Array(keyLen * kvWidth) : segmentKeys(dx, segment, kvWidth));
-    const dKeys = keyGradients(dk), dValues = keyGradients(dv);
-    segmentAttentionBackward(gemm, fast, rowsOf(dq), dKeys, dValues, rowsOf(dOut), rowsOf(q),
-      segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
-    if (!segment.prefix) continue;
-    scatterKeyGradients(dk, dKeys, start, length, segment.prefix, kvWidth);
-    scatterKeyGradients(dv, dValues, start, length, segment.prefix, kvWidth);
-  }
+  const { heads, kvHeads, headDim } = shape, { segment, kvh } = unitOf(shape, unit);
+  const { start, length } = segment, qWidth = heads * headDim, kvWidth = kvHeads * headDim, keyLen = keyLength(segment);
+  attendKvHead(gemm, fast, new SegmentScratch(length, keyLen, headDim), kvh, out.subarray(start * qWidth, (start + length) * qWidth),
+    q.subarray(start * qWidth, (start + length) * qWidth), segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth),
+    length, keyLen, heads, kvHeads, headDim);
+}
+
+/** Attention within each segment of a packed batch, unit by unit (packedAttentionUnit). */
+export function packedAttention(
+  gemm: Gemm, fast: WasmElementwise | null, shape: PackedAttentionShape, q: Float32Array, k: Float32Array, v: Float32Array, out: Float32Array,
+): void {
+  for (let unit = 0; unit < attentionUnits(shape); unit++) packedAttentionUnit(gemm, fast, shape, unit, q, k, v, out);
+}
+
+/** Gradients of the key and value rows a segment with a prefix attends to (its prefix's, then its own). */
+export interface PrefixGradients {
+  keys: Float32Array;
+  values: Float32Array;
+}
+
+/** What a backward unit reads and accumulates into; `prefixes` from prefixGradients. */
+export interface AttentionBackwardArrays {
+  q: Float32Array;
+  k: Float32Array;
+  v: Float32Array;
+  dOut: Float32Array;
+  dq: Float32Array;
+  dk: Float32Array;
+  dv: Float32Array;
+  prefixes: readonly (PrefixGradients | null)[];
+}
+
+/**
+ * Zeroed gradients for every segment with a prefix (null for the others), from `allocate`. A prefix's rows gather the
+ * shares of every segment reading them, so each such segment's units accumulate into its own copy, and
+ * scatterPrefixGradients adds the copies back in segment order once all units are done; a segment without a prefix
+ * accumulates in place, into its own rows.
+ */
+export function prefixGradients<T = Float32Array>(
+  shape: PackedAttentionShape, allocate: (length: number) => T = (length) => new Float32Array(length) as T,
+): ({ keys: T; values: T } | null)[] {
+  const kvWidth = shape.kvHeads * shape.headDim;
+  return shape.segments.map((segment) =>
+    segment.prefix ? { keys: allocate(keyLength(segment) * kvWidth), values: allocate(keyLength(segment) * kvWidth) } : null);
+}
+
+/** Adds each prefix segment's key and value gradients back to the rows they came from, in segment order. */
+export function scatterPrefixGradients(shape: PackedAttentionShape, prefixes: readonly (PrefixGradients | null)[], dk: Float32Array, dv: Float32Array): void {
+  const kvWidth = shape.kvHeads * shape.headDim;
+  shape.segments.forEach(({ start, length, prefix }, i) => {
+    const gradients = prefixes[i];
+    if (!prefix || !gradients) return;
+    scatterKeyGradients(dk, gradients.keys, start, length, prefix, kvWidth);
+    scatterKeyGradients(dv, gradients.values, start, length, prefix, kvWidth);
+  });
+}
+
+/** Unit `unit` of packedAttention's backward, its probabilities recomputed; dq, dk, dv (or the prefix gradients) accumulate. */
+export function packedAttentionBackwardUnit(
+  gemm: Gemm, fast: WasmElementwise | null, shape: PackedAttentionShape, unit: number, arrays: AttentionBackwardArrays,
+): void {
+  const { heads, kvHeads, headDim } = shape, { segment, index, kvh } = unitOf(shape, unit);
+  const { start, length } = segment, qWidth = heads * headDim, kvWidth = kvHeads * headDim, keyLen = keyLength(segment);
+  const rowsOf = (x: Float32Array) => x.subarray(start * qWidth, (start + length) * qWidth);
+  const prefix = arrays.prefixes[index];
+  const dKeys = prefix ? prefix.keys : segmentKeys(arrays.dk, segment, kvWidth);
+  const dValues = prefix ? prefix.values : segmentKeys(arrays.dv, segment, kvWidth);
+  kvHeadBackward(gemm, fast, kvh, rowsOf(arrays.dq), dKeys, dValues, rowsOf(arrays.dOut), rowsOf(arrays.q),
+    segmentKeys(arrays.k, segment, kvWidth), segmentKeys(arrays.v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
+}
+
+/** Backward of packedAttention, unit by unit, then the prefix gradients scattered; dq, dk, dv accumulate. */
+export function packedAttentionBackward(
+  gemm: Gemm, fast: WasmElementwise | null, shape: PackedAttentionShape,
+  q: Float32Array, k: Float32Array, v: Float32Array, dOut: Float32Array, dq: Float32Array, dk: Float32Array, dv: Float32Array,
+): void {
+  const arrays = { q, k, v, dOut, dq, dk, dv, prefixes: prefixGradients(shape) };
+  for (let unit = 0; unit < attentionUnits(shape); unit++) packedAttentionBackwardUnit(gemm, fast, shape, unit, arrays);
+  scatterPrefixGradients(shape, arrays.prefixes, dk, dv);
 }

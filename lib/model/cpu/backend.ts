@@ -21,7 +21,8 @@ import {
   rmsNormRowsBackward, sumOfSquares, swigluRows, swigluRowsBackward,
 } from "./kernels.ts";
 import { chunkedLogprobs, chunkedLogprobsBackward } from "./logprobs.ts";
-import { chooseGemm, type CpuBlasChoice, defaultBlasChoice, type Gemm, portableGemm } from "./gemm.ts";
+import { AttentionThreads } from "./attention-threads.ts";
+import { chooseGemm, type CpuBlasChoice, defaultBlasChoice, type Gemm, portableGemm, systemGemm } from "./gemm.ts";
 import { transposeRows } from "./matmul.ts";
 import { sampleRows } from "./sample.ts";
 import { WasmElementwise } from "./wasm-elementwise.ts";
@@ -202,6 +203,9 @@ function storageClass(length: number): number {
   return Math.ceil(length / step) * step;
 }
 
+// The attention workers of a collected backend stop with it (a test suite makes hundreds of backends).
+const closeAttentionThreads = new FinalizationRegistry<AttentionThreads>((threads) => threads.close());
+
 function cpuKvCache(cache: KvCache): CpuKvCache {
   if (!(cache instanceof CpuKvCache)) throw new ArtError("wrong_backend", "a KV cache from another backend was passed to the CPU backend");
   return cache;
@@ -264,6 +268,13 @@ export class CpuBackend implements Backend {
   /** What is not a product (SwiGLU, softmaxes, RMSNorm, RoPE, exponentials) on WebAssembly SIMD; null: the
    * JavaScript references (CpuBackendOptions.elementwise), or a runtime without WebAssembly SIMD. */
   readonly #elementwise: WasmElementwise | null;
+  /**
+   * The training attention's products: on one BLAS thread with a system BLAS (its products are small, and its units
+   * run on every thread at once: #attentionThreads), else the portable ones.
+   */
+  readonly #attentionGemm: Gemm;
+  /** The training attention's worker threads (`threads` − 1 of them), null on one thread. */
+  readonly #attentionThreads: AttentionThreads | null;
   // Attention scratch (a decoding row's scores, one head's values transposed, a stacked block), grown as needed.
   #scores = new Float32Array(0);
   #valuesT = new Float32Array(0);
@@ -286,6 +297,28 @@ export class CpuBackend implements Backend {
     this.#emptyFill = options.emptyFill;
     this.logitChunks = { rowChunk: this.gemm.library === null ? 16 : 128, vocabChunk: 4096 };
     this.#elementwise = elementwise === "wasm" ? WasmElementwise.create() : null;
+    this.#attentionGemm = this.gemm.library === null ? this.gemm : systemGemm(this.gemm.library, 1);
+    this.#attentionThreads = this.gemm.threads > 1
+      ? new AttentionThreads(this.gemm.threads - 1, {
+        library: this.gemm.library,
+        wasm: this.#kernel !== null,
+        elementwise: this.#elementwise && { fusedMultiplyAdd: this.#elementwise.fusedMultiplyAdd },
+      })
+      : null;
+    if (this.#attentionThreads) closeAttentionThreads.register(this, this.#attentionThreads);
+  }
+
+  /**
+   * Starts the training attention's worker threads now (they otherwise start with the first call large enough to
+   * share) and resolves with how many are ready (AttentionThreads.start); 0 on one thread.
+   */
+  startAttentionWorkers(timeoutMs?: number): Promise<number> {
+    return this.#attentionThreads?.start(timeoutMs) ?? Promise.resolve(0);
+  }
+
+  /** Units of the training attention computed on worker threads so far (a diagnostic for benches and tests). */
+  get attentionUnitsOnWorkers(): number {
+    return this.#attentionThreads?.unitsOnWorkers ?? 0;
   }
 
   // ---- memory -----------------------------------------------------------------------------------------------------
@@ -612,7 +645,11 @@ export class CpuBackend implements Backend {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
     expectSize("attention v", v, k.size);
     expectSize("attention out", out, q.size);
-    packedAttention(this.gemm, this.#elementwise, cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim, cpu(out).data);
+    const shape = { segments, heads, kvHeads, headDim };
+    const operands = { q: cpu(q).data, k: cpu(k).data, v: cpu(v).data, out: cpu(out).data };
+    if (!this.#attentionThreads?.run("forward", shape, operands, this.#attentionGemm, this.#elementwise)) {
+      packedAttention(this.#attentionGemm, this.#elementwise, shape, operands.q, operands.k, operands.v, operands.out);
+    }
     return new CpuTensor([0], "f32", new Float32Array(0));
   }
 
@@ -622,8 +659,14 @@ export class CpuBackend implements Backend {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
     // Written, here as added to zeros (the same values): the reference's sums accumulate row by row.
     if (overwrite) for (const gradient of [dq, dk, dv]) cpu(gradient).data.fill(0);
-    packedAttentionBackward(this.gemm, this.#elementwise, cpu(q).data, cpu(k).data, cpu(v).data, segments, heads, kvHeads, headDim,
-      cpu(dOut).data, cpu(dq).data, cpu(dk).data, cpu(dv).data);
+    const shape = { segments, heads, kvHeads, headDim };
+    const operands = {
+      q: cpu(q).data, k: cpu(k).data, v: cpu(v).data, dOut: cpu(dOut).data, dq: cpu(dq).data, dk: cpu(dk).data, dv: cpu(dv).data,
+    };
+    if (!this.#attentionThreads?.run("backward", shape, operands, this.#attentionGemm, this.#elementwise)) {
+      const { q: queries, k: keys, v: values, dOut: outGradient, dq: queryGradient, dk: keyGradient, dv: valueGradient } = operands;
+      packedAttentionBackward(this.#attentionGemm, this.#elementwise, shape, queries, keys, values, outGradient, queryGradient, keyGradient, valueGradient);
+    }
   }
 
   embeddingBackward(ids: Int32Array, dOut: Tensor, dTable: Tensor): void {
