@@ -1,9 +1,11 @@
 /**
- * bench/cpu-sampler.ts and bench/cpu-threads.ts run and report what they claim. The sampler bench itself fails when
- * a side draws other ids than the reference; the threads bench (its per-product part: the demo runs take minutes)
- * reports, for each product, the thread count the Gemm now gives it, which must follow gemm.ts's bound.
+ * bench/cpu-sampler.ts, bench/cpu-threads.ts and bench/cpu-attention-threads.ts run and report what they claim. The
+ * sampler bench itself fails when a side draws other ids than the reference; the threads bench (its per-product part:
+ * the demo runs take minutes) reports, for each product, the thread count the Gemm now gives it, which must follow
+ * gemm.ts's bound; the attention-threads bench fails when its two sides' parameters differ.
  */
 import { spawnSync } from "node:child_process";
+import * as os from "node:os";
 import { describe, expect, it } from "vitest";
 import { chooseGemm } from "../../lib/model/cpu/gemm.ts";
 
@@ -31,3 +33,12 @@ describe.skipIf(noSystemBlas)("cpu-threads", () => {
     }
   }, 120_000);
 });
+
+it.skipIf(os.availableParallelism() < 2)("cpu-attention-threads: both sides train to the same bits, the workers taking units", () => {
+  const run = spawnSync(process.execPath, ["bench/cpu-attention-threads.ts", "--len", "128", "--rounds", "1"], { encoding: "utf8" });
+  expect(run.status, run.stderr).toBe(0);
+  const result = JSON.parse(run.stdout);
+  expect(result.sameBits).toBe(true);
+  expect(result.unitsOnWorkers).toBeGreaterThan(0);
+  for (const side of [result.workers, result.callingThread]) expect(side.medianAttentionBackwardMs).toBeGreaterThan(0);
+}, 120_000);

@@ -56,6 +56,14 @@ describe.each([
   });
 });
 
+it("attentionWorkers: false keeps the attention on the calling thread; anything but a boolean is refused", async () => {
+  const alone = new CpuBackend({ blas: "portable", threads: 3, attentionWorkers: false });
+  expect(await alone.startAttentionWorkers()).toBe(0);
+  expect(attentionBits(alone, segments)).toEqual(attentionBits(new CpuBackend({ blas: "portable", threads: 1 }), segments));
+  expect(alone.attentionUnitsOnWorkers).toBe(0);
+  expect(() => new CpuBackend({ attentionWorkers: "no" as never })).toThrow(/attentionWorkers must be true or false, got "no"/);
+});
+
 it("a unit that throws is counted done and reported, and the other units still run", () => {
   const shape = { segments: [{ start: 0, length: 8 }, { start: 8, length: 8 }], heads: 2, kvHeads: 2, headDim: 4 };
   const arena = new SharedArrayBuffer(4 * 16 * 8 * 4);

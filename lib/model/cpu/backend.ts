@@ -241,6 +241,11 @@ export interface CpuBackendOptions {
    */
   elementwise?: "wasm" | "reference";
   /**
+   * Whether the training attention shares its units with `threads − 1` worker threads (attention-threads.ts; default
+   * true). false keeps it on the calling thread, with the same bits: for comparison, or where worker threads are unwanted.
+   */
+  attentionWorkers?: boolean;
+  /**
    * What `empty` fills its storage with; default nothing (the storage as the pool has it). Tests fill it with NaN to
    * show that every such buffer is written whole before anything reads it.
    */
@@ -290,6 +295,9 @@ export class CpuBackend implements Backend {
     if (elementwise !== "wasm" && elementwise !== "reference") {
       throw new ArtError("bad_option", `CpuBackend: elementwise must be "wasm" or "reference", got ${JSON.stringify(elementwise)}`);
     }
+    if (options.attentionWorkers !== undefined && typeof options.attentionWorkers !== "boolean") {
+      throw new ArtError("bad_option", `CpuBackend: attentionWorkers must be true or false, got ${JSON.stringify(options.attentionWorkers)}`);
+    }
     const { gemm, reason } = chooseGemm(blas, options.threads);
     this.gemmReason = reason;
     this.#kernel = gemm.library === null ? WasmMatmul.create(gemm.threads) : null;
@@ -298,7 +306,7 @@ export class CpuBackend implements Backend {
     this.logitChunks = { rowChunk: this.gemm.library === null ? 16 : 128, vocabChunk: 4096 };
     this.#elementwise = elementwise === "wasm" ? WasmElementwise.create() : null;
     this.#attentionGemm = this.gemm.library === null ? this.gemm : systemGemm(this.gemm.library, 1);
-    this.#attentionThreads = this.gemm.threads > 1
+    this.#attentionThreads = this.gemm.threads > 1 && options.attentionWorkers !== false
       ? new AttentionThreads(this.gemm.threads - 1, {
         library: this.gemm.library,
         wasm: this.#kernel !== null,
