@@ -203,6 +203,35 @@ describe("WASM SIMD matmul", () => {
     }
   });
 
+  it("decoding's products of a large weight split its columns over worker threads, with the same bits as one thread", async () => {
+    const one = WasmMatmul.create(1)!, three = WasmMatmul.create(3)!;
+    try {
+      expect(await three.startWorkers()).toBe(2);
+      const rng = seededRandom(29);
+      // 2.1 MB of weights each (at least 2 MiB: 3 and 4 rows split; m = 1030 is not a multiple of 4, so the last band
+      // is ragged), and 1 MB, which stays on this thread; 1 and 2 rows always do.
+      for (const [weights, k, m, split] of [["f32", 512, 1030, true], ["bf16", 1024, 1030, true], ["f32", 256, 1030, false]] as const) {
+        const w = Float32Array.from({ length: m * k }, () => rng() * 2 - 1);
+        for (const n of [1, 2, 3, 4]) {
+          const x = Float32Array.from({ length: n * k }, () => rng() * 2 - 1);
+          const counted = three.blocksOnWorkers;
+          const [expected, actual] = [one, three].map((kernel) => {
+            const at = weights === "f32" ? kernel.allocate(w.byteLength)! : kernel.residentBf16(w)!;
+            if (weights === "f32") kernel.heap.set(w, at / 4);
+            const out = new Float32Array(n * m).fill(NaN);
+            expect(kernel.decodeLinearArrays(x, at, weights, out, n, k, m)).toBe(true);
+            kernel.release(at);
+            return new Uint32Array(out.buffer);
+          });
+          expect(actual, `${weights} n=${n} k=${k} m=${m}`).toEqual(expected);
+          expect(three.blocksOnWorkers - counted, `${weights} n=${n} k=${k} m=${m}: blocks on workers`).toBe(split && n >= 3 ? 2 : 0);
+        }
+      }
+    } finally {
+      three.close();
+    }
+  });
+
   it("CpuBackend's portable products run on its thread count", () => {
     const backend = new CpuBackend({ blas: "portable", threads: 3 });
     expect(backend.gemm.description).toBe("portable (WebAssembly SIMD on 3 threads)");

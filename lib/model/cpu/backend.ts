@@ -492,10 +492,11 @@ export class CpuBackend implements Backend {
    * (its values become a view there, which the BLAS reads as well: no second copy); a bf16 one gets a bf16 copy there
    * (half the bytes; its f32 values, the same bf16-rounded numbers, stay for the BLAS's larger products). False where
    * that cannot be (no WebAssembly SIMD, a width not a multiple of 8, the memory past 4 GiB): the BLAS then computes it.
+   * A large weight's columns are shared with the kernel's worker threads (`threads` in all), the same bits on any count.
    */
   #decodeLinear(x: CpuTensor, w: CpuTensor, n: number, k: number, m: number, out: CpuTensor): boolean {
     if (k % 8 !== 0) return false;
-    if (this.#decodeKernel === undefined) this.#decodeKernel = WasmMatmul.create(1);
+    if (this.#decodeKernel === undefined) this.#decodeKernel = WasmMatmul.create(this.gemm.threads);
     const kernel = this.#decodeKernel;
     if (!kernel) return false;
     // A view (one projection of a stacked weight) is read where its owner's values lie.

@@ -20,11 +20,12 @@ export function checkThreadCount(threads: number): void {
 
 /**
  * One kernel call: its integer arguments in order with alpha taken out (alpha is a float64 for "f64", rounded to f32
- * by the call for "nt"). "nt" is matmulNT's x, w, out, n, k, m, ldOut, accumulate (0/1); "f64" is matmulF64's a, b,
- * out, n, k, m, aRow, aCol, bRow, outRow, outCol, flags.
+ * by the call for "nt", unused by the decoding kernels). "nt" is matmulNT's x, w, out, n, k, m, ldOut, accumulate
+ * (0/1); "f64" is matmulF64's a, b, out, n, k, m, aRow, aCol, bRow, outRow, outCol, flags; "linearF32" and
+ * "linearBf16" are the decoding kernels' x, w, out, n, k, m.
  */
 export interface MatmulCall {
-  kernel: "nt" | "f64";
+  kernel: MatmulKernel;
   ints: readonly number[];
   alpha: number;
 }
@@ -34,6 +35,10 @@ export interface MatmulCall {
  * on the 2-vCPU development machine, what ~1M multiply-adds take there, so a split starts to pay at about twice that.
  */
 export const MIN_PARALLEL_MULTIPLY_ADDS = 2 << 20;
+
+/** The kernels a worker runs, by the number its slot holds. */
+const KERNELS = ["nt", "f64", "linearF32", "linearBf16"] as const;
+export type MatmulKernel = (typeof KERNELS)[number];
 
 /** Blocks of an [n, m] output for `parts` threads: bands of rows where there are rows enough, else of columns. */
 export function outputBlocks(n: number, k: number, m: number, parts: number): { row: number; rows: number; column: number; columns: number }[] {
@@ -46,7 +51,8 @@ export function outputBlocks(n: number, k: number, m: number, parts: number): { 
   return [{ row: 0, rows: n, column: 0, columns: m }];
 }
 
-function bands(length: number, parts: number): [number, number][] {
+/** `length` cut into at most `parts` bands of a multiple of 4 (the last ragged): [start, size] each. */
+export function bands(length: number, parts: number): [number, number][] {
   const size = Math.ceil(length / parts / 4) * 4;
   const result: [number, number][] = [];
   for (let start = 0; start < length; start += size) result.push([start, Math.min(size, length - start)]);
@@ -55,7 +61,7 @@ function bands(length: number, parts: number): [number, number][] {
 
 // The control block (Int32 words of a SharedArrayBuffer): the count of blocks still running, an error flag, then a
 // slot per worker: its job generation (the word it waits on; -1 tells it to stop), ready (1, or -1 if it failed to
-// start), which kernel (0 "nt", 1 "f64"), a word of padding, alpha as a float64 (two words, 8-byte aligned: HEADER and
+// start), which kernel (its index in KERNELS), a word of padding, alpha as a float64 (two words, 8-byte aligned: HEADER and
 // SLOT are even), the call's integer arguments.
 const PENDING = 0, FAILED = 1, HEADER = 2;
 const GENERATION = 0, READY = 1, KERNEL = 2, ALPHA = 4, ARGUMENTS = 6, SLOT = ARGUMENTS + 12;
@@ -83,11 +89,14 @@ for (let seen = 0; ;) {
   seen = generation;
   const a = base + ${ARGUMENTS}, alpha = doubles[(base + ${ALPHA}) / 2];
   try {
-    if (words[base + ${KERNEL}] === 0) {
+    const kernel = words[base + ${KERNEL}];
+    if (kernel === 0) {
       kernels.matmulNT(words[a], words[a + 1], words[a + 2], words[a + 3], words[a + 4], words[a + 5], words[a + 6], alpha, words[a + 7]);
-    } else {
+    } else if (kernel === 1) {
       kernels.matmulF64(words[a], words[a + 1], words[a + 2], words[a + 3], words[a + 4], words[a + 5], words[a + 6], words[a + 7],
         words[a + 8], words[a + 9], words[a + 10], alpha, words[a + 11]);
+    } else {
+      (kernel === 2 ? kernels.linearF32 : kernels.linearBf16)(words[a], words[a + 1], words[a + 2], words[a + 3], words[a + 4], words[a + 5]);
     }
   } catch {
     Atomics.store(words, ${FAILED}, 1);
@@ -150,7 +159,7 @@ export class MatmulWorkers {
     this.#generation++;
     slots.forEach((slot, i) => {
       const { kernel, ints, alpha } = calls[i + 1]!;
-      words[slot + KERNEL] = kernel === "nt" ? 0 : 1;
+      words[slot + KERNEL] = KERNELS.indexOf(kernel);
       this.#doubles[(slot + ALPHA) / 2] = alpha;
       // Offsets past 2 GiB wrap to negative: the same i32 bits.
       ints.forEach((value, a) => (words[slot + ARGUMENTS + a] = value));

@@ -10,7 +10,7 @@
 import { ArtError } from "../../core/errors.ts";
 import { matmulUnfusedWasmBase64, matmulWasmBase64 } from "./matmul-wasm-bytes.ts";
 import type { MatmulOptions, TNStrides } from "./matmul.ts";
-import { checkThreadCount, MatmulWorkers, MIN_PARALLEL_MULTIPLY_ADDS, outputBlocks, type MatmulCall } from "./matmul-workers.ts";
+import { bands, checkThreadCount, MatmulWorkers, MIN_PARALLEL_MULTIPLY_ADDS, outputBlocks, type MatmulCall } from "./matmul-workers.ts";
 
 // The slice of the WebAssembly JS API used here: TypeScript declares it only in its DOM libs, which this project's
 // ES2023 + node types leave out; Node, Deno and browsers all have it.
@@ -60,6 +60,16 @@ const MIN_ARRAY_ROWS = 4;
 const MIN_ROW_MULTIPLY_ADDS = 16_384;
 
 const PAGE_BYTES = 65536;
+/**
+ * When a decoding product's bands of columns go to the worker threads: 3 or 4 rows (the 4-row loop, which reads the
+ * weights at 17–24 GB/s on one core and has arithmetic to share) over a weight of 2 MiB or more (waking a worker and
+ * waiting for it costs about 60 µs on the 2-vCPU development machine). Measured there, the 20M model's greedy decode
+ * on 2 threads against 1 (its gate, up, down and LM-head weights split): batch 3 411 → 493 tok/s, batch 4 460 → 584
+ * (1 MiB: 570; 8 MiB, the LM head alone: 481); 1 or 2 rows, already at ~29 GB/s, gained nothing (238 → 238 tok/s) or
+ * lost (422 → 399), so they stay on one thread.
+ */
+const DECODE_SPLIT_ROWS = 3, DECODE_SPLIT_BYTES = 2 << 20;
+
 /**
  * Rows of a product that matmul.wat's decoding kernels take (linearF32, linearBf16): decoding's batches, which read
  * each weight once per step and so are bound by its bytes; CpuBackend gives larger products to the BLAS.
@@ -417,13 +427,21 @@ export class WasmMatmul {
     if (!(n >= 1 && n <= DECODE_MAX_ROWS) || k % 8 !== 0) {
       throw new ArtError("bad_matmul_operands", `decodeLinear: ${n} rows of ${k} (1 to ${DECODE_MAX_ROWS} rows, k a multiple of 8)`);
     }
-    const at = this.#scratch([n * k, n * m]);
+    const weightBytes = weights === "f32" ? 4 : 2;
+    this.#checkOperands([[w, (m * k * weightBytes) / 4]], `WASM ${weights} weight at ${w} (k=${k}, m=${m})`);
+    // Bands of columns, one a thread, each written packed ([n, its columns]) into its own block of the scratch space.
+    const workers = n >= DECODE_SPLIT_ROWS && m * k * weightBytes >= DECODE_SPLIT_BYTES ? this.#startedWorkers() : null;
+    const columnBands = bands(m, 1 + (workers?.ready ?? 0));
+    const at = this.#scratch([n * k, ...columnBands.map(([, columns]) => n * columns)]);
     if (!at) return false;
-    const [xAt, outAt] = at, heap = this.heap;
-    this.#checkOperands([[w, weights === "f32" ? m * k : (m * k) / 2]], `WASM ${weights} weight at ${w} (k=${k}, m=${m})`);
+    const [xAt, ...outAt] = at, heap = this.heap;
     heap.set(x.subarray(0, n * k), xAt! / 4);
-    (weights === "f32" ? this.#exports.linearF32 : this.#exports.linearBf16)(xAt!, w, outAt!, n, k, m);
-    out.set(heap.subarray(outAt! / 4, outAt! / 4 + n * m));
+    this.#runCalls(workers, columnBands.map(([column, columns], band) => ({
+      kernel: weights === "f32" ? "linearF32" : "linearBf16", ints: [xAt!, w + column * k * weightBytes, outAt[band]!, n, k, columns], alpha: 1,
+    })));
+    columnBands.forEach(([column, columns], band) => {
+      for (let r = 0; r < n; r++) out.set(heap.subarray(outAt[band]! / 4 + r * columns, outAt[band]! / 4 + (r + 1) * columns), r * m + column);
+    });
     return true;
   }
 
@@ -460,10 +478,15 @@ export class WasmMatmul {
   /** Runs the blocks of an [n, m] output (each made into a call by `call`) on this thread and the ready workers. */
   #run(n: number, k: number, m: number, call: (block: { row: number; rows: number; column: number; columns: number }) => MatmulCall): void {
     const workers = n * k * m >= MIN_PARALLEL_MULTIPLY_ADDS ? this.#startedWorkers() : null;
-    const calls = outputBlocks(n, k, m, 1 + (workers?.ready ?? 0)).map(call);
+    this.#runCalls(workers, outputBlocks(n, k, m, 1 + (workers?.ready ?? 0)).map(call));
+  }
+
+  /** Runs calls[0] on this thread and the rest on `workers` (at most as many as are ready). */
+  #runCalls(workers: MatmulWorkers | null, calls: MatmulCall[]): void {
     const own = ({ kernel, ints: i, alpha }: MatmulCall) => {
       if (kernel === "nt") this.#exports.matmulNT(i[0]!, i[1]!, i[2]!, i[3]!, i[4]!, i[5]!, i[6]!, alpha, i[7]!);
-      else this.#exports.matmulF64(i[0]!, i[1]!, i[2]!, i[3]!, i[4]!, i[5]!, i[6]!, i[7]!, i[8]!, i[9]!, i[10]!, alpha, i[11]!);
+      else if (kernel === "f64") this.#exports.matmulF64(i[0]!, i[1]!, i[2]!, i[3]!, i[4]!, i[5]!, i[6]!, i[7]!, i[8]!, i[9]!, i[10]!, alpha, i[11]!);
+      else this.#exports[kernel](i[0]!, i[1]!, i[2]!, i[3]!, i[4]!, i[5]!);
     };
     if (calls.length === 1) own(calls[0]!);
     else workers!.run(calls, own);
