@@ -1,23 +1,25 @@
 /**
- * The training attention across threads: packedAttention's units (attention.ts: a segment's query heads of one KV
- * head, each writing only its own columns of its own rows) taken by the calling thread and by worker threads, each
- * with its own products (the system BLAS at one thread, or its own WebAssembly matmul) and elementwise kernels.
- * Attention's products are one head's and too small for the BLAS to split usefully, and its softmaxes and copies are
- * not products at all, so on the calling thread alone it did not speed up with cores (docs/engine.md, Threads).
+ * Attention across threads: its units taken by the calling thread and by worker threads, each thread with its own
+ * products (the system BLAS at one thread, or its own WebAssembly matmul) and elementwise kernels. A unit is one KV
+ * head's query heads over a packed training segment (attention.ts: packedAttention and its backward) or over a prompt's
+ * run of rows against the KV cache (CpuBackend.attention); each writes only its own columns of its own rows.
+ * Attention's products are one GQA group's and too small for the BLAS to split usefully, and its softmaxes and copies
+ * are not products at all, so on the calling thread alone it did not speed up with cores (docs/engine.md).
  *
- * A call copies its operands into one shared arena (a SharedArrayBuffer: the backend's tensors are ordinary
- * arrays), posts the job to every ready worker, takes units itself from a shared counter until none is left, waits
- * for the workers' last ones, and copies the outputs back. A unit computes the same numbers on any thread (the same
- * code, products on one BLAS thread or the WebAssembly kernel's fixed order), so results do not depend on who took
- * which unit, nor on the thread count. Workers start in the background with the first call large enough to share;
- * until one reports ready, the calling thread runs every unit as before. They are unref'd (the process exits without
- * closing them), idle in their event loop between jobs, and end when their backend is collected.
+ * A call places its operands where the workers can read them: an array in shared memory (a KV cache, the portable
+ * products' WebAssembly memory) where it is, any other in one shared arena (a SharedArrayBuffer), copied in and, if
+ * written, back. It posts the job to every ready worker, takes units itself from a shared counter until none is left
+ * and waits for the workers' last ones. A unit computes the same numbers on any thread (the same code, products on one
+ * BLAS thread or the WebAssembly kernel's fixed order), so results do not depend on who took which unit, nor on the
+ * thread count. Workers start in the background with the first call large enough to share; until one reports ready,
+ * the calling thread runs every unit. They are unref'd (the process exits without closing them), idle in their event
+ * loop between jobs, and end when their backend is collected.
  */
 import { Worker } from "node:worker_threads";
 import { ArtError } from "../../core/errors.ts";
 import {
-  attentionMultiplyAdds, attentionUnits, packedAttentionBackwardUnit, packedAttentionUnit, type PackedAttentionShape, prefixGradients,
-  scatterPrefixGradients,
+  attendKvHead, attentionMultiplyAdds, attentionUnits, GroupScratch, packedAttentionBackwardUnit, packedAttentionUnit, type PackedAttentionShape,
+  prefixGradients, scatterPrefixGradients,
 } from "./attention.ts";
 import { applyBlasThreads, type Gemm } from "./gemm.ts";
 import { MIN_PARALLEL_MULTIPLY_ADDS } from "./matmul-workers.ts";
@@ -36,23 +38,75 @@ export interface AttentionWorkerData {
   index: number;
 }
 
-/** An operand's place in the arena: offset and length, in floats. */
-type Slot = readonly [number, number];
-
-/** One call's work, as posted to the workers. */
-export interface AttentionJob {
-  kind: "forward" | "backward";
-  shape: PackedAttentionShape;
-  arena: SharedArrayBuffer;
-  /** forward: q, k, v, out; backward: q, k, v, dOut, dq, dk, dv. */
-  slots: Record<string, Slot>;
-  /** backward: each segment with a prefix, its key and value gradients' slots. */
-  prefixes: ({ keys: Slot; values: Slot } | null)[];
-  /** Int32 words: the next unit to take, the units done, a failure flag. */
-  control: SharedArrayBuffer;
+/** Where an operand lies in shared memory: its buffer, and its offset and length in floats. */
+interface Slot {
+  buffer: SharedArrayBuffer;
+  offset: number;
+  length: number;
 }
 
+/** Heads of an attention over the KV cache. */
+export interface HeadShape {
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+}
+
+/** A prompt's run of rows over the KV cache: q and out rows from `row`, seeing keys 0..positions[r] of the slot's. */
+export interface CacheRun<Keys = Float32Array> {
+  row: number;
+  positions: Int32Array;
+  /** Keys the run's last row sees: `keys` and `values` hold runKeys rows of kvHeads·headDim. */
+  runKeys: number;
+  keys: Keys;
+  values: Keys;
+}
+
+/** One call's work, as posted to the workers. */
+export type AttentionJob = {
+  /** forward: q, k, v, out; backward: q, k, v, dOut, dq, dk, dv; cache: q, out. */
+  slots: Record<string, Slot>;
+  /** Int32 words: the next unit to take, the units done, a failure flag. */
+  control: SharedArrayBuffer;
+} & (
+  | { kind: "forward"; shape: PackedAttentionShape }
+  /** Each segment with a prefix, its key and value gradients' slots. */
+  | { kind: "backward"; shape: PackedAttentionShape; prefixes: ({ keys: Slot; values: Slot } | null)[] }
+  | { kind: "cache"; shape: HeadShape; runs: CacheRun<Slot>[] }
+);
+
 const NEXT = 0, DONE = 1, FAILED = 2;
+
+function unitCount(job: Pick<AttentionJob, "kind" | "shape"> & { runs?: readonly unknown[] }): number {
+  return job.kind === "cache" ? job.runs!.length * job.shape.kvHeads : attentionUnits(job.shape as PackedAttentionShape);
+}
+
+function view({ buffer, offset, length }: Slot): Float32Array {
+  return new Float32Array(buffer, offset * 4, length);
+}
+
+/** Unit `unit` of a job's work, as a function of the unit's number. */
+function unitWork(job: AttentionJob, gemm: Gemm, fast: WasmElementwise | null): (unit: number) => void {
+  const { slots } = job;
+  if (job.kind === "forward") {
+    const [q, k, v, out] = [slots.q, slots.k, slots.v, slots.out].map(view);
+    return (unit) => packedAttentionUnit(gemm, fast, job.shape, unit, q, k, v, out);
+  }
+  if (job.kind === "backward") {
+    const arrays = {
+      q: view(slots.q), k: view(slots.k), v: view(slots.v), dOut: view(slots.dOut), dq: view(slots.dq), dk: view(slots.dk), dv: view(slots.dv),
+      prefixes: job.prefixes.map((prefix) => prefix && { keys: view(prefix.keys), values: view(prefix.values) }),
+    };
+    return (unit) => packedAttentionBackwardUnit(gemm, fast, job.shape, unit, arrays);
+  }
+  const { heads, kvHeads, headDim } = job.shape, qStride = heads * headDim, q = view(slots.q), out = view(slots.out);
+  return (unit) => {
+    const run = job.runs[Math.floor(unit / kvHeads)];
+    const scratch = { valuesT: new Float32Array(headDim * run.runKeys), group: new GroupScratch() };
+    attendKvHead(gemm, fast, scratch, unit % kvHeads, out.subarray(run.row * qStride), q.subarray(run.row * qStride), view(run.keys), view(run.values),
+      run.positions, run.runKeys, heads, kvHeads, headDim);
+  };
+}
 
 /**
  * Takes units of `job` until none is left, computing each with `gemm` and `fast`: what the calling thread and every
@@ -61,15 +115,8 @@ const NEXT = 0, DONE = 1, FAILED = 2;
  */
 export function runAttentionUnits(job: AttentionJob, gemm: Gemm, fast: WasmElementwise | null): { units: number; error: unknown } {
   const words = new Int32Array(job.control);
-  const view = ([offset, length]: Slot) => new Float32Array(job.arena, offset * 4, length);
-  const total = attentionUnits(job.shape);
-  const { slots, shape } = job;
-  const run = job.kind === "forward"
-    ? ((q, k, v, out) => (unit: number) => packedAttentionUnit(gemm, fast, shape, unit, q, k, v, out))(view(slots.q), view(slots.k), view(slots.v), view(slots.out))
-    : ((arrays) => (unit: number) => packedAttentionBackwardUnit(gemm, fast, shape, unit, arrays))({
-      q: view(slots.q), k: view(slots.k), v: view(slots.v), dOut: view(slots.dOut), dq: view(slots.dq), dk: view(slots.dk), dv: view(slots.dv),
-      prefixes: job.prefixes.map((prefix) => prefix && { keys: view(prefix.keys), values: view(prefix.values) }),
-    });
+  const total = unitCount(job);
+  const run = unitWork(job, gemm, fast);
   let units = 0, error: unknown = null;
   for (let unit = Atomics.add(words, NEXT, 1); unit < total; unit = Atomics.add(words, NEXT, 1)) {
     try {
@@ -124,45 +171,96 @@ export class AttentionThreads {
    * having computed nothing, when the call is too small to share or no worker is ready yet (the caller computes it
    * alone); starts the workers the first time a call is large enough.
    */
-  run(kind: AttentionJob["kind"], shape: PackedAttentionShape, operands: Record<string, Float32Array>, gemm: Gemm, fast: WasmElementwise | null): boolean {
-    if (this.#closed) throw new ArtError("attention_threads_closed", "the CPU attention's worker threads were closed; make a new CpuBackend");
-    if (attentionUnits(shape) < 2 || attentionMultiplyAdds(shape) < MIN_PARALLEL_MULTIPLY_ADDS) return false;
-    this.#workers ??= this.#spawn();
-    const ready = this.#workers.filter((_, i) => Atomics.load(this.#ready, i) === 1);
-    if (ready.length === 0) return false;
+  run(kind: "forward" | "backward", shape: PackedAttentionShape, operands: Record<string, Float32Array>, gemm: Gemm, fast: WasmElementwise | null): boolean {
+    if (!this.#worthSharing(attentionUnits(shape), attentionMultiplyAdds(shape))) return false;
+    const outputs = kind === "forward" ? ["out"] : ["dq", "dk", "dv"];
+    const placed = this.#place(operands, kind === "backward" ? prefixGradients(shape, (length) => length) : []);
+    const { slots, zeroed: prefixes } = placed;
+    const job: AttentionJob = kind === "forward"
+      ? { kind, shape, slots, control: new SharedArrayBuffer(12) }
+      : { kind, shape, slots, prefixes, control: new SharedArrayBuffer(12) };
+    this.#share(job, gemm, fast);
+    if (job.kind === "backward") {
+      scatterPrefixGradients(shape, job.prefixes.map((prefix) => prefix && { keys: view(prefix.keys), values: view(prefix.values) }),
+        view(slots.dk), view(slots.dv));
+    }
+    placed.copyBack(outputs);
+    return true;
+  }
 
-    // The arena: every operand (the outputs too, which accumulate), then each prefix segment's gradients, zeroed.
+  /**
+   * The prompts' runs of CpuBackend.attention (q rows from each run's `row`, their keys and values in the KV cache)
+   * across the ready workers and this thread, writing `out`'s rows of every run. Returns false, having computed
+   * nothing, as `run` does.
+   */
+  runCache(shape: HeadShape, runs: readonly CacheRun[], q: Float32Array, out: Float32Array, gemm: Gemm, fast: WasmElementwise | null): boolean {
+    let multiplyAdds = 0;
+    for (const run of runs) multiplyAdds += 2 * run.positions.length * run.runKeys * shape.heads * shape.headDim;
+    if (!this.#worthSharing(runs.length * shape.kvHeads, multiplyAdds)) return false;
+    const keys = runs.flatMap((run, i) => [[`keys${i}`, run.keys], [`values${i}`, run.values]] as const);
+    const placed = this.#place({ q, out, ...Object.fromEntries(keys) }, []);
+    const { slots } = placed;
+    this.#share({
+      kind: "cache", shape, slots: { q: slots.q, out: slots.out }, control: new SharedArrayBuffer(12),
+      runs: runs.map((run, i) => ({ row: run.row, positions: run.positions, runKeys: run.runKeys, keys: slots[`keys${i}`], values: slots[`values${i}`] })),
+    }, gemm, fast);
+    placed.copyBack(["out"]);
+    return true;
+  }
+
+  /** Whether a call of these units and multiply-adds is shared; starts the workers the first time one would be. */
+  #worthSharing(units: number, multiplyAdds: number): boolean {
+    if (this.#closed) throw new ArtError("attention_threads_closed", "the CPU attention's worker threads were closed; make a new CpuBackend");
+    if (units < 2 || multiplyAdds < MIN_PARALLEL_MULTIPLY_ADDS) return false;
+    this.#workers ??= this.#spawn();
+    return this.ready > 0;
+  }
+
+  /**
+   * Slots for `operands` (in place where in shared memory, else copied into the arena) and zeroed blocks of the arena
+   * of the lengths in `zeroed`; `copyBack` copies the named operands that were copied in back to their arrays.
+   */
+  #place(operands: Record<string, Float32Array>, zeroed: readonly ({ keys: number; values: number } | null)[]) {
     let floats = 0;
-    const place = (length: number): Slot => {
-      const slot: Slot = [floats, length];
-      floats += length;
+    const take = (length: number): Omit<Slot, "buffer"> => ({ offset: (floats += length) - length, length });
+    const copied = Object.entries(operands).filter(([, values]) => !(values.buffer instanceof SharedArrayBuffer));
+    const copiedAt = copied.map(([, values]) => take(values.length));
+    const blocks = zeroed.map((pair) => pair && { keys: take(pair.keys), values: take(pair.values) });
+    if (this.#arena.byteLength < floats * 4) this.#arena = new SharedArrayBuffer(Math.ceil(floats * 1.25) * 4);
+    const arena = this.#arena;
+    const slots: Record<string, Slot> = {};
+    for (const [name, values] of Object.entries(operands)) {
+      if (values.buffer instanceof SharedArrayBuffer) slots[name] = { buffer: values.buffer, offset: values.byteOffset / 4, length: values.length };
+    }
+    copied.forEach(([name, values], i) => view(slots[name] = { buffer: arena, ...copiedAt[i] }).set(values));
+    const zeroedSlot = (block: Omit<Slot, "buffer">): Slot => {
+      const slot = { buffer: arena, ...block };
+      view(slot).fill(0);
       return slot;
     };
-    const slots = Object.fromEntries(Object.entries(operands).map(([name, values]) => [name, place(values.length)]));
-    const prefixes = kind === "backward" ? prefixGradients(shape, place) : [];
-    if (this.#arena.byteLength < floats * 4) this.#arena = new SharedArrayBuffer(Math.ceil(floats * 1.25) * 4);
-    const job: AttentionJob = { kind, shape, arena: this.#arena, slots, prefixes, control: new SharedArrayBuffer(12) };
-    const view = ([offset, length]: Slot) => new Float32Array(job.arena, offset * 4, length);
-    for (const [name, values] of Object.entries(operands)) view(slots[name]).set(values);
-    for (const prefix of prefixes) if (prefix) [prefix.keys, prefix.values].forEach((slot) => view(slot).fill(0));
+    return {
+      slots,
+      zeroed: blocks.map((block) => block && { keys: zeroedSlot(block.keys), values: zeroedSlot(block.values) }),
+      copyBack: (names: readonly string[]) => {
+        for (const [name, values] of copied) if (names.includes(name)) values.set(view(slots[name]));
+      },
+    };
+  }
 
+  /** Posts `job` to the ready workers, takes units on this thread, waits for the rest; throws what a unit threw. */
+  #share(job: AttentionJob, gemm: Gemm, fast: WasmElementwise | null): void {
     // The workers' products run at one BLAS thread, as this thread's do (a product split across the library's own
     // threads from two callers at once would contend for them).
     if (gemm.library) applyBlasThreads(gemm.library, 1);
-    for (const worker of ready) worker.postMessage(job);
+    for (const [i, worker] of this.#workers!.entries()) if (Atomics.load(this.#ready, i) === 1) worker.postMessage(job);
     const own = runAttentionUnits(job, gemm, fast);
-    const words = new Int32Array(job.control), total = attentionUnits(shape);
+    const words = new Int32Array(job.control), total = unitCount(job);
     for (let done = Atomics.load(words, DONE); done < total; done = Atomics.load(words, DONE)) Atomics.wait(words, DONE, done);
     this.unitsOnWorkers += total - own.units;
     if (own.error) throw own.error;
     if (Atomics.load(words, FAILED) !== 0) {
       throw new ArtError("attention_worker_failed", "a CPU attention worker thread failed mid-call; set ART_CPU_THREADS=1 to compute on one thread, and report it");
     }
-    if (kind === "backward") {
-      scatterPrefixGradients(shape, prefixes.map((prefix) => prefix && { keys: view(prefix.keys), values: view(prefix.values) }), view(slots.dk), view(slots.dv));
-    }
-    for (const name of kind === "forward" ? ["out"] : ["dq", "dk", "dv"]) operands[name].set(view(slots[name]));
-    return true;
   }
 
   /**

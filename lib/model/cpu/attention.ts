@@ -92,7 +92,7 @@ function blockValues(
 const STACKED_ROWS = 128;
 
 /** Query rows per block of attendGroup for a group of `group` heads: up to ATTENTION_BLOCK, at most STACKED_ROWS stacked. */
-export function groupBlockRows(group: number): number {
+function groupBlockRows(group: number): number {
   return Math.max(1, Math.min(ATTENTION_BLOCK, Math.floor(STACKED_ROWS / group)));
 }
 
@@ -111,7 +111,7 @@ export class GroupScratch {
  * probabilities (row g·rows + r is head firstHead + g's row r, `runKeys` apart), valid until the next call.
  * A row's numbers do not depend on what is stacked with it (attendBlock's rows are independent).
  */
-export function attendGroup(
+function attendGroup(
   gemm: Gemm, fast: WasmElementwise | null, scratch: GroupScratch, q: Float32Array, out: Float32Array, qStride: number, firstHead: number,
   group: number, positions: Int32Array, headDim: number, keys: Float32Array, values: Float32Array, valuesT: Float32Array, kvStride: number,
   runKeys: number,
@@ -183,18 +183,23 @@ class SegmentScratch {
   }
 }
 
-/** The query heads of KV head `kvh` over every query row: their out rows (one attendGroup per block of rows). */
-function attendKvHead(
-  gemm: Gemm, fast: WasmElementwise | null, scratch: SegmentScratch, kvh: number, out: Float32Array,
-  q: Float32Array, k: Float32Array, v: Float32Array, queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
+/**
+ * The query heads of KV head `kvh` over query rows at `positions` (row r sees keys 0..positions[r] of `runKeys`): their
+ * out rows, one attendGroup per block of rows, the values transposed once into `scratch.valuesT` (at least
+ * headDim × runKeys). q and out rows are heads·headDim wide, keys and values rows kvHeads·headDim. A packed segment's
+ * unit and a prompt's run over the KV cache (CpuBackend.attention) attend through this.
+ */
+export function attendKvHead(
+  gemm: Gemm, fast: WasmElementwise | null, scratch: { valuesT: Float32Array; group: GroupScratch }, kvh: number, out: Float32Array,
+  q: Float32Array, k: Float32Array, v: Float32Array, positions: Int32Array, runKeys: number, heads: number, kvHeads: number, headDim: number,
 ): void {
   const group = heads / kvHeads, qStride = heads * headDim, kvStride = kvHeads * headDim;
   const blockRows = groupBlockRows(group);
-  transposeRows(v.subarray(kvh * headDim), keyLen, headDim, kvStride, scratch.valuesT);
-  for (let t0 = 0; t0 < queryLen; t0 += blockRows) {
-    const rows = Math.min(blockRows, queryLen - t0);
+  transposeRows(v.subarray(kvh * headDim), runKeys, headDim, kvStride, scratch.valuesT);
+  for (let t0 = 0; t0 < positions.length; t0 += blockRows) {
+    const rows = Math.min(blockRows, positions.length - t0);
     attendGroup(gemm, fast, scratch.group, q.subarray(t0 * qStride), out.subarray(t0 * qStride), qStride, kvh * group, group,
-      scratch.positions.subarray(t0, t0 + rows), headDim, k.subarray(kvh * headDim), v.subarray(kvh * headDim), scratch.valuesT, kvStride, keyLen);
+      positions.subarray(t0, t0 + rows), headDim, k.subarray(kvh * headDim), v.subarray(kvh * headDim), scratch.valuesT, kvStride, runKeys);
   }
 }
 
@@ -379,9 +384,9 @@ export function packedAttentionUnit(
 ): void {
   const { heads, kvHeads, headDim } = shape, { segment, kvh } = unitOf(shape, unit);
   const { start, length } = segment, qWidth = heads * headDim, kvWidth = kvHeads * headDim, keyLen = keyLength(segment);
-  attendKvHead(gemm, fast, new SegmentScratch(length, keyLen, headDim), kvh, out.subarray(start * qWidth, (start + length) * qWidth),
-    q.subarray(start * qWidth, (start + length) * qWidth), segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth),
-    length, keyLen, heads, kvHeads, headDim);
+  const scratch = new SegmentScratch(length, keyLen, headDim);
+  attendKvHead(gemm, fast, scratch, kvh, out.subarray(start * qWidth, (start + length) * qWidth), q.subarray(start * qWidth, (start + length) * qWidth),
+    segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), scratch.positions, keyLen, heads, kvHeads, headDim);
 }
 
 /** Attention within each segment of a packed batch, unit by unit (packedAttentionUnit). */

@@ -14,16 +14,15 @@ import {
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
 import {
-  attendBlock, attendGroup, GroupScratch, groupBlockRows, packedAttention, packedAttentionBackward,
+  attendBlock, attendKvHead, GroupScratch, packedAttention, packedAttentionBackward,
 } from "./attention.ts";
 import {
   adamwUpdate, embeddingRowsBackward, linearRowsBackward, logSoftmaxRow, loraRows, loraRowsBackward, ropeRows, ropeTable, rmsNormRows,
   rmsNormRowsBackward, sumOfSquares, swigluRows, swigluRowsBackward,
 } from "./kernels.ts";
 import { chunkedLogprobs, chunkedLogprobsBackward } from "./logprobs.ts";
-import { AttentionThreads } from "./attention-threads.ts";
+import { AttentionThreads, type CacheRun } from "./attention-threads.ts";
 import { chooseGemm, type CpuBlasChoice, defaultBlasChoice, type Gemm, portableGemm, systemGemm } from "./gemm.ts";
-import { transposeRows } from "./matmul.ts";
 import { sampleRows } from "./sample.ts";
 import { WasmElementwise } from "./wasm-elementwise.ts";
 import { DECODE_MAX_ROWS, WasmMatmul } from "./wasm-matmul.ts";
@@ -91,9 +90,10 @@ class CpuKvCache implements KvCache {
   #blocks: { kernel: WasmMatmul; offsets: number[] } | null = null;
   /**
    * With `kernel` (the portable products), keys and values live in its memory, where decoding's attention reads them
-   * in place; plain arrays without one, or when it cannot hold them (past 4 GiB).
+   * in place; arrays without one, or when it cannot hold them (past 4 GiB), over shared memory when `shared` (the
+   * attention threads then read a prompt's keys where they are).
    */
-  constructor(spec: KvCacheSpec, kernel: WasmMatmul | null) {
+  constructor(spec: KvCacheSpec, kernel: WasmMatmul | null, shared: boolean) {
     this.spec = spec;
     const perLayer = spec.numSlots * spec.maxPositions * spec.numKvHeads * spec.headDim;
     const offsets = kernel ? allocateBlocks(kernel, 2 * spec.numLayers, perLayer * 4) : null;
@@ -105,8 +105,9 @@ class CpuKvCache implements KvCache {
       this.#blocks = { kernel, offsets };
       return;
     }
-    this.keys = Array.from({ length: spec.numLayers }, () => new Float32Array(perLayer));
-    this.values = Array.from({ length: spec.numLayers }, () => new Float32Array(perLayer));
+    const layer = () => (shared ? new Float32Array(new SharedArrayBuffer(perLayer * 4)) : new Float32Array(perLayer));
+    this.keys = Array.from({ length: spec.numLayers }, layer);
+    this.values = Array.from({ length: spec.numLayers }, layer);
   }
   free(): void {
     this.keys = [];
@@ -545,7 +546,7 @@ export class CpuBackend implements Backend {
   // ---- inference: KV cache, attention over it, sampling -------------------------------------------------------
 
   createKvCache(spec: KvCacheSpec): KvCache {
-    return new CpuKvCache({ ...spec }, this.#kernel);
+    return new CpuKvCache({ ...spec }, this.#kernel, this.#attentionThreads !== null);
   }
 
   kvCacheBytes(spec: KvCacheSpec): number {
@@ -557,7 +558,8 @@ export class CpuBackend implements Backend {
    * slot's positions 0..position: out = softmax(q·kᵀ/√headDim)·v per query head, heads of a GQA group sharing one KV
    * head. Computed per run of consecutive rows of one slot, in blocks of query rows (attendBlock), so the products
    * are tiled matmuls rather than one dot product per row and key: a decoding row per head, a prompt's block per
-   * GQA group with its heads' rows stacked.
+   * GQA group with its heads' rows stacked. Prompts' runs are shared with the attention's worker threads when large
+   * enough (a run's KV heads are units, as a training segment's), reading the cache where it is (shared memory).
    */
   attention(q: Tensor, k: Tensor, v: Tensor, cache: KvCache, layer: number, rows: RowPlacement, out: Tensor): void {
     const kv = cpuKvCache(cache);
@@ -582,6 +584,7 @@ export class CpuBackend implements Backend {
       }
     }
     const qStride = numHeads * headDim;
+    const prompts: CacheRun[] = [];
     for (let start = 0; start < n;) {
       // A run: rows of one slot that follow each other (a prompt's prefill; a decoding sequence is a run of one).
       const slot = rows.slots[start];
@@ -600,22 +603,22 @@ export class CpuBackend implements Backend {
           attendBlock(this.gemm, this.#elementwise, qs.subarray(at), slotKeys.subarray(kvHead * headDim), slotValues.subarray(kvHead * headDim),
             null, o.subarray(at), positions, headDim, headDim, kvWidth, runKeys, scores);
         }
-        start = end;
-        continue;
-      }
-      // A prompt: per KV head and block of query rows, every query head of its group in one stacked block.
-      const blockRows = groupBlockRows(groupSize);
-      if (this.#valuesT.length < headDim * runKeys) this.#valuesT = new Float32Array(headDim * runKeys);
-      for (let kvHead = 0; kvHead < numKvHeads; kvHead++) {
-        transposeRows(slotValues.subarray(kvHead * headDim), runKeys, headDim, kvWidth, this.#valuesT);
-        for (let b0 = start; b0 < end; b0 += blockRows) {
-          const b1 = Math.min(end, b0 + blockRows);
-          attendGroup(this.gemm, this.#elementwise, this.#group, qs.subarray(b0 * qStride), o.subarray(b0 * qStride), qStride, kvHead * groupSize,
-            groupSize, rows.positions.subarray(b0, b1), headDim, slotKeys.subarray(kvHead * headDim), slotValues.subarray(kvHead * headDim),
-            this.#valuesT, kvWidth, runKeys);
-        }
+      } else {
+        prompts.push({ row: start, positions: rows.positions.subarray(start, end), runKeys,
+          keys: slotKeys.subarray(0, runKeys * kvWidth), values: slotValues.subarray(0, runKeys * kvWidth) });
       }
       start = end;
+    }
+    // A prompt: per KV head, every query head of its group stacked in blocks of rows (attendKvHead), on every thread
+    // when it is large enough (#attentionThreads), its products on one BLAS thread either way.
+    const shape = { heads: numHeads, kvHeads: numKvHeads, headDim };
+    if (prompts.length === 0 || this.#attentionThreads?.runCache(shape, prompts, qs, o, this.#attentionGemm, this.#elementwise)) return;
+    for (const run of prompts) {
+      if (this.#valuesT.length < headDim * run.runKeys) this.#valuesT = new Float32Array(headDim * run.runKeys);
+      for (let kvHead = 0; kvHead < numKvHeads; kvHead++) {
+        attendKvHead(this.#attentionGemm, this.#elementwise, { valuesT: this.#valuesT, group: this.#group }, kvHead, o.subarray(run.row * qStride),
+          qs.subarray(run.row * qStride), run.keys, run.values, run.positions, run.runKeys, numHeads, numKvHeads, headDim);
+      }
     }
   }
 
