@@ -77,8 +77,8 @@ export type AttentionJob = {
 
 const NEXT = 0, DONE = 1, FAILED = 2;
 
-function unitCount(job: Pick<AttentionJob, "kind" | "shape"> & { runs?: readonly unknown[] }): number {
-  return job.kind === "cache" ? job.runs!.length * job.shape.kvHeads : attentionUnits(job.shape as PackedAttentionShape);
+function unitCount(job: AttentionJob): number {
+  return job.kind === "cache" ? job.runs.length * job.shape.kvHeads : attentionUnits(job.shape);
 }
 
 function view({ buffer, offset, length }: Slot): Float32Array {
