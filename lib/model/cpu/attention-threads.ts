@@ -288,7 +288,7 @@ export class AttentionThreads {
         if (this.#closed || warned) return;
         warned = true;
         this.#warn(`art-ts: an attention worker thread failed (${error instanceof Error ? error.message : String(error)}); ` +
-          `the training attention runs on the threads that started, fewer than the ${this.#count + 1} asked for (ART_CPU_THREADS)`);
+          `attention runs on the threads that started, fewer than the ${this.#count + 1} asked for (ART_CPU_THREADS)`);
       });
       worker.unref();
       workers.push(worker);

@@ -242,8 +242,9 @@ export interface CpuBackendOptions {
    */
   elementwise?: "wasm" | "reference";
   /**
-   * Whether the training attention shares its units with `threads − 1` worker threads (attention-threads.ts; default
-   * true). false keeps it on the calling thread, with the same bits: for comparison, or where worker threads are unwanted.
+   * Whether attention (training's, and prompts' over the KV cache) shares its units with `threads − 1` worker threads
+   * (attention-threads.ts; default true). false keeps it on the calling thread, with the same bits: for comparison, or
+   * where worker threads are unwanted.
    */
   attentionWorkers?: boolean;
   /**
@@ -275,11 +276,11 @@ export class CpuBackend implements Backend {
    * JavaScript references (CpuBackendOptions.elementwise), or a runtime without WebAssembly SIMD. */
   readonly #elementwise: WasmElementwise | null;
   /**
-   * The training attention's products: on one BLAS thread with a system BLAS (its products are small, and its units
-   * run on every thread at once: #attentionThreads), else the portable ones.
+   * The products of training's and prompts' attention: on one BLAS thread with a system BLAS (they are small, and the
+   * units run on every thread at once: #attentionThreads), else the portable ones.
    */
   readonly #attentionGemm: Gemm;
-  /** The training attention's worker threads (`threads` − 1 of them), null on one thread. */
+  /** The attention's worker threads (`threads` − 1 of them), null on one thread or with `attentionWorkers` false. */
   readonly #attentionThreads: AttentionThreads | null;
   // Attention scratch (a decoding row's scores, one head's values transposed, a stacked block), grown as needed.
   #scores = new Float32Array(0);
@@ -318,14 +319,14 @@ export class CpuBackend implements Backend {
   }
 
   /**
-   * Starts the training attention's worker threads now (they otherwise start with the first call large enough to
-   * share) and resolves with how many are ready (AttentionThreads.start); 0 on one thread.
+   * Starts the attention's worker threads now (they otherwise start with the first call large enough to share) and
+   * resolves with how many are ready (AttentionThreads.start); 0 without them.
    */
   startAttentionWorkers(timeoutMs?: number): Promise<number> {
     return this.#attentionThreads?.start(timeoutMs) ?? Promise.resolve(0);
   }
 
-  /** Units of the training attention computed on worker threads so far (a diagnostic for benches and tests). */
+  /** Units of attention computed on worker threads so far (a diagnostic for benches and tests). */
   get attentionUnitsOnWorkers(): number {
     return this.#attentionThreads?.unitsOnWorkers ?? 0;
   }
