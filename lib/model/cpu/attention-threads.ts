@@ -223,16 +223,17 @@ export class AttentionThreads {
   #place(operands: Record<string, Float32Array>, zeroed: readonly ({ keys: number; values: number } | null)[]) {
     let floats = 0;
     const take = (length: number): Omit<Slot, "buffer"> => ({ offset: (floats += length) - length, length });
-    const copied = Object.entries(operands).filter(([, values]) => !(values.buffer instanceof SharedArrayBuffer));
-    const copiedAt = copied.map(([, values]) => take(values.length));
+    // Each operand's block of the arena, or null where it is in shared memory already.
+    const entries = Object.entries(operands).map(([name, values]) =>
+      ({ name, values, at: values.buffer instanceof SharedArrayBuffer ? null : take(values.length) }));
     const blocks = zeroed.map((pair) => pair && { keys: take(pair.keys), values: take(pair.values) });
     if (this.#arena.byteLength < floats * 4) this.#arena = new SharedArrayBuffer(Math.ceil(floats * 1.25) * 4);
     const arena = this.#arena;
     const slots: Record<string, Slot> = {};
-    for (const [name, values] of Object.entries(operands)) {
-      if (values.buffer instanceof SharedArrayBuffer) slots[name] = { buffer: values.buffer, offset: values.byteOffset / 4, length: values.length };
+    for (const { name, values, at } of entries) {
+      slots[name] = at ? { buffer: arena, ...at } : { buffer: values.buffer as SharedArrayBuffer, offset: values.byteOffset / 4, length: values.length };
+      if (at) view(slots[name]).set(values);
     }
-    copied.forEach(([name, values], i) => view(slots[name] = { buffer: arena, ...copiedAt[i] }).set(values));
     const zeroedSlot = (block: Omit<Slot, "buffer">): Slot => {
       const slot = { buffer: arena, ...block };
       view(slot).fill(0);
@@ -242,7 +243,7 @@ export class AttentionThreads {
       slots,
       zeroed: blocks.map((block) => block && { keys: zeroedSlot(block.keys), values: zeroedSlot(block.values) }),
       copyBack: (names: readonly string[]) => {
-        for (const [name, values] of copied) if (names.includes(name)) values.set(view(slots[name]));
+        for (const { name, values, at } of entries) if (at && names.includes(name)) values.set(view(slots[name]));
       },
     };
   }

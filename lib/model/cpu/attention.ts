@@ -455,10 +455,9 @@ export function packedAttentionBackwardUnit(
 
 /** Backward of packedAttention, unit by unit, then the prefix gradients scattered; dq, dk, dv accumulate. */
 export function packedAttentionBackward(
-  gemm: Gemm, fast: WasmElementwise | null, shape: PackedAttentionShape,
-  q: Float32Array, k: Float32Array, v: Float32Array, dOut: Float32Array, dq: Float32Array, dk: Float32Array, dv: Float32Array,
+  gemm: Gemm, fast: WasmElementwise | null, shape: PackedAttentionShape, operands: Omit<AttentionBackwardArrays, "prefixes">,
 ): void {
-  const arrays = { q, k, v, dOut, dq, dk, dv, prefixes: prefixGradients(shape) };
+  const arrays = { ...operands, prefixes: prefixGradients(shape) };
   for (let unit = 0; unit < attentionUnits(shape); unit++) packedAttentionBackwardUnit(gemm, fast, shape, unit, arrays);
-  scatterPrefixGradients(shape, arrays.prefixes, dk, dv);
+  scatterPrefixGradients(shape, arrays.prefixes, operands.dk, operands.dv);
 }

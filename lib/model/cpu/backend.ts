@@ -677,8 +677,7 @@ export class CpuBackend implements Backend {
       q: cpu(q).data, k: cpu(k).data, v: cpu(v).data, dOut: cpu(dOut).data, dq: cpu(dq).data, dk: cpu(dk).data, dv: cpu(dv).data,
     };
     if (!this.#attentionThreads?.run("backward", shape, operands, this.#attentionGemm, this.#elementwise)) {
-      const { q: queries, k: keys, v: values, dOut: outGradient, dq: queryGradient, dk: keyGradient, dv: valueGradient } = operands;
-      packedAttentionBackward(this.#attentionGemm, this.#elementwise, shape, queries, keys, values, outGradient, queryGradient, keyGradient, valueGradient);
+      packedAttentionBackward(this.#attentionGemm, this.#elementwise, shape, operands);
     }
   }
 
