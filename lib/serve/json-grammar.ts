@@ -9,7 +9,9 @@
  *
  * Output is compact-ish JSON: whitespace is allowed between tokens of the structure, at most MAX_WHITESPACE bytes
  * in a row (so a model cannot stall in whitespace); free object keys (additionalProperties) are printable ASCII
- * without escapes. Both restrictions keep every accepted text valid JSON that validates against the schema.
+ * without escapes. Both restrictions keep every accepted text valid JSON that validates against the schema. A `\u`
+ * escape never names a surrogate (D800–DFFF): alone, half a pair parses to a string that is not Unicode, which a UTF-8
+ * writer refuses (nbconvert saving a notebook that shows it), and an astral character can be written as itself.
  */
 import { childNodes, type SchemaNode } from "./json-schema.ts";
 import { bytesToMatch, stepPattern, type CompiledPattern } from "./regex.ts";
@@ -43,8 +45,11 @@ type Frame =
   /** Inside a key's quotes; `text` holds the key's bytes so far (one char per byte). */
   | { t: "key"; text: string }
   | { t: "array"; node: Extract<SchemaNode, { kind: "array" }>; count: number; phase: "open" | "after" | "comma" }
-  /** Inside a string: `length` counts code points; `pending` bytes of an escape or UTF-8 character remain. */
-  | { t: "string"; minLength: number; maxLength: number; length: number; escape: "none" | "start" | number; utf8Left: number; utf8Low: number; utf8High: number }
+  /**
+   * Inside a string: `length` counts code points; `escape` is the hex digits of a `\u` escape left, or "d" after its
+   * first digit was d (three left, the next 0–7: no surrogate); `utf8Left` bytes of a UTF-8 character remain.
+   */
+  | { t: "string"; minLength: number; maxLength: number; length: number; escape: "none" | "start" | "d" | number; utf8Left: number; utf8Low: number; utf8High: number }
   | { t: "number"; integer: boolean; phase: NumberPhase; digits: number }
   /** Inside a string under a pattern: the pattern's live NFA states; `escape` after a backslash (\" or \\ next). */
   | { t: "pattern"; pattern: CompiledPattern; states: readonly number[]; escape: boolean }
@@ -345,8 +350,10 @@ export class JsonGrammar {
       if (byte === 0x75) return replace({ escape: 4 }); // \uXXXX
       return '"\\/bfnrt'.includes(String.fromCharCode(byte)) ? replace({ escape: "none" }) : [];
     }
+    if (frame.escape === "d") return byte >= 0x30 && byte <= 0x37 ? replace({ escape: 2 }) : [];
     if (typeof frame.escape === "number") {
       if (!isHexDigit(byte)) return [];
+      if (frame.escape === 4 && (byte === 0x64 || byte === 0x44)) return replace({ escape: "d" });
       return replace({ escape: frame.escape === 1 ? "none" : frame.escape - 1 });
     }
     if (byte === QUOTE) return frame.length >= frame.minLength ? [stack.parent!] : [];
@@ -505,7 +512,7 @@ export class JsonGrammar {
         return need * item + (need - 1) + 1;
       }
       case "string": {
-        const pending = frame.utf8Left + (frame.escape === "start" ? 1 : typeof frame.escape === "number" ? frame.escape : 0);
+        const pending = frame.utf8Left + (frame.escape === "start" ? 1 : frame.escape === "d" ? 3 : typeof frame.escape === "number" ? frame.escape : 0);
         return pending + Math.max(0, frame.minLength - frame.length) + 1;
       }
       case "pattern": {

@@ -71,6 +71,12 @@ describe("JSON grammar", () => {
     expect(accepts(grammar, '{"a":"\x01"}')).toBe(false);
   });
 
+  it("a \\u escape never names a surrogate: JSON.parse would make half a pair, which is not Unicode", () => {
+    const grammar = new JsonGrammar({ kind: "object", properties: new Map(), required: new Set(), additional: { kind: "any" } });
+    for (const escape of ["\\u0041", "\\uD7FF", "\\ud7ff", "\\uE000", "\\uFFFF", "\\uc800"]) expect(accepts(grammar, `{"a":"${escape}"}`), escape).toBe(true);
+    for (const escape of ["\\uD800", "\\udb3a", "\\uDC00", "\\udfff", "\\ud83d\\ude00"]) expect(accepts(grammar, `{"a":"${escape}"}`), escape).toBe(false);
+  });
+
   it("follows $ref: reused definitions, recursion, and a shortest completion through the cycle", () => {
     // A linked list as zod's z.lazy writes it: the value is null or a node whose next is the list again.
     const list = compileSchema({
