@@ -729,8 +729,16 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     expectSize("gatherRows out", o, rowIndex.length * width);
     checkRowIndex(rowIndex, xs.shape[0]);
     if (rowIndex.length === 0) return;
+    // Rows of an operand whose bf16 copy is current (the attention's output, gathered for a prefill's scored rows
+    // before o_proj) take their copy along; it becomes out's. Allocated before x's is dropped, which the launch reads.
+    const source = this.#roundedForProduct(xs) ? this.#bf16Copy!.address : 0n;
+    const copy = source ? this.#transient().allocate(o.size * 2) : 0n;
     this.#launch("gather_rows", [rowIndex.length], [rowThreads(width)],
-      [["ptr", xs.address], ["ptr", this.#indices(rowIndex)], ["ptr", o.address], ["i32", width]]);
+      [["ptr", xs.address], ["ptr", source], ["ptr", this.#indices(rowIndex)], ["ptr", o.address], ["ptr", copy], ["i32", width]]);
+    if (copy) {
+      this.#dropBf16Copy();
+      this.#bf16Copy = { tensor: o, version: o.version, address: copy };
+    }
   }
 
   // ---- inference: KV cache, attention over it, sampling ----------------------------------------------------------
@@ -1325,6 +1333,17 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     this.#bf16Copy = null;
   }
 
+  /**
+   * A bf16 copy of `x` for the caller to keep and release: x's cached copy where current (taken out of the cache, so
+   * nothing else frees it meanwhile), else a new one.
+   */
+  #takeBf16Operand(x: CudaTensor): bigint {
+    if (!this.#roundedForProduct(x)) return this.#narrow(x.address, x.size);
+    const address = this.#bf16Copy!.address;
+    this.#bf16Copy = null;
+    return address;
+  }
+
   /** Whether `x`'s current bf16 copy exists: a bf16 weight's product has just read x rounded to bf16. */
   #roundedForProduct(x: CudaTensor): boolean {
     const copy = this.#bf16Copy;
@@ -1387,21 +1406,26 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     const [vocab, dim] = w.shape;
     const pool = this.context.pool;
     const block = pool.allocate(Math.min(chunks.rowChunk, rows) * Math.min(chunks.vocabChunk, vocab) * 4);
+    // The hidden rows as the head's products read them: beside a bf16 head, their bf16 copy for every block, taken
+    // once (the one gathered with them where it is current, else narrowed here).
+    const narrowed = w.dtype === "bf16" ? this.#takeBf16Operand(h) : null;
+    const elementBytes = w.dtype === "bf16" ? 2 : 4;
     try {
       this.#withIndices(targets, (targetIndex) => {
         for (let r0 = 0; r0 < rows; r0 += chunks.rowChunk) {
           const rc = Math.min(chunks.rowChunk, rows - r0);
+          const hiddenRows = (narrowed ?? h.address) + BigInt(r0 * dim * elementBytes);
           for (let v0 = 0; v0 < vocab; v0 += chunks.vocabChunk) {
             const vc = Math.min(chunks.vocabChunk, vocab - v0);
-            const hiddenRows = new CudaTensor([rc, dim], "f32", h.address + BigInt(r0 * dim * 4));
-            const headRows = new CudaTensor([vc, dim], w.dtype, w.address + BigInt(v0 * dim * (w.dtype === "bf16" ? 2 : 4)));
-            this.#product(hiddenRows, headRows, new CudaTensor([rc, vc], "f32", block), rc, vc, dim, false, true, 1, 0);
+            const headRows = new CudaTensor([vc, dim], w.dtype, w.address + BigInt(v0 * dim * elementBytes));
+            this.blas.gemm(hiddenRows, headRows.address, block, rc, vc, dim, false, true, w.dtype, 1, 0);
             visit(block, headRows, targetIndex, r0, rc, v0, vc);
           }
         }
       });
     } finally {
       pool.free(block);
+      if (narrowed !== null) this.#release(narrowed);
     }
   }
 

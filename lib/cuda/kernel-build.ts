@@ -34,7 +34,7 @@ export const kernelModules = {
   elementwise: {
     embedding_f32: [ptr, ptr, ptr, i32], embedding_bf16: [ptr, ptr, ptr, i32],
     add_bias_f32: [ptr, ptr, i64, i32], add_bias_bf16: [ptr, ptr, i64, i32],
-    add: [ptr, ptr, ptr, i64], swiglu: [ptr, ptr, ptr, i32, i64], gather_rows: [ptr, ptr, ptr, i32],
+    add: [ptr, ptr, ptr, i64], swiglu: [ptr, ptr, ptr, i32, i64], gather_rows: [ptr, ptr, ptr, ptr, ptr, i32],
     swiglu_lora_f32: [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, f32, f32, i32, i32], swiglu_lora_bf16: [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, f32, f32, i32, i32],
     swiglu_backward: [ptr, ptr, ptr, ptr, ptr, i32, i32, i64], gather_rows_backward: [ptr, ptr, ptr, i32],
     swiglu_kept_lora: [ptr, ptr, ptr, i32, i32, ptr, ptr, i32, ptr, ptr, f32, f32, i32],

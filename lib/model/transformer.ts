@@ -264,14 +264,19 @@ export class Transformer {
    */
   layerForward(layer: number, input: Tensor, output: Tensor, acts: LayerActivations, positions: Int32Array, attend: Attend,
     loras?: LayerLoras, chain: LayerChain = { normed: false, nextNorm: null }): void {
+    this.layerAttention(layer, input, acts, positions, attend, loras, chain.normed);
+    this.layerOutput(layer, input, output, acts, loras, chain);
+  }
+
+  /**
+   * The first part of layerForward: the input's norm (unless `normed`), q, k, v, and the attention into acts.attn.
+   * Every row's keys and values go to the attention (the KV cache keeps them), which is why a prefill's last layer
+   * runs this part over all its rows and layerOutput over the scored rows only.
+   */
+  layerAttention(layer: number, input: Tensor, acts: LayerActivations, positions: Int32Array, attend: Attend, loras: LayerLoras | undefined,
+    normed: boolean): void {
     const b = this.backend, w = this.weights.layers[layer], c = this.config, eps = c.rmsNormEps;
-    /** A lone projection's product; its LoRA is left to the op that reads its output (addRmsNorm's `loras`). */
-    const linear = (projection: Projection, x: Tensor, out: Tensor): InputLoras | null => {
-      const { weight, bias } = w.projections[projection];
-      b.linear(x, weight, bias, out);
-      return inputLoras(loras, acts, x, [[projection, out, 0]]);
-    };
-    if (!chain.normed) b.rmsNorm(input, w.inputNorm, eps, acts.attnInput, acts.rstd1);
+    if (!normed) b.rmsNorm(input, w.inputNorm, eps, acts.attnInput, acts.rstd1);
     // q, k, v: one product, then split into the three with each projection's LoRA and bias added into its columns and
     // rotated, one op (after a q/k norm where the model has one).
     b.linear(acts.attnInput, w.qkv.weight, null, acts.qkv);
@@ -286,6 +291,20 @@ export class Transformer {
       b.splitColumns(acts.qkv, w.qkv.bias, [acts.q, acts.k, acts.v], { positions, invFreq: this.invFreq, headDim: c.headDim }, qkvLoras);
     }
     acts.attnSaved = attend(layer, acts.q, acts.k, acts.v, acts.attn);
+  }
+
+  /**
+   * The rest of layerForward, row by row: o_proj of acts.attn, the residual add, the MLP and its residual add into
+   * `output` (with the next norm, per `chain`).
+   */
+  layerOutput(layer: number, input: Tensor, output: Tensor, acts: LayerActivations, loras: LayerLoras | undefined, chain: LayerChain): void {
+    const b = this.backend, w = this.weights.layers[layer], c = this.config, eps = c.rmsNormEps;
+    /** A lone projection's product; its LoRA is left to the op that reads its output (addRmsNorm's `loras`). */
+    const linear = (projection: Projection, x: Tensor, out: Tensor): InputLoras | null => {
+      const { weight, bias } = w.projections[projection];
+      b.linear(x, weight, bias, out);
+      return inputLoras(loras, acts, x, [[projection, out, 0]]);
+    };
     const oLoras = linear("o_proj", acts.attn, acts.attnOut);
     b.addRmsNorm(input, acts.attnOut, acts.mid, w.postAttentionNorm, eps, acts.mlpInput, acts.rstd2, oLoras);
     // gate and up: one product into the two halves of each row, each half's LoRA added by the SwiGLU that reads them.
@@ -329,8 +348,8 @@ export class Transformer {
     // written whole by the op that produces it (the embedding, a product, a norm, the attention of every row), so none
     // needs zeroing first.
     const buffers: Tensor[] = [];
-    const z = (width: number) => {
-      buffers.push(b.empty([ids.length, width]));
+    const z = (width: number, rowCount = ids.length) => {
+      buffers.push(b.empty([rowCount, width]));
       return buffers.at(-1)!;
     };
     try {
@@ -346,31 +365,46 @@ export class Transformer {
         return null;
       };
       b.embedding(this.weights.embedding, ids, x);
-      const layers = this.weights.layers;
-      for (let l = 0; l < c.numLayers; l++) {
-        // Where every row is scored (decode), the last layer's add goes with the final norm too, into acts.attnInput.
-        const nextNorm = layers[l + 1]?.inputNorm ?? (logitRows ? null : this.weights.finalNorm);
-        this.layerForward(l, x, x, acts, rows.positions, attend, loras?.[l], { normed: l > 0, nextNorm });
+      const layers = this.weights.layers, last = c.numLayers - 1;
+      for (let l = 0; l < last; l++) {
+        this.layerForward(l, x, x, acts, rows.positions, attend, loras?.[l], { normed: l > 0, nextNorm: layers[l + 1].inputNorm });
       }
-      // A prompt chunk that ends no prompt has no row to score: no head (a GPU refuses a launch over no rows).
-      if (logitRows?.length === 0) return b.empty([0, c.vocabSize]);
-      let final = acts.attnInput;
-      if (logitRows) {
-        buffers.push(final = b.empty([logitRows.length, d]));
-        b.gatherRows(x, logitRows, final);
-        b.rmsNorm(final, this.weights.finalNorm, c.rmsNormEps, final);
+      // The last layer's add goes with the final norm, into attnInput (of acts, or of the scored rows' buffers).
+      const chain = { normed: last > 0, nextNorm: this.weights.finalNorm };
+      if (!logitRows) {
+        this.layerForward(last, x, x, acts, rows.positions, attend, loras?.[last], chain);
+        return this.#logits(acts.attnInput);
       }
-      const logits = b.empty([final.shape[0], c.vocabSize]);
-      try {
-        b.linear(final, this.weights.lmHead, null, logits);
-      } catch (error) {
-        b.free(logits);
-        throw error;
-      }
-      return logits;
+      this.layerAttention(last, x, acts, rows.positions, attend, loras?.[last], chain.normed);
+      // A prompt chunk that ends no prompt has no row to score: nothing more (a GPU refuses a launch over no rows).
+      if (logitRows.length === 0) return b.empty([0, c.vocabSize]);
+      // Past its attention, the last layer feeds only the logits: the rest of it runs over the scored rows alone (a
+      // prefill's last rows; the keys and values of every row are in the cache already).
+      const m = logitRows.length, mid = z(d, m);
+      const scored: LayerActivations = {
+        ...acts, attnInput: z(d, m), attn: z(h * hd, m), attnOut: z(d, m), mid, mlpInput: z(d, m), gateUp: z(2 * inter, m), hidden: z(inter, m),
+        mlpOut: z(d, m),
+      };
+      b.gatherRows(acts.attn, logitRows, scored.attn);
+      b.gatherRows(x, logitRows, mid);
+      this.layerOutput(last, mid, mid, scored, loras?.[last], chain);
+      return this.#logits(scored.attnInput);
     } finally {
       for (const tensor of buffers) b.free(tensor);
     }
+  }
+
+  /** logits = hidden · Wheadᵀ, a tensor the caller frees. */
+  #logits(hidden: Tensor): Tensor {
+    const b = this.backend;
+    const logits = b.empty([hidden.shape[0], this.config.vocabSize]);
+    try {
+      b.linear(hidden, this.weights.lmHead, null, logits);
+    } catch (error) {
+      b.free(logits);
+      throw error;
+    }
+    return logits;
   }
 
   free(): void {

@@ -26,7 +26,7 @@ describe("CUDA backend host logic (recording device)", () => {
       const results = await generate(model, requests);
       expect(results.map((r) => r.tokenIds.length)).toEqual([4, 4, 4]);
       const names = new Set(device.launches.map((l) => l.name));
-      for (const kernel of ["f32_to_bf16", "embedding_bf16", "rmsnorm_f32", "kv_write", "add_rmsnorm_f32", "swiglu", "add", "gather_rows", "sample"]) {
+      for (const kernel of ["f32_to_bf16", "embedding_bf16", "rmsnorm_f32", "kv_write", "add_rmsnorm_f32", "swiglu", "gather_rows", "sample"]) {
         expect(names.has(kernel)).toBe(true);
       }
       // q, k and v are split from their one product and rotated in one launch, unless a q/k norm comes between
@@ -155,11 +155,14 @@ describe("CUDA backend host logic (recording device)", () => {
       expect(device.launches.filter((l) => l.name === "f32_to_bf16")).toHaveLength(0);
       const copies = (name: string, index: number) => device.launches.filter((l) => l.name === name).map((l) => l.args[index][1] !== 0n);
       const bf16 = weights === "bf16";
-      // RMSNorm: the first layer's input norm, each layer's q and k norms, the final norm; a later layer's input
-      // norm is fused into the add that ends the layer before it (add + RMSNorm, like the post-attention one).
-      expect(copies("rmsnorm_f32", 4)).toEqual([bf16, false, false, false, false, bf16]);
-      expect(copies("add_rmsnorm_f32", 6)).toEqual([bf16, bf16, bf16]); // layer 0: post-attention, into layer 1; layer 1
-      expect(device.launches.filter((l) => l.name === "add")).toHaveLength(1); // the last layer's residual add
+      // RMSNorm: the first layer's input norm, each layer's q and k norms; a later layer's input norm is fused into
+      // the add that ends the layer before it (add + RMSNorm, like the post-attention one), the final norm into the
+      // last layer's, which runs past its attention over the scored row alone (gathered with its bf16 copy).
+      expect(copies("rmsnorm_f32", 4)).toEqual([bf16, false, false, false, false]);
+      // Layer 0: post-attention, into layer 1; layer 1: post-attention, into the final norm.
+      expect(copies("add_rmsnorm_f32", 6)).toEqual([bf16, bf16, bf16, bf16]);
+      expect(device.launches.filter((l) => l.name === "add")).toHaveLength(0);
+      expect(copies("gather_rows", 4)).toEqual([bf16, false]); // the attention's output (o_proj's operand), the residual
       expect(copies("swiglu", 2)).toEqual([bf16, bf16]);
       expect(copies("attention_dpl1", 13)).toEqual([bf16, bf16]);
       // One product each for q/k/v, o, gate/up and down per layer, and the head.
@@ -207,12 +210,14 @@ describe("CUDA backend host logic (recording device)", () => {
     loras = adapter(64);
     expect(count(300, (i) => i)).toEqual({ fused: 0, down: layers, up: layers, ...folded, swiglus: 0, plainSwiglus: layers });
     expect(device.launches.filter((l) => l.name === "lora_up_f32").every((l) => l.grid[2] === 5)).toBe(true);
-    // A pass that scores only some rows (a prompt chunk's last) gathers them before the final norm: the last layer's
-    // down LoRA then takes lora_fused (three rows) before a plain add (RMSNorms: the first layer's input's, the final).
+    // A pass that scores only some rows (a prompt chunk's last) gathers them after the last layer's attention (its
+    // output and the residual stream); the rest of that layer runs over them alone, its down LoRA riding the add +
+    // final RMSNorm as before (plain RMSNorm: the first layer's input's only).
     loras = adapter(8);
     device.launches.length = 0;
     backend.free(model.forward(new Int32Array(3).fill(1), { slots: Int32Array.of(0, 0, 0), positions: Int32Array.of(90, 91, 92) }, cache, Int32Array.of(2), loras));
-    expect(["lora_fused_f32", "add", "gather_rows", "rmsnorm_f32"].map((name) => device.launches.filter((l) => l.name === name).length)).toEqual([1, 1, 1, 2]);
+    expect(["lora_fused_f32", "add", "gather_rows", "rmsnorm_f32", "add_rmsnorm_lora_f32_f32"].map((name) => device.launches.filter((l) => l.name === name).length))
+      .toEqual([0, 0, 2, 1, 2 * layers]);
     cache.free();
     model.free();
     backend.dispose();

@@ -85,7 +85,7 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
     expect(defaults.status, defaults.stdout + defaults.stderr).toBe(0);
     const games = /win rate: ([\d.]+)% before → ([\d.]+)% after 30 steps/.exec(readFileSync(join("notebooks", ".executed", "tic-tac-toe.node.txt"), "utf8"));
     expect(games, "tic-tac-toe's before/after line").not.toBeNull();
-    expect(Number(games![2]) - Number(games![1])).toBeGreaterThanOrEqual(15); // measured 45% → 75%
+    expect(Number(games![2]) - Number(games![1])).toBeGreaterThanOrEqual(15); // measured 45% → 74%
   }, 300_000);
 
   // The GPU path of a notebook without a GPU: 2048 (rollouts through the batcher's mixed prefill and decode passes,

@@ -102,11 +102,15 @@ __device__ void swiglu_lora(const float* __restrict__ gate_up, float* __restrict
 SWIGLU_LORA(f32, float)
 SWIGLU_LORA(bf16, bf16)
 
-// out[i, :] = x[row_index[i], :]. One block per output row.
-extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* __restrict__ row_index,
-                                       float* __restrict__ out, int d) {
-  const long long source = row_index[blockIdx.x];
-  for (int j = threadIdx.x; j < d; j += blockDim.x) out[(long long)blockIdx.x * d + j] = x[source * d + j];
+// out[i, :] = x[row_index[i], :], and out_bf16's row i from x_bf16's where both are given (not null): the rows of a
+// GEMM operand keep their bf16 copy. One block per output row.
+extern "C" __global__ void gather_rows(const float* __restrict__ x, const bf16* __restrict__ x_bf16, const int* __restrict__ row_index,
+                                       float* __restrict__ out, bf16* __restrict__ out_bf16, int d) {
+  const long long source = row_index[blockIdx.x], target = (long long)blockIdx.x * d;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) out[target + j] = x[source * d + j];
+  if (x_bf16 && out_bf16) {
+    for (int j = threadIdx.x; j < d; j += blockDim.x) out_bf16[target + j] = x_bf16[source * d + j];
+  }
 }
 
 // d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g))); dGate += dout · up · that, dUp += dout · silu(g) (written, not added,
