@@ -6,7 +6,7 @@
 import { describe, expect, it } from "vitest";
 import type { PackedSegment } from "../../lib/model/backend.ts";
 import { type AttentionJob, runAttentionUnits } from "../../lib/model/cpu/attention-threads.ts";
-import { attentionUnits } from "../../lib/model/cpu/attention.ts";
+import { attentionUnits, KEPT_PROBABILITY_FLOATS, probabilityOffsets } from "../../lib/model/cpu/attention.ts";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { chooseGemm, portableGemm } from "../../lib/model/cpu/gemm.ts";
 import { random } from "../cuda/compare.ts";
@@ -26,14 +26,18 @@ function firstDifference(a: Uint32Array, b: Uint32Array): number {
   return a.findIndex((bits, i) => bits !== b[i]);
 }
 
-/** out, dq, dk, dv of a forward and a backward (accumulating into nonzero gradients) on `backend`, as bits. */
-function attentionBits(backend: CpuBackend, calls: readonly PackedSegment[]): Uint32Array[] {
+/**
+ * out, dq, dk, dv of a forward and a backward (accumulating into nonzero gradients) on `backend`, as bits; the backward
+ * from the probabilities the forward kept, or (`recompute`) from none, recomputing them.
+ */
+function attentionBits(backend: CpuBackend, calls: readonly PackedSegment[], recompute = false): Uint32Array[] {
   const tensor = (width: number, seed: number) => backend.upload(random(rows * width, seed), [rows, width]);
   const [q, k, v, dOut] = [tensor(heads * headDim, 1), tensor(kvHeads * headDim, 2), tensor(kvHeads * headDim, 3), tensor(heads * headDim, 4)];
   const out = backend.zeros(q.shape);
   const saved = backend.packedAttention(q, k, v, calls, headDim, out);
+  expect(saved.size).toBe(probabilityOffsets({ segments: calls, heads, kvHeads, headDim }).at(-1)); // small enough to keep
   const [dq, dk, dv] = [tensor(heads * headDim, 5), tensor(kvHeads * headDim, 6), tensor(kvHeads * headDim, 7)];
-  backend.packedAttentionBackward(q, k, v, out, saved, calls, headDim, dOut, dq, dk, dv);
+  backend.packedAttentionBackward(q, k, v, out, recompute ? backend.zeros([0]) : saved, calls, headDim, dOut, dq, dk, dv);
   return [out, dq, dk, dv].map((t) => new Uint32Array(backend.download(t).buffer));
 }
 
@@ -50,6 +54,15 @@ describe.each([
     // 2 × 8 units; this thread takes some too, and which thread takes which changes nothing.
     expect(three.attentionUnitsOnWorkers).toBeGreaterThan(0);
     expect(three.attentionUnitsOnWorkers).toBeLessThanOrEqual(2 * attentionUnits({ segments, heads, kvHeads, headDim }));
+  });
+
+  it.skipIf(skip)("the backward from the probabilities the forward kept gives the recomputing backward's bits, on 1 and 3 threads", async () => {
+    const three = new CpuBackend({ blas, threads: 3 });
+    expect(await three.startAttentionWorkers()).toBe(2);
+    for (const backend of [new CpuBackend({ blas, threads: 1 }), three]) {
+      const [kept, recomputed] = [attentionBits(backend, segments), attentionBits(backend, segments, true)];
+      ["out", "dq", "dk", "dv"].forEach((name, i) => expect(firstDifference(kept[i], recomputed[i]), name).toBe(-1));
+    }
   });
 
   it.skipIf(skip)("a call too small to share stays on the calling thread", async () => {
@@ -97,6 +110,17 @@ it("attentionWorkers: false keeps the attention on the calling thread; anything 
   attentionBits(alone, segments).forEach((bits, i) => expect(firstDifference(bits, expected[i])).toBe(-1));
   expect(alone.attentionUnitsOnWorkers).toBe(0);
   expect(() => new CpuBackend({ attentionWorkers: "no" as never })).toThrow(/attentionWorkers must be true or false, got "no"/);
+});
+
+it("an attention whose probabilities would pass KEPT_PROBABILITY_FLOATS keeps none (the backward recomputes them)", () => {
+  const backend = new CpuBackend({ blas: "portable", threads: 1 });
+  // One 1,200-row segment: 6 heads × 1,200² probabilities, past the bound.
+  const long = [{ start: 0, length: 1200 }], shape = { segments: long, heads, kvHeads, headDim };
+  expect(probabilityOffsets(shape).at(-1)).toBeGreaterThan(KEPT_PROBABILITY_FLOATS);
+  const tensor = (width: number, seed: number) => backend.upload(random(1200 * width, seed), [1200, width]);
+  const saved = backend.packedAttention(tensor(heads * headDim, 1), tensor(kvHeads * headDim, 2), tensor(kvHeads * headDim, 3), long, headDim,
+    backend.zeros([1200, heads * headDim]));
+  expect(saved.size).toBe(0);
 });
 
 it("a unit that throws is counted done and reported, and the other units still run", () => {

@@ -64,7 +64,7 @@ export interface CacheRun<Keys = Float32Array> {
 
 /** One call's work, as posted to the workers. */
 export type AttentionJob = {
-  /** forward: q, k, v, out; backward: q, k, v, dOut, dq, dk, dv; cache: q, out. */
+  /** forward: q, k, v, out (and probs, where kept); backward: q, k, v, dOut, dq, dk, dv (and probs); cache: q, out. */
   slots: Record<string, Slot>;
   /** Int32 words: the next unit to take, the units done, a failure flag. */
   control: SharedArrayBuffer;
@@ -89,13 +89,13 @@ function view({ buffer, offset, length }: Slot): Float32Array {
 function unitWork(job: AttentionJob, gemm: Gemm, fast: WasmElementwise | null): (unit: number) => void {
   const { slots } = job;
   if (job.kind === "forward") {
-    const [q, k, v, out] = [slots.q, slots.k, slots.v, slots.out].map(view);
-    return (unit) => packedAttentionUnit(gemm, fast, job.shape, unit, q, k, v, out);
+    const [q, k, v, out] = [slots.q, slots.k, slots.v, slots.out].map(view), probs = slots.probs ? view(slots.probs) : null;
+    return (unit) => packedAttentionUnit(gemm, fast, job.shape, unit, q, k, v, out, probs);
   }
   if (job.kind === "backward") {
     const arrays = {
-      q: view(slots.q), k: view(slots.k), v: view(slots.v), dOut: view(slots.dOut), dq: view(slots.dq), dk: view(slots.dk), dv: view(slots.dv),
-      prefixes: job.prefixes.map((prefix) => prefix && { keys: view(prefix.keys), values: view(prefix.values) }),
+      q: view(slots.q), k: view(slots.k), v: view(slots.v), probs: slots.probs ? view(slots.probs) : null, dOut: view(slots.dOut), dq: view(slots.dq),
+      dk: view(slots.dk), dv: view(slots.dv), prefixes: job.prefixes.map((prefix) => prefix && { keys: view(prefix.keys), values: view(prefix.values) }),
     };
     return (unit) => packedAttentionBackwardUnit(gemm, fast, job.shape, unit, arrays);
   }
@@ -166,14 +166,15 @@ export class AttentionThreads {
   }
 
   /**
-   * packedAttention (kind "forward": q, k, v, out) or its backward (q, k, v, dOut, dq, dk, dv) over `shape`, across
+   * packedAttention (kind "forward": q, k, v, out, and probs where it keeps them) or its backward (q, k, v, dOut, dq,
+   * dk, dv, and the kept probs) over `shape`, across
    * the ready workers and this thread, this thread's units on `gemm` (one BLAS thread) and `fast`. Returns false,
    * having computed nothing, when the call is too small to share or no worker is ready yet (the caller computes it
    * alone); starts the workers the first time a call is large enough.
    */
   run(kind: "forward" | "backward", shape: PackedAttentionShape, operands: Record<string, Float32Array>, gemm: Gemm, fast: WasmElementwise | null): boolean {
     if (!this.#worthSharing(attentionUnits(shape), attentionMultiplyAdds(shape))) return false;
-    const outputs = kind === "forward" ? ["out"] : ["dq", "dk", "dv"];
+    const outputs = kind === "forward" ? ["out", "probs"] : ["dq", "dk", "dv"];
     const placed = this.#place(operands, kind === "backward" ? prefixGradients(shape, (length) => length) : []);
     const { slots, zeroed: prefixes } = placed;
     const job: AttentionJob = kind === "forward"

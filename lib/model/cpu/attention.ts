@@ -187,28 +187,49 @@ class SegmentScratch {
  * The query heads of KV head `kvh` over query rows at `positions` (row r sees keys 0..positions[r] of `runKeys`): their
  * out rows, one attendGroup per block of rows, the values transposed once into `scratch.valuesT` (at least
  * headDim × runKeys). q and out rows are heads·headDim wide, keys and values rows kvHeads·headDim. A packed segment's
- * unit and a prompt's run over the KV cache (CpuBackend.attention) attend through this.
+ * unit and a prompt's run over the KV cache (CpuBackend.attention) attend through this. With `probs` ([group, rows,
+ * runKeys], every entry written), the probabilities are kept there for the backward, as kvHeadProbabilities would
+ * recompute them.
  */
 export function attendKvHead(
   gemm: Gemm, fast: WasmElementwise | null, scratch: { valuesT: Float32Array; group: GroupScratch }, kvh: number, out: Float32Array,
   q: Float32Array, k: Float32Array, v: Float32Array, positions: Int32Array, runKeys: number, heads: number, kvHeads: number, headDim: number,
+  probs: Float32Array | null = null,
 ): void {
   const group = heads / kvHeads, qStride = heads * headDim, kvStride = kvHeads * headDim;
   const blockRows = groupBlockRows(group);
   transposeRows(v.subarray(kvh * headDim), runKeys, headDim, kvStride, scratch.valuesT);
   for (let t0 = 0; t0 < positions.length; t0 += blockRows) {
-    const rows = Math.min(blockRows, positions.length - t0);
-    attendGroup(gemm, fast, scratch.group, q.subarray(t0 * qStride), out.subarray(t0 * qStride), qStride, kvh * group, group,
-      positions.subarray(t0, t0 + rows), headDim, k.subarray(kvh * headDim), v.subarray(kvh * headDim), scratch.valuesT, kvStride, runKeys);
+    const rows = Math.min(blockRows, positions.length - t0), blockPositions = positions.subarray(t0, t0 + rows);
+    const scores = attendGroup(gemm, fast, scratch.group, q.subarray(t0 * qStride), out.subarray(t0 * qStride), qStride, kvh * group, group,
+      blockPositions, headDim, k.subarray(kvh * headDim), v.subarray(kvh * headDim), scratch.valuesT, kvStride, runKeys);
+    if (probs) keepBlockProbabilities(scores, probs, group, rows, t0, positions.length, runKeys, blockKeyCount(blockPositions));
+  }
+}
+
+/**
+ * A block's probabilities as groupProbabilities stacks them (head g's row r at (g·rows + r)·keyLen) into `probs`
+ * ([group, queryLen, keyLen]) at query row t0, each row whole: up to the block's last key, then zeros (which the
+ * backward's key-block products read).
+ */
+function keepBlockProbabilities(
+  scores: Float32Array, probs: Float32Array, group: number, rows: number, t0: number, queryLen: number, keyLen: number, blockKeys: number,
+): void {
+  for (let g = 0; g < group; g++) {
+    for (let r = 0; r < rows; r++) {
+      const from = (g * rows + r) * keyLen, to = (g * queryLen + t0 + r) * keyLen;
+      probs.set(scores.subarray(from, from + blockKeys), to);
+      probs.fill(0, to + blockKeys, to + keyLen);
+    }
   }
 }
 
 /**
  * attendKvHead's softmax probabilities into `probs` ([group, queryLen, keyLen]), each row written up to its block's
- * last key (zero past the row's own last key), without the out rows. The backward recomputes them: the same blocks and
- * calls as the forward's on the same inputs, so the probabilities are the forward's bit for bit, and no
- * [heads × queryLen × keyLen] array is kept from the forward to the backward (at a few thousand tokens that is
- * gigabytes per layer).
+ * last key (zero past the row's own last key), without the out rows. The backward recomputes them where the forward
+ * kept none: the same blocks and calls as the forward's on the same inputs, so the probabilities are the forward's bit
+ * for bit (a [heads × queryLen × keyLen] array per layer is kept only while small: KEPT_PROBABILITY_FLOATS; at a few
+ * thousand tokens it is gigabytes).
  */
 function kvHeadProbabilities(
   gemm: Gemm, fast: WasmElementwise | null, scratch: SegmentScratch, kvh: number, probs: Float32Array,
@@ -220,12 +241,7 @@ function kvHeadProbabilities(
     const rows = Math.min(blockRows, queryLen - t0), blockKeys = offset + t0 + rows;
     const scores = groupProbabilities(gemm, fast, scratch.group, q.subarray(t0 * qStride), qStride, kvh * group, group,
       scratch.positions.subarray(t0, t0 + rows), headDim, k.subarray(kvh * headDim), kvStride, keyLen);
-    for (let g = 0; g < group; g++) {
-      for (let r = 0; r < rows; r++) {
-        const from = (g * rows + r) * keyLen;
-        probs.set(scores.subarray(from, from + blockKeys), (g * queryLen + t0 + r) * keyLen);
-      }
-    }
+    keepBlockProbabilities(scores, probs, group, rows, t0, queryLen, keyLen, blockKeys);
   }
 }
 
@@ -243,13 +259,12 @@ const BACKWARD_BLOCK = 128;
 function kvHeadBackward(
   gemm: Gemm, fast: WasmElementwise | null, kvh: number, dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array,
   q: Float32Array, k: Float32Array, v: Float32Array,
-  queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number,
+  queryLen: number, keyLen: number, heads: number, kvHeads: number, headDim: number, kept: Float32Array | null,
 ): void {
   const group = heads / kvHeads;
-  // The KV head's probabilities, recomputed (kvHeadProbabilities); past each block's last key they stay zero, as the
-  // key-block products read them.
-  const scratch = new SegmentScratch(queryLen, keyLen, 0);
-  const probs = new Float32Array(group * queryLen * keyLen);
+  // The KV head's probabilities, as the forward kept them or recomputed (kvHeadProbabilities); past each block's last
+  // key they are zero, as the key-block products read them.
+  const probs = kept ?? new Float32Array(group * queryLen * keyLen);
   const scale = 1 / Math.sqrt(headDim);
   const qStride = heads * headDim;
   const kvStride = kvHeads * headDim;
@@ -261,7 +276,7 @@ function kvHeadBackward(
   const dScores = new Float32Array(queryLen * keyLen);
   const scoresT = new Float32Array(fast ? 0 : keyLen * queryLen); // Pᵀ or dSᵀ, zero where the mask hides a key
   const rowsT = new Float32Array(fast ? 0 : headDim * queryLen); // q or dout of one head, transposed
-  kvHeadProbabilities(gemm, fast, scratch, kvh, probs, q, k, queryLen, keyLen, heads, kvHeads, headDim);
+  if (!kept) kvHeadProbabilities(gemm, fast, new SegmentScratch(queryLen, keyLen, 0), kvh, probs, q, k, queryLen, keyLen, heads, kvHeads, headDim);
   transposeRows(k.subarray(kvh * headDim), keyLen, headDim, kvStride, keysT);
   for (let g = 0; g < group; g++) {
     const h = kvh * group + g, p = probs.subarray(g * queryLen * keyLen, (g + 1) * queryLen * keyLen);
@@ -376,24 +391,56 @@ function unitOf(shape: PackedAttentionShape, unit: number): { segment: PackedSeg
 }
 
 /**
+ * The most probabilities a packed attention keeps for its backward, in floats (32 MiB a layer); past it the backward
+ * recomputes them. The 20M model's batches of 2 and 4 × 512 tokens keep theirs (12.6 and 25 MB a layer, beside
+ * about 27 and 54 MB of the layer's other activations), which spares the backward a third of its attention work; a
+ * 4096-token sequence's would take 400 MB a layer.
+ */
+export const KEPT_PROBABILITY_FLOATS = 8 << 20;
+
+/**
+ * Where each unit's probabilities lie in the array a forward keeps for its backward: unit u's [group, rows, keys]
+ * from offsets[u], the whole array offsets[units] floats.
+ */
+export function probabilityOffsets(shape: PackedAttentionShape): number[] {
+  const group = shape.heads / shape.kvHeads, offsets = [0];
+  for (let unit = 0; unit < attentionUnits(shape); unit++) {
+    const { segment } = unitOf(shape, unit);
+    offsets.push(offsets[unit] + group * segment.length * keyLength(segment));
+  }
+  return offsets;
+}
+
+/** A unit's block of the kept probabilities (probabilityOffsets), or null where none were kept. */
+function unitProbabilities(shape: PackedAttentionShape, unit: number, probs: Float32Array | null): Float32Array | null {
+  if (!probs) return null;
+  const offsets = probabilityOffsets(shape);
+  return probs.subarray(offsets[unit], offsets[unit + 1]);
+}
+
+/**
  * Unit `unit` of the attention within each segment of a packed batch: q, out [rows, heads·hd]; k, v [rows, kvHeads·hd].
- * Nothing is kept for the backward, which recomputes each KV head's probabilities (kvHeadProbabilities).
+ * With `probs` (probabilityOffsets' floats, written whole), the unit's probabilities are kept there for the backward, which
+ * otherwise recomputes them (kvHeadProbabilities).
  */
 export function packedAttentionUnit(
   gemm: Gemm, fast: WasmElementwise | null, shape: PackedAttentionShape, unit: number, q: Float32Array, k: Float32Array, v: Float32Array, out: Float32Array,
+  probs: Float32Array | null = null,
 ): void {
   const { heads, kvHeads, headDim } = shape, { segment, kvh } = unitOf(shape, unit);
   const { start, length } = segment, qWidth = heads * headDim, kvWidth = kvHeads * headDim, keyLen = keyLength(segment);
   const scratch = new SegmentScratch(length, keyLen, headDim);
   attendKvHead(gemm, fast, scratch, kvh, out.subarray(start * qWidth, (start + length) * qWidth), q.subarray(start * qWidth, (start + length) * qWidth),
-    segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), scratch.positions, keyLen, heads, kvHeads, headDim);
+    segmentKeys(k, segment, kvWidth), segmentKeys(v, segment, kvWidth), scratch.positions, keyLen, heads, kvHeads, headDim,
+    unitProbabilities(shape, unit, probs));
 }
 
 /** Attention within each segment of a packed batch, unit by unit (packedAttentionUnit). */
 export function packedAttention(
   gemm: Gemm, fast: WasmElementwise | null, shape: PackedAttentionShape, q: Float32Array, k: Float32Array, v: Float32Array, out: Float32Array,
+  probs: Float32Array | null = null,
 ): void {
-  for (let unit = 0; unit < attentionUnits(shape); unit++) packedAttentionUnit(gemm, fast, shape, unit, q, k, v, out);
+  for (let unit = 0; unit < attentionUnits(shape); unit++) packedAttentionUnit(gemm, fast, shape, unit, q, k, v, out, probs);
 }
 
 /** Gradients of the key and value rows a segment with a prefix attends to (its prefix's, then its own). */
@@ -407,6 +454,8 @@ export interface AttentionBackwardArrays {
   q: Float32Array;
   k: Float32Array;
   v: Float32Array;
+  /** The probabilities the forward kept (packedAttentionUnit), or null: recomputed. */
+  probs: Float32Array | null;
   dOut: Float32Array;
   dq: Float32Array;
   dk: Float32Array;
@@ -439,7 +488,7 @@ export function scatterPrefixGradients(shape: PackedAttentionShape, prefixes: re
   });
 }
 
-/** Unit `unit` of packedAttention's backward, its probabilities recomputed; dq, dk, dv (or the prefix gradients) accumulate. */
+/** Unit `unit` of packedAttention's backward, its probabilities kept or recomputed; dq, dk, dv (or the prefix gradients) accumulate. */
 export function packedAttentionBackwardUnit(
   gemm: Gemm, fast: WasmElementwise | null, shape: PackedAttentionShape, unit: number, arrays: AttentionBackwardArrays,
 ): void {
@@ -450,7 +499,8 @@ export function packedAttentionBackwardUnit(
   const dKeys = prefix ? prefix.keys : segmentKeys(arrays.dk, segment, kvWidth);
   const dValues = prefix ? prefix.values : segmentKeys(arrays.dv, segment, kvWidth);
   kvHeadBackward(gemm, fast, kvh, rowsOf(arrays.dq), dKeys, dValues, rowsOf(arrays.dOut), rowsOf(arrays.q),
-    segmentKeys(arrays.k, segment, kvWidth), segmentKeys(arrays.v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim);
+    segmentKeys(arrays.k, segment, kvWidth), segmentKeys(arrays.v, segment, kvWidth), length, keyLen, heads, kvHeads, headDim,
+    unitProbabilities(shape, unit, arrays.probs));
 }
 
 /** Backward of packedAttention, unit by unit, then the prefix gradients scattered; dq, dk, dv accumulate. */

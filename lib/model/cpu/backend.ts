@@ -14,7 +14,7 @@ import {
 } from "../backend.ts";
 import { f32ToBf16 } from "../safetensors.ts";
 import {
-  attendBlock, attendKvHead, GroupScratch, packedAttention, packedAttentionBackward,
+  attendBlock, attendKvHead, GroupScratch, KEPT_PROBABILITY_FLOATS, packedAttention, packedAttentionBackward, probabilityOffsets,
 } from "./attention.ts";
 import {
   adamwUpdate, embeddingRowsBackward, linearRowsBackward, logSoftmaxRow, loraRows, loraRowsBackward, ropeRows, ropeTable, rmsNormRows,
@@ -159,8 +159,9 @@ function moveIntoWasm(kernel: WasmMatmul, tensor: CpuTensor): CpuTensor["residen
  * uploaded tensor's array is its caller's); at most the capacity's bytes wait, the rest go to the GC.
  */
 class StoragePool {
-  /** Free arrays by class length. */
+  /** Free arrays by class length; those over SharedArrayBuffers (for worker threads) apart. */
   readonly #free = new Map<number, Float32Array[]>();
+  readonly #freeShared = new Map<number, Float32Array[]>();
   /** The array behind each view handed out. */
   readonly #made = new WeakMap<Float32Array, Float32Array>();
   readonly #capacityBytes: number;
@@ -169,12 +170,15 @@ class StoragePool {
     this.#capacityBytes = capacityBytes;
   }
 
-  /** Storage of `length` floats, zeroed unless `zeroed` is false (then it may hold what its last tensor left). */
-  take(length: number, zeroed = true): Float32Array {
+  /**
+   * Storage of `length` floats, zeroed unless `zeroed` is false (then it may hold what its last tensor left), over a
+   * SharedArrayBuffer where `shared`.
+   */
+  take(length: number, zeroed = true, shared = false): Float32Array {
     const size = storageClass(length);
-    const reused = this.#free.get(size)?.pop();
+    const reused = (shared ? this.#freeShared : this.#free).get(size)?.pop();
     if (reused) this.#bytes -= reused.byteLength;
-    const array = reused ?? new Float32Array(size);
+    const array = reused ?? (shared ? new Float32Array(new SharedArrayBuffer(size * 4)) : new Float32Array(size));
     const view = size === length ? array : array.subarray(0, length);
     this.#made.set(view, array);
     return reused && zeroed ? view.fill(0) : view;
@@ -190,9 +194,10 @@ class StoragePool {
     if (!array) return;
     this.#made.delete(storage);
     if (array.length === 0 || this.#bytes + array.byteLength > this.#capacityBytes) return;
-    const list = this.#free.get(array.length);
+    const lists = array.buffer instanceof SharedArrayBuffer ? this.#freeShared : this.#free;
+    const list = lists.get(array.length);
     if (list) list.push(array);
-    else this.#free.set(array.length, [array]);
+    else lists.set(array.length, [array]);
     this.#bytes += array.byteLength;
   }
 }
@@ -653,31 +658,41 @@ export class CpuBackend implements Backend {
 
   // ---- training: packed attention, backward ops, target logprobs, optimiser -------------------------------------
 
-  /** Saves nothing (an empty tensor): the backward recomputes the probabilities from q and k. */
+  /**
+   * Saves the softmax probabilities (attention.ts probabilityOffsets' layout) while they take at most
+   * KEPT_PROBABILITY_FLOATS, else nothing (an empty tensor): the backward then recomputes them from q and k, the same
+   * bits either way.
+   */
   packedAttention(q: Tensor, k: Tensor, v: Tensor, segments: readonly PackedSegment[], headDim: number, out: Tensor): Tensor {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
     expectSize("attention v", v, k.size);
     expectSize("attention out", out, q.size);
     const shape = { segments, heads, kvHeads, headDim };
-    const operands = { q: cpu(q).data, k: cpu(k).data, v: cpu(v).data, out: cpu(out).data };
+    const floats = probabilityOffsets(shape).at(-1)!;
+    // Written whole by the units; in shared memory where worker threads write it.
+    const kept = floats <= KEPT_PROBABILITY_FLOATS ? this.#storage.take(floats, false, this.#attentionThreads !== null) : null;
+    const operands = { q: cpu(q).data, k: cpu(k).data, v: cpu(v).data, out: cpu(out).data, ...(kept && { probs: kept }) };
     if (!this.#attentionThreads?.run("forward", shape, operands, this.#attentionGemm, this.#elementwise)) {
-      packedAttention(this.#attentionGemm, this.#elementwise, shape, operands.q, operands.k, operands.v, operands.out);
+      packedAttention(this.#attentionGemm, this.#elementwise, shape, operands.q, operands.k, operands.v, operands.out, kept);
     }
-    return new CpuTensor([0], "f32", new Float32Array(0));
+    return new CpuTensor([kept ? floats : 0], "f32", kept ?? new Float32Array(0));
   }
 
-  /** The probabilities, recomputed, carry all the output would tell: `out` is not read. */
-  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, _out: Tensor, _saved: Tensor, segments: readonly PackedSegment[], headDim: number,
+  /** The probabilities, kept or recomputed, carry all the output would tell: `out` is not read. */
+  packedAttentionBackward(q: Tensor, k: Tensor, v: Tensor, _out: Tensor, saved: Tensor, segments: readonly PackedSegment[], headDim: number,
     dOut: Tensor, dq: Tensor, dk: Tensor, dv: Tensor, overwrite = false): void {
     const { heads, kvHeads } = attentionHeads(q, k, headDim);
     // Written, here as added to zeros (the same values): the reference's sums accumulate row by row.
     if (overwrite) for (const gradient of [dq, dk, dv]) cpu(gradient).data.fill(0);
     const shape = { segments, heads, kvHeads, headDim };
+    const kept = saved.size > 0 ? cpu(saved).data : null;
+    if (kept) expectSize("kept attention probabilities", saved, probabilityOffsets(shape).at(-1)!);
     const operands = {
       q: cpu(q).data, k: cpu(k).data, v: cpu(v).data, dOut: cpu(dOut).data, dq: cpu(dq).data, dk: cpu(dk).data, dv: cpu(dv).data,
+      ...(kept && { probs: kept }),
     };
     if (!this.#attentionThreads?.run("backward", shape, operands, this.#attentionGemm, this.#elementwise)) {
-      packedAttentionBackward(this.#attentionGemm, this.#elementwise, shape, operands);
+      packedAttentionBackward(this.#attentionGemm, this.#elementwise, shape, { ...operands, probs: kept });
     }
   }
 
