@@ -226,8 +226,8 @@ function keepBlockProbabilities(
 }
 
 /**
- * attendKvHead's softmax probabilities into `probs` ([group, queryLen, keyLen]), each row written up to its block's
- * last key (zero past the row's own last key), without the out rows. The backward recomputes them where the forward
+ * attendKvHead's softmax probabilities into `probs` ([group, queryLen, keyLen]), each row written whole (zero past the
+ * row's own last key), without the out rows. The backward recomputes them where the forward
  * kept none: the same blocks and calls as the forward's on the same inputs, so the probabilities are the forward's bit
  * for bit (a [heads × queryLen × keyLen] array per layer is kept only while small: KEPT_PROBABILITY_FLOATS; at a few
  * thousand tokens it is gigabytes).
