@@ -412,10 +412,14 @@ export function probabilityOffsets(shape: PackedAttentionShape): number[] {
   return offsets;
 }
 
+/** Each call's probabilityOffsets, made once for all of its units (a call's shape is one object on each thread). */
+const offsetsByShape = new WeakMap<PackedAttentionShape, number[]>();
+
 /** A unit's block of the kept probabilities (probabilityOffsets), or null where none were kept. */
 function unitProbabilities(shape: PackedAttentionShape, unit: number, probs: Float32Array | null): Float32Array | null {
   if (!probs) return null;
-  const offsets = probabilityOffsets(shape);
+  let offsets = offsetsByShape.get(shape);
+  if (!offsets) offsetsByShape.set(shape, offsets = probabilityOffsets(shape));
   return probs.subarray(offsets[unit], offsets[unit + 1]);
 }
 
