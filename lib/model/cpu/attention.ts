@@ -1,11 +1,10 @@
 /**
  * Attention on the CPU as tiled matmuls. `attendBlock` is the one attention block both passes run: the engine's
  * attention over the KV cache (CpuBackend.attention) and the training pass's attention over packed sequences
- * (`packedAttention` here; its backward reads the probabilities the forward kept, or while they would be large
- * recomputes the block's first half, the probabilities). Per query head and
- * block of 32 query rows, the scores against every key the block sees are one matmulNT, and after the softmax the
- * output is one matmulNT against the values transposed; the backward is tiled the same way over the blocks the causal
- * mask leaves. The training pass's work comes in units (a segment's query heads of one KV head, attentionUnits) that
+ * (`packedAttention` here; its backward reads the probabilities the forward kept, or, where keeping them would
+ * take more than KEPT_PROBABILITY_FLOATS, recomputes them: the block's first half). Per query head and block of 32
+ * query rows, the scores against every key the block sees are one matmulNT, and after the softmax the output is one
+ * matmulNT against the values transposed; the backward is tiled the same way over the blocks the causal mask leaves. The training pass's work comes in units (a segment's query heads of one KV head, attentionUnits) that
  * share nothing they write, which attention-threads.ts spreads over worker threads.
  */
 import type { PackedSegment } from "../backend.ts";
