@@ -18,7 +18,7 @@ import * as path from "node:path";
 import { seededRandom } from "../lib/core/random.ts";
 import type { ModelType } from "../lib/model/config.ts";
 import { type SafetensorsDType, type TensorToWrite, writeSafetensors } from "../lib/model/safetensors.ts";
-import { buildTinyTokenizerFiles } from "../lib/model/tokenizer-tiny.ts";
+import { buildTinyTokenizerFiles, type TinyTokenizerOptions } from "../lib/model/tokenizer-tiny.ts";
 
 export interface TinyCheckpointOptions {
   arch: ModelType;
@@ -28,8 +28,11 @@ export interface TinyCheckpointOptions {
   shards?: number;
   /** "20m": about 20M parameters, for benchmarks. */
   size?: "tiny" | "20m";
-  /** Also write the tiny tokenizer; the model's vocabulary then defaults to 512 to cover it. */
-  tokenizer?: boolean;
+  /**
+   * Also write the tiny tokenizer; the model's vocabulary then defaults to 512 to cover it. With options (a vocabulary
+   * size, a corpus of its own), that tokenizer, and the model's vocabulary defaults to its size.
+   */
+  tokenizer?: boolean | TinyTokenizerOptions;
   /** Extra or replaced config.json keys. */
   configOverrides?: Record<string, unknown>;
 }
@@ -65,7 +68,7 @@ const SIZE_20M = {
 export function tinyConfig(options: TinyCheckpointOptions): Record<string, unknown> {
   return {
     ...PRESETS[options.arch],
-    vocab_size: options.tokenizer ? TOKENIZER_VOCAB : 256,
+    vocab_size: typeof options.tokenizer === "object" ? options.tokenizer.vocabSize ?? TOKENIZER_VOCAB : options.tokenizer ? TOKENIZER_VOCAB : 256,
     hidden_act: "silu",
     max_position_embeddings: 2048,
     bos_token_id: 1,
@@ -136,7 +139,9 @@ export function writeTinyCheckpoint(dir: string, options: TinyCheckpointOptions)
   fs.mkdirSync(dir, { recursive: true });
   let generationConfig: Record<string, unknown> = { bos_token_id: config.bos_token_id, eos_token_id: config.eos_token_id };
   if (options.tokenizer) {
-    const files = buildTinyTokenizerFiles({ vocabSize: Math.min(config.vocab_size as number, TOKENIZER_VOCAB) });
+    const files = typeof options.tokenizer === "object"
+      ? buildTinyTokenizerFiles({ ...options.tokenizer, vocabSize: options.tokenizer.vocabSize ?? config.vocab_size as number })
+      : buildTinyTokenizerFiles({ vocabSize: Math.min(config.vocab_size as number, TOKENIZER_VOCAB) });
     for (const [name, text] of Object.entries(files)) fs.writeFileSync(path.join(dir, name), text);
     generationConfig = JSON.parse(files["generation_config.json"]);
     config.bos_token_id = generationConfig.bos_token_id;

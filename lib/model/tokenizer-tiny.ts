@@ -85,6 +85,13 @@ export const TINY_CHAT_TEMPLATE = `{%- if tools %}
 export interface TinyTokenizerOptions {
   /** Total vocabulary: 256 byte tokens + learned merges + the 5 special tokens. Default 512 (the corpus supports up to about 720). */
   vocabSize?: number;
+  /**
+   * Text to learn the merges from, in place of the embedded corpus: a task model's own traffic gives it whole
+   * words, names and JSON keys as single tokens, so its conversations take a fraction of the byte-level length.
+   */
+  corpus?: string;
+  /** The chat template (tokenizer_config.json's chat_template); default TINY_CHAT_TEMPLATE. */
+  chatTemplate?: string;
 }
 
 const DEFAULT_VOCAB_SIZE = 512;
@@ -100,7 +107,7 @@ export function buildTinyTokenizerFiles(options: TinyTokenizerOptions = {}): Rec
   BYTE_TO_CHAR.forEach((char, byte) => (byteVocab[char] = byte));
   const preTokenize = corpusPreTokenizer(byteVocab);
   const wordCounts = new Map<string, number>();
-  for (const word of preTokenize(TINY_TOKENIZER_CORPUS)) wordCounts.set(word, (wordCounts.get(word) ?? 0) + 1);
+  for (const word of preTokenize(options.corpus ?? TINY_TOKENIZER_CORPUS)) wordCounts.set(word, (wordCounts.get(word) ?? 0) + 1);
 
   const { vocab, merges } = trainBpe(wordCounts, byteVocab, vocabSize - TINY_SPECIAL_TOKENS.length);
   const firstSpecialId = Object.keys(vocab).length;
@@ -140,7 +147,7 @@ export function buildTinyTokenizerFiles(options: TinyTokenizerOptions = {}): Rec
     added_tokens_decoder: Object.fromEntries(addedTokens.map(({ id, ...token }) => [String(id), token])),
     additional_special_tokens: ["<|im_start|>", "<|im_end|>"],
     bos_token: null,
-    chat_template: TINY_CHAT_TEMPLATE,
+    chat_template: options.chatTemplate ?? TINY_CHAT_TEMPLATE,
     clean_up_tokenization_spaces: false,
     eos_token: "<|im_end|>",
     errors: "replace",
@@ -212,7 +219,7 @@ export function trainBpe(
       }
     }
     if (bestCount < 2) {
-      throw new ArtError("tiny_tokenizer_options", `the tiny tokenizer corpus supports a vocabulary of ${size} tokens (+ special tokens), not ${targetSize}; ask for a smaller vocabSize`);
+      throw new ArtError("tiny_tokenizer_options", `the tokenizer corpus supports a vocabulary of ${size} tokens (+ special tokens), not ${targetSize}; ask for a smaller vocabSize or give a larger corpus`);
     }
     const [left, right] = bestKey.split("\u0000");
     const merged = left + right;

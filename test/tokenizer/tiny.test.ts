@@ -97,6 +97,17 @@ describe("the tiny tokenizer encodes and decodes", () => {
     expect(tiny.decode(ids, { skipSpecialTokens: true })).toBe('assistant\n<tool_call>\n{"name": "make_move", "arguments": {"cell": "B2"}}\n</tool_call>');
   });
 
+  it("learns its merges from a corpus of its own when given one: that corpus's words become single tokens", async () => {
+    const corpus = Array.from({ length: 40 }, (_, i) => `{"messageId":"<1.${i}@northwind-energy.com>","subject":"Bluewater budget review"}`).join("\n");
+    const own = await loadTokenizer(writeTokenizerDir(buildTinyTokenizerFiles({ vocabSize: 319, corpus })));
+    const text = '{"messageId":"<1.7@northwind-energy.com>","subject":"Bluewater budget review"}';
+    const ids = own.encode(text, { addSpecialTokens: false });
+    expect(ids.length).toBeLessThan(tiny.encode(text, { addSpecialTokens: false }).length / 2);
+    expect(ids.map((id) => own.decode([id]))).toContain(" budget");
+    expect(own.decode(ids)).toBe(text);
+    expect(() => buildTinyTokenizerFiles({ vocabSize: 320, corpus })).toThrow(/supports a vocabulary of 314 tokens/);
+  });
+
   it("streams multi-byte characters split over byte tokens without ever emitting half a character", () => {
     const text = "héllo 世界 🤗🧑‍🚀 ok";
     const ids = tiny.encode(text);
