@@ -11,12 +11,13 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { seededRandom, type Rng } from "../lib/core/random.ts";
-import type { Message } from "../lib/core/trajectory.ts";
+import type { Message, Tool } from "../lib/core/trajectory.ts";
 import { tokenizeForSft } from "../lib/grpo/tokenize.ts";
 import { Trainer } from "../lib/grpo/train.ts";
 import { CpuBackend } from "../lib/model/cpu/backend.ts";
 import { writeSafetensors, type TensorToWrite } from "../lib/model/safetensors.ts";
 import { loadTokenizer, type Tokenizer } from "../lib/model/tokenizer.ts";
+import type { TinyTokenizerOptions } from "../lib/model/tokenizer-tiny.ts";
 import { DifferentiableTransformer } from "../lib/model/training.ts";
 import { loadTransformer, type Transformer } from "../lib/model/transformer.ts";
 import { writeTinyCheckpoint } from "./make-tiny-checkpoint.ts";
@@ -35,17 +36,27 @@ export interface TaskModelOptions {
   maxLength: number;
   /** answers sampled to measure the result (Task.answerRate) */
   checkAnswers: number;
+  /**
+   * The tokenizer, when not the tiny one: a chat template of the task's own, and a vocabulary of `vocabSize` tokens
+   * whose merges are learned from `corpusConversations` of the task's conversations as that template renders them.
+   */
+  tokenizer?: { chatTemplate?: string; vocabSize?: number; corpusConversations?: number };
   /** called with progress lines */
   log: (line: string) => void;
 }
 
 export interface Task {
   /** `count` SFT conversations drawn from `rng`; assistant turns are trained. */
-  conversations(rng: Rng, count: number): { messages: Message[] }[];
+  conversations(rng: Rng, count: number): { messages: Message[]; tools?: Tool[] }[];
   /** Share of `count` answers sampled (temperature 1) at fresh positions that are what the task asks for. */
   answerRate(model: Transformer, tokenizer: Tokenizer, count: number, seed: number): Promise<number>;
   /** What answerRate counts, e.g. "legal moves". */
   answers: string;
+  /**
+   * Phases of SFT before the task's own conversations, each with its own optimizer and schedule, for skills whole
+   * conversations teach too slowly (ART·E's copying of ids and answers from earlier in a long context).
+   */
+  warmUp?: { steps: number; batchSize: number; conversations(rng: Rng, count: number): { messages: Message[]; tools?: Tool[] }[] }[];
 }
 
 /** Writes the task model into `dir`; returns its answer rate (Task.answerRate over options.checkAnswers answers). */
@@ -53,7 +64,16 @@ export async function makeTaskModel(dir: string, task: Task, options: TaskModelO
   const work = fs.mkdtempSync(path.join(os.tmpdir(), "art-task-model-"));
   try {
     // Initial weights and the tokenizer files, from the engine's tiny-checkpoint writer.
-    writeTinyCheckpoint(work, { arch: "qwen2", seed: options.seed, tokenizer: true, configOverrides: options.shape });
+    const { chatTemplate, vocabSize, corpusConversations } = options.tokenizer ?? {};
+    const write = (tokenizer: TinyTokenizerOptions) => writeTinyCheckpoint(work, { arch: "qwen2", seed: options.seed, tokenizer, configOverrides: options.shape });
+    write({ chatTemplate });
+    if (corpusConversations !== undefined) {
+      // The task's own merges, learned from its conversations as the chat template renders them.
+      const plain = await loadTokenizer(work);
+      const corpus = task.conversations(seededRandom(options.seed + 2), corpusConversations)
+        .map(({ messages, tools }) => plain.applyChatTemplate(messages, { tools })).join("\n");
+      write({ chatTemplate, vocabSize, corpus });
+    }
     const tokenizer = await loadTokenizer(work);
     // The portable products: a system BLAS rounds by its library and CPU, and the model must be the same bytes everywhere.
     const transformer = loadTransformer(work, new CpuBackend({ blas: "portable" }));
@@ -62,19 +82,23 @@ export async function makeTaskModel(dir: string, task: Task, options: TaskModelO
     // near uniform (std 0.1) lets SFT converge in a few hundred steps.
     const embedding = model.parameterTensors().find((p) => p.name === "model.embed_tokens.weight")!;
     model.backend.write(embedding.value, model.backend.download(embedding.value).map((x) => x * 0.1));
-    // sftSteps 0 writes the initial model (the tests compare its config and tokenizer files with the committed ones).
-    if (options.sftSteps > 0) {
+    // Each phase with its own optimizer and cosine schedule; sftSteps 0 writes the initial model.
+    const phases = [
+      ...(options.sftSteps > 0 ? (task.warmUp ?? []).map((phase, i) => ({ name: `warm-up ${i + 1} sft`, seed: options.seed + 10 + i, ...phase })) : []),
+      { name: "sft", seed: options.seed, steps: options.sftSteps, batchSize: options.batchSize, conversations: task.conversations },
+    ];
+    for (const phase of phases.filter((p) => p.steps > 0)) {
       const trainer = new Trainer(model, {
-        lora: null, learningRate: options.learningRate, weightDecay: 0, maxGradNorm: 1, microBatchSize: options.batchSize,
+        lora: null, learningRate: options.learningRate, weightDecay: 0, maxGradNorm: 1, microBatchSize: phase.batchSize,
         optimizerSteps: "one",
-        schedule: { kind: "cosine", warmupSteps: options.warmupSteps, totalSteps: options.sftSteps, minLearningRate: options.learningRate / 10 },
-        seed: options.seed,
+        schedule: { kind: "cosine", warmupSteps: options.warmupSteps, totalSteps: phase.steps, minLearningRate: options.learningRate / 10 },
+        seed: phase.seed,
       });
-      const rng = seededRandom(options.seed);
-      for (let step = 1; step <= options.sftSteps; step++) {
-        const { sequences } = tokenizeForSft(tokenizer, task.conversations(rng, options.batchSize), options.maxLength);
+      const rng = seededRandom(phase.seed);
+      for (let step = 1; step <= phase.steps; step++) {
+        const { sequences } = tokenizeForSft(tokenizer, phase.conversations(rng, phase.batchSize), options.maxLength);
         const result = trainer.sftStep(sequences);
-        if (step % 25 === 0 || step === 1) options.log(`sft step ${step}/${options.sftSteps}: loss ${result.loss.toFixed(4)}`);
+        if (step % 25 === 0 || step === 1) options.log(`${phase.name} step ${step}/${phase.steps}: loss ${result.loss.toFixed(4)}`);
       }
     }
     const answerRate = await task.answerRate(transformer, tokenizer, options.checkAnswers, options.seed + 1);

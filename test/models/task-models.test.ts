@@ -12,6 +12,7 @@ import { loadTransformer } from "../../lib/model/transformer.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
 import { DEMO_MODEL_OPTIONS, TICTACTOE_TASK } from "../../scripts/demo-make-model.ts";
 import { MODEL_2048_OPTIONS, TASK_2048 } from "../../scripts/make-2048-model.ts";
+import { ARTE_MODEL_OPTIONS, TASK_ARTE } from "../../scripts/make-arte-model.ts";
 import { makeTaskModel, type Task, type TaskModelOptions } from "../../scripts/task-model.ts";
 
 const FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"];
@@ -32,6 +33,7 @@ const MODELS: TaskModel[] = [
   { dir: "models/tictactoe-tiny", task: TICTACTOE_TASK, options: DEMO_MODEL_OPTIONS, answers: 128, bar: 0.9 },
   // 2048's prompts are whole games (up to ~5k tokens), so fewer answers keep the default run short.
   { dir: "models/2048-tiny", task: TASK_2048, options: MODEL_2048_OPTIONS, answers: 32, bar: 0.85 },
+  { dir: "models/arte-tiny", task: TASK_ARTE, options: ARTE_MODEL_OPTIONS, answers: 64, bar: 0.9 },
 ];
 
 describe.each(MODELS)("$dir", ({ dir: committed, task, options, answers, bar }) => {
