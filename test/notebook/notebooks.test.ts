@@ -86,6 +86,13 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
     const games = /win rate: ([\d.]+)% before → ([\d.]+)% after 30 steps/.exec(readFileSync(join("notebooks", ".executed", "tic-tac-toe.node.txt"), "utf8"));
     expect(games, "tic-tac-toe's before/after line").not.toBeNull();
     expect(Number(games![2]) - Number(games![1])).toBeGreaterThanOrEqual(15); // measured 45% → 74%
+    // ART·E at its own defaults on models/arte-tiny, the reference reward: greedy held-out accuracy, first validation
+    // (the base model) against the last, seeded as tic-tac-toe is.
+    const arteRun = run(["scripts/notebook-run.ts", "notebooks/art-e.ipynb", "--kernel", "node", "--defaults"]);
+    expect(arteRun.status, arteRun.stdout + arteRun.stderr).toBe(0);
+    const accuracy = /validation accuracy: step 0 (\d+)%.*, step \d+ (\d+)%; best/.exec(readFileSync(join("notebooks", ".executed", "art-e.node.txt"), "utf8"));
+    expect(accuracy, "art-e's validation line").not.toBeNull();
+    expect(Number(accuracy![2]) - Number(accuracy![1])).toBeGreaterThanOrEqual(15); // measured 3% → 38% (2.5% → 37.5%)
   }, 300_000);
 
   // The GPU path of a notebook without a GPU: 2048 (rollouts through the batcher's mixed prefill and decode passes,
