@@ -1,8 +1,9 @@
 /**
  * Makes a small task model like the ones under models/: the tiny byte-level BPE tokenizer with its ChatML template
- * and a small Qwen2-shaped transformer taught a task's answer format by the engine's own SFT (full-parameter) on
- * synthetic conversations. The task supplies the conversations and a check of the result; the rest (initial
- * weights, schedule, files written) is shared, so every task model is made the same way.
+ * (or, per model, merges learned from the task's own conversations and a template of its own) and a small
+ * Qwen2-shaped transformer taught a task's answer format by the engine's own SFT (full-parameter) on synthetic
+ * conversations, after the task's warm-up phases if it has any. The task supplies the conversations and a check of
+ * the result; the rest (initial weights, schedules, files written) is shared, so every task model is made the same way.
  *
  * Deterministic: the same options give byte-identical files (seeded data, seeded initialisation, the portable
  * products, whose float32 bits do not depend on the machine or the thread count).
