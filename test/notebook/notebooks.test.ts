@@ -308,7 +308,9 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
   // The endpoint paths for real, over HTTP: `art-ts serve` stands in for a provider (the "vllm" prefix, pointed at it
   // by VLLM_BASE_URL), as RULER's judge, AutoRL's generator and ART·E's prompted baseline, with prices for the table.
   it("run against OpenAI-compatible endpoints: judge, generator and a prompted baseline on `art-ts serve`", async () => {
-    const server = spawn(process.execPath, ["lib/cli.ts", "serve", "--model", "models/tictactoe-tiny", "--name", "endpoint-tiny", "--port", "0",
+    // The ART·E task model, whose compact tokenizer lets RULER's prompt for a group of two ART·E episodes fit the
+    // 4,096 positions it declares (four of them, or the tic-tac-toe model's tokens, do not: every group would be dropped).
+    const server = spawn(process.execPath, ["lib/cli.ts", "serve", "--model", "models/arte-tiny", "--name", "endpoint-tiny", "--port", "0",
       "--device", "cpu", "--slots", "16"], { stdio: ["ignore", "pipe", "pipe"] });
     try {
       const baseURL = await new Promise<string>((resolveURL, reject) => {
@@ -321,7 +323,7 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
         server.on("exit", (code) => reject(new Error(`art-ts serve exited (${code}) before listening: ${seen}`)));
       });
       const env = {
-        ...process.env, VLLM_BASE_URL: baseURL, ART_NB_JUDGE: "vllm/endpoint-tiny", ART_NB_GENERATOR: "vllm/endpoint-tiny",
+        ...process.env, ART_NB_GROUP_SIZE: "2", VLLM_BASE_URL: baseURL, ART_NB_JUDGE: "vllm/endpoint-tiny", ART_NB_GENERATOR: "vllm/endpoint-tiny",
         ART_NB_BASELINE: "vllm/endpoint-tiny", ART_NB_PRICE: "0.2", ART_NB_BASELINE_PRICE: "2",
       };
       const notebooks = spawnSync(process.execPath, ["scripts/notebook-run.ts", "notebooks/art-e.ipynb", "notebooks/auto-rl.ipynb"], { encoding: "utf8", env });
@@ -331,6 +333,7 @@ describe.skipIf(!process.env.ART_TEST_NOTEBOOKS)("notebooks, headless under the 
           .flatMap((c) => c.outputs ?? []).map((o) => [o.text, o.data?.["text/plain"]].flat().join("")).join("\n");
         const arte = outputs("art-e");
         expect(arte).toContain("judge: vllm/endpoint-tiny");
+        expect(arte).toMatch(/ruler_score=/); // the judge scored groups (a group it fails on is dropped)
         expect(arte).toMatch(/vllm\/endpoint-tiny: \d+\.\d% correct/);
         // The table prices the baseline at its own rate and the trained model at the notebook's.
         expect(arte).toMatch(/\| vllm\/endpoint-tiny \| \d+\.\d% \| \$[\d.]+ \|/);
