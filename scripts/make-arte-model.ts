@@ -129,7 +129,7 @@ function scriptedEpisodeAsIs(rng: Rng, inboxes: Inbox[]): Message[] {
   return messages;
 }
 
-/** An episode with every message id re-prefixed by one random digit (the training inboxes' all start <2. to <9.). */
+/** An episode with every message id re-prefixed by one random digit: the training inboxes' ids start <2. to <9., the notebook's <1. */
 export function scriptedEpisode(rng: Rng, inboxes: Inbox[]): Message[] {
   const messages = scriptedEpisodeAsIs(rng, inboxes);
   const prefix = `<${1 + randomInt(rng, 9)}.`;
