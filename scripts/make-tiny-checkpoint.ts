@@ -65,10 +65,15 @@ const SIZE_20M = {
   head_dim: 64, vocab_size: 8192,
 };
 
+/** `tokenizer: true` is the tiny tokenizer with its defaults. */
+function tokenizerOptions(options: TinyCheckpointOptions): TinyTokenizerOptions | undefined {
+  return options.tokenizer === true ? {} : options.tokenizer || undefined;
+}
+
 export function tinyConfig(options: TinyCheckpointOptions): Record<string, unknown> {
   return {
     ...PRESETS[options.arch],
-    vocab_size: typeof options.tokenizer === "object" ? options.tokenizer.vocabSize ?? TOKENIZER_VOCAB : options.tokenizer ? TOKENIZER_VOCAB : 256,
+    vocab_size: tokenizerOptions(options)?.vocabSize ?? (options.tokenizer ? TOKENIZER_VOCAB : 256),
     hidden_act: "silu",
     max_position_embeddings: 2048,
     bos_token_id: 1,
@@ -138,10 +143,9 @@ export function writeTinyCheckpoint(dir: string, options: TinyCheckpointOptions)
   const tensors = tinyTensors(config, dtype, options.seed ?? 0);
   fs.mkdirSync(dir, { recursive: true });
   let generationConfig: Record<string, unknown> = { bos_token_id: config.bos_token_id, eos_token_id: config.eos_token_id };
-  if (options.tokenizer) {
-    const files = typeof options.tokenizer === "object"
-      ? buildTinyTokenizerFiles({ ...options.tokenizer, vocabSize: options.tokenizer.vocabSize ?? config.vocab_size as number })
-      : buildTinyTokenizerFiles({ vocabSize: Math.min(config.vocab_size as number, TOKENIZER_VOCAB) });
+  const tokenizer = tokenizerOptions(options);
+  if (tokenizer) {
+    const files = buildTinyTokenizerFiles({ ...tokenizer, vocabSize: tokenizer.vocabSize ?? Math.min(config.vocab_size as number, TOKENIZER_VOCAB) });
     for (const [name, text] of Object.entries(files)) fs.writeFileSync(path.join(dir, name), text);
     generationConfig = JSON.parse(files["generation_config.json"]);
     config.bos_token_id = generationConfig.bos_token_id;
