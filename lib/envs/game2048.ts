@@ -178,6 +178,19 @@ export interface Rollout2048Options extends Game2048Options {
    * conversation outgrows the model's context (the policy throws a context-length error) stops there the same way.
    */
   maxMoves?: number;
+  /**
+   * What the policy sees at each move: "game" (ART's, the default) the whole conversation so far, every board and
+   * every answer; "board" the system prompt and the current board only, each move a history of its own in the
+   * trajectory (the first its main history, the rest additional histories), all sharing the game's reward. The
+   * board is the whole state of the game, so nothing a player needs is lost, and a move costs the same at the
+   * hundredth move as at the first (a small model on a CPU learns only this way: docs/cookbook.md).
+   */
+  context?: "game" | "board";
+  /**
+   * The system message that opens every conversation; null for none, for a model taught the task without one
+   * (models/2048-3x3-tiny). Default SYSTEM_PROMPT_2048.
+   */
+  systemPrompt?: string | null;
 }
 
 /**
@@ -187,24 +200,31 @@ export interface Rollout2048Options extends Game2048Options {
 export async function rollout2048(policy: GamePolicy<Game2048>, options: Rollout2048Options = {}): Promise<Trajectory> {
   const game = new Game2048(options);
   const maxMoves = options.maxMoves ?? 1000;
+  const context = options.context ?? "game";
+  if (context !== "game" && context !== "board") {
+    throw new ArtError("2048.context", `rollout2048: context must be "game" or "board", got ${JSON.stringify(context)}.`);
+  }
+  const systemPrompt = options.systemPrompt === undefined ? SYSTEM_PROMPT_2048 : options.systemPrompt;
+  const opening: Message[] = systemPrompt === null ? [] : [{ role: "system", content: systemPrompt }];
   const trajectory = new Trajectory({
-    messagesAndChoices: [{ role: "system", content: SYSTEM_PROMPT_2048 }],
-    metadata: { env: "2048", seed: game.seed, winning_tile: game.winningTile },
+    messagesAndChoices: [...opening],
+    metadata: { env: "2048", seed: game.seed, winning_tile: game.winningTile, context },
   });
   let invalid = false;
   let contextExceeded = false;
   let noOpMoves = 0;
   while (!game.finished() && game.moves < maxMoves) {
     const board: Message = { role: "user", content: game.render() };
-    const asked = await askPolicy(policy, [...trajectory.messages(), board], game);
+    const asked = await askPolicy(policy, context === "game" ? [...trajectory.messages(), board] : [...opening, board], game);
     if ("outgrown" in asked) {
-      // The whole game no longer fits the model's context: it stops here, like a game at maxMoves, the board unasked.
+      // The conversation no longer fits the model's context: the game stops here, like a game at maxMoves, the board unasked.
       trajectory.log(`stopped after ${game.moves} moves: ${asked.outgrown}`);
       contextExceeded = true;
       break;
     }
     const { reply } = asked;
-    trajectory.messagesAndChoices.push(board, replyItem(reply));
+    if (context === "game" || trajectory.messagesAndChoices.length === opening.length) trajectory.messagesAndChoices.push(board, replyItem(reply));
+    else trajectory.additionalHistories.push({ messagesAndChoices: [...opening, board, replyItem(reply)] });
     const parsed = parseMove2048(replyText(reply));
     if (!parsed.ok) {
       invalid = true;

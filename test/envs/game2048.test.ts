@@ -121,6 +121,34 @@ describe("2048 answers", () => {
     expect(again.metrics).toEqual({ ...t.metrics, duration: again.metrics.duration });
   });
 
+  it("asks each move with the current board alone under context \"board\", one history per move, the same game", async () => {
+    const seen: number[] = [];
+    const policy = (messages: Parameters<typeof greedyPolicy2048>[0], game: Game2048) => {
+      seen.push(messages.length);
+      expect(messages[0]).toMatchObject({ role: "system" });
+      expect(messages[1]).toEqual({ role: "user", content: game.render() });
+      return greedyPolicy2048(messages, game);
+    };
+    const t = await rollout2048(policy, { seed: 11, winningTile: 64, context: "board", size: 3 });
+    const whole = await rollout2048(greedyPolicy2048, { seed: 11, winningTile: 64, size: 3 });
+    expect(new Set(seen)).toEqual(new Set([2]));
+    expect({ ...t.metrics, duration: 0 }).toEqual({ ...whole.metrics, duration: 0 });
+    expect(t.reward).toBe(whole.reward);
+    const histories = [t.messagesAndChoices, ...t.additionalHistories.map((h) => h.messagesAndChoices)];
+    expect(histories).toHaveLength(Number(t.metrics.moves));
+    expect(histories.every((h) => h.length === 3)).toBe(true);
+    const boards = histories.map((h) => (h[1] as { content: string }).content);
+    expect(boards).toEqual(whole.messages().filter((m) => m.role === "user").map((m) => m.content));
+    expect(t.metadata.context).toBe("board");
+    const bare = await rollout2048((messages, game) => {
+      expect(messages).toEqual([{ role: "user", content: game.render() }]);
+      return greedyPolicy2048(messages, game);
+    }, { seed: 11, winningTile: 64, context: "board", size: 3, systemPrompt: null });
+    expect(bare.reward).toBe(whole.reward);
+    expect(bare.messagesAndChoices.map((m) => ("role" in m ? m.role : "choice"))).toEqual(["user", "assistant"]);
+    await expect(rollout2048(policy, { seed: 1, context: "turn" as "board" })).rejects.toThrow(/context must be "game" or "board", got "turn"/);
+  });
+
   it("ends the game with reward -1 on an invalid answer", async () => {
     const t = await rollout2048(() => "I think left", { seed: 1 });
     expect(t.reward).toBe(-1);
