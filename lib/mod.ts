@@ -66,4 +66,5 @@ export { progress, type ProgressOptions } from "./notebook/progress.ts";
 export { compareRewards, rewardCurve, rewardDistribution, stepRecord, type RewardCurveOptions, type StepRecord } from "./notebook/plot.ts";
 export { groupTranscript, transcript } from "./notebook/transcript.ts";
 export { lossCurve } from "./notebook/plot.ts";
+export { compareMeans, type MeanComparison } from "./notebook/stats.ts";
 export { envNumber, envString } from "./notebook/params.ts";

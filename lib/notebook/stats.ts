@@ -1,4 +1,5 @@
 /** Summary statistics for plots and their text summaries. Empty input gives NaN, never a throw. */
+import { ArtError } from "../core/errors.ts";
 import { Trajectory, TrajectoryGroup, type MetricValue } from "../core/trajectory.ts";
 
 export function mean(values: readonly number[]): number {
@@ -23,6 +24,42 @@ export function standardError(values: readonly number[]): number {
   if (n === 0) return NaN;
   if (n === 1) return 0;
   return std(values) * Math.sqrt(n / (n - 1)) / Math.sqrt(n);
+}
+
+/** The standard normal distribution's upper tail, P(Z > z) (Abramowitz & Stegun 7.1.26: absolute error below 1.5e-7). */
+export function normalUpperTail(z: number): number {
+  const x = Math.abs(z) / Math.SQRT2;
+  const t = 1 / (1 + 0.3275911 * x);
+  const erfc = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))) * Math.exp(-x * x);
+  return z >= 0 ? erfc / 2 : 1 - erfc / 2;
+}
+
+/** How far apart two samples' means are, measured against chance. */
+export interface MeanComparison {
+  /** mean(after) − mean(before) */
+  difference: number;
+  /** the difference's standard error, unpooled: √(s²_before / n_before + s²_after / n_after) */
+  standardError: number;
+  /** difference / standardError */
+  z: number;
+  /** two-sided p-value of z under the normal distribution: the chance of a difference this large if the means were equal */
+  p: number;
+}
+
+/**
+ * Compares the means of two independent samples (held-out games before and after training, say) with the
+ * large-sample z-test: the difference over its unpooled standard error, read on the normal distribution. For 0/1
+ * values (wins) it is the two-proportion z-test. Meant for a few dozen values per side or more, where the normal
+ * approximation holds; each side needs two values at least.
+ */
+export function compareMeans(before: readonly number[], after: readonly number[]): MeanComparison {
+  if (before.length < 2 || after.length < 2) {
+    throw new ArtError("bad_sample", `compareMeans needs two values or more on each side, got ${before.length} and ${after.length}.`);
+  }
+  const difference = mean(after) - mean(before);
+  const error = Math.hypot(standardError(before), standardError(after));
+  const z = error > 0 ? difference / error : difference === 0 ? 0 : Math.sign(difference) * Infinity;
+  return { difference, standardError: error, z, p: 2 * normalUpperTail(Math.abs(z)) };
 }
 
 /** The mean of each value and the `window - 1` before it (fewer at the start): a trailing moving mean. */

@@ -8,7 +8,7 @@ import {
   compareRewards, lossCurve, PLOTLY_MIME, rewardCurve, rewardDistribution, stepRecord, type StepRecord,
 } from "../../lib/notebook/mod.ts";
 import { titleLines } from "../../lib/notebook/plot.ts";
-import { quantile, standardError, std } from "../../lib/notebook/stats.ts";
+import { compareMeans, normalUpperTail, quantile, standardError, std } from "../../lib/notebook/stats.ts";
 import { niceTicks } from "../../lib/notebook/svg.ts";
 
 const group = (...rewards: number[]) => new TrajectoryGroup(rewards.map((reward, i) => new Trajectory({ reward, metrics: { win: reward > 0.5, moves: i } })));
@@ -37,6 +37,24 @@ describe("statistics", () => {
     expect(std([1, 3])).toBe(1);
     expect(standardError([1, 3])).toBeCloseTo(1, 12); // sample sd √2, over √2
     expect(standardError([7])).toBe(0);
+  });
+
+  it("compares two samples' means with the large-sample z-test (reference values from Python's math.erfc)", () => {
+    // The normal upper tail within A&S 7.1.26's stated 1.5e-7.
+    for (const [z, tail] of [[0, 0.5], [0.5, 0.3085375387259869], [1.959963984540054, 0.025], [3, 0.0013498980316300957], [-1, 0.8413447460685429]]) {
+      expect(Math.abs(normalUpperTail(z!) - tail!), `P(Z > ${z})`).toBeLessThan(1.5e-7);
+    }
+    // 120 of 200 games won before, 160 of 200 after: z = 0.2 / √(0.4 / 199) (sample variances), p = erfc(z / √2).
+    const wins = (n: number) => Array.from({ length: 200 }, (_, i) => (i < n ? 1 : 0));
+    const result = compareMeans(wins(120), wins(160));
+    expect(result.difference).toBeCloseTo(0.2, 12);
+    expect(result.z).toBeCloseTo(4.460941604639093, 9);
+    expect(Math.abs(result.p - 8.160032504391084e-6)).toBeLessThan(3e-7);
+    expect(compareMeans(wins(160), wins(120)).z).toBeCloseTo(-4.460941604639093, 9);
+    const same = compareMeans([1, 1], [1, 1]);
+    expect([same.difference, same.standardError, same.z]).toEqual([0, 0, 0]);
+    expect(same.p).toBeCloseTo(1, 6);
+    expect(() => compareMeans([1], [1, 2])).toThrow(/two values or more on each side, got 1 and 2/);
   });
 });
 
