@@ -1,0 +1,91 @@
+/**
+ * Makes models/2048-3x3-tiny, the 2048 notebook's own model: a small Qwen2-shaped transformer taught only 2048's
+ * answer format (`<move>left</move>`) on 3×3 boards, by SFT on positions of random legal play, each asked as the
+ * notebook asks it (`rollout2048` with context "board" and no system prompt: the current board alone) and answered
+ * with a move drawn uniformly among those that change the board. It plays about like a random player, so GRPO has
+ * everything to learn.
+ *
+ * Its tokenizer is the tiny one's trainer run on the task's conversations (300 tokens: a board in about 23, an
+ * answer in 5 or 6), and it has no system prompt to read (ART's would triple a move's tokens): both keep a move
+ * cheap enough for a hundred GRPO steps on a CPU.
+ *
+ * Usage: node scripts/make-2048-3x3-model.ts [out-dir, default models/2048-3x3-tiny]
+ */
+import * as path from "node:path";
+import { fileURLToPath } from "node:url";
+import { pick, seededRandom, type Rng } from "../lib/core/random.ts";
+import type { Message } from "../lib/core/trajectory.ts";
+import { DIRECTIONS, Game2048, parseMove2048, slideBoard, type Direction } from "../lib/envs/game2048.ts";
+import { generate } from "../lib/model/generate.ts";
+import { makeTaskModel, type Task, type TaskModelOptions } from "./task-model.ts";
+
+/** The notebook's game on its task model: a 3×3 board, won at tile 32 (random legal play wins about 62%). */
+export const BOARD_3X3 = { size: 3, winningTile: 32 } as const;
+
+export const MODEL_2048_3X3_OPTIONS: Omit<TaskModelOptions, "log"> = {
+  seed: 13,
+  shape: {
+    hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
+    max_position_embeddings: 4096,
+  },
+  sftSteps: 600,
+  batchSize: 64,
+  learningRate: 5e-3,
+  warmupSteps: 20,
+  maxLength: 64,
+  checkAnswers: 256,
+  tokenizer: { vocabSize: 300, corpusConversations: 2000 },
+};
+
+/** The moves that change the board. */
+function legalMoves(game: Game2048): Direction[] {
+  const before = JSON.stringify(game.board);
+  return DIRECTIONS.filter((direction) => JSON.stringify(slideBoard(game.board, direction)) !== before);
+}
+
+/** The boards before each move of one game of uniformly random legal moves. */
+function randomGamePositions(rng: Rng): Game2048[] {
+  const game = new Game2048({ ...BOARD_3X3, seed: Math.floor(rng() * 2 ** 31) });
+  const positions: Game2048[] = [];
+  while (!game.finished()) {
+    positions.push(Game2048.fromBoard(game.board, { winningTile: BOARD_3X3.winningTile, seed: 1 }));
+    game.move(pick(rng, legalMoves(game)));
+  }
+  return positions;
+}
+
+/** One move's conversation as rollout2048 asks it with context "board" and no system prompt. */
+const movePrompt = (game: Game2048): Message[] => [{ role: "user", content: game.render() }];
+
+function positionsOf(rng: Rng, count: number): Game2048[] {
+  const positions: Game2048[] = [];
+  while (positions.length < count) positions.push(...randomGamePositions(rng));
+  return positions.slice(0, count);
+}
+
+export const TASK_2048_3X3: Task = {
+  conversations: (rng, count) => positionsOf(rng, count).map((game) => ({
+    messages: [...movePrompt(game), { role: "assistant", content: `<move>${pick(rng, legalMoves(game))}</move>` }],
+  })),
+  /** Answers that are moves changing the board, at positions of fresh random games. */
+  answerRate: async (model, tokenizer, count, seed) => {
+    const positions = positionsOf(seededRandom(seed), count);
+    const results = await generate(model, positions.map((game, i) => ({
+      promptIds: tokenizer.encode(tokenizer.applyChatTemplate(movePrompt(game), { addGenerationPrompt: true }), { addSpecialTokens: false }),
+      maxTokens: 12, temperature: 1, seed: seed + i,
+    })), { tokenizer, eosTokenIds: tokenizer.eosTokenIds });
+    return results.filter((result, i) => {
+      const parsed = parseMove2048(result.text);
+      return parsed.ok && legalMoves(positions[i]!).includes(parsed.move);
+    }).length / count;
+  },
+  answers: "moves that change the board",
+};
+
+if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  const dir = process.argv[2] ?? "models/2048-3x3-tiny";
+  const started = Date.now();
+  makeTaskModel(dir, TASK_2048_3X3, { ...MODEL_2048_3X3_OPTIONS, log: (line) => console.log(line) }).then(() => {
+    console.log(`wrote ${dir} in ${((Date.now() - started) / 1000).toFixed(0)} s`);
+  });
+}
