@@ -15,12 +15,12 @@ import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import { pick, seededRandom, type Rng } from "../lib/core/random.ts";
 import type { Message } from "../lib/core/trajectory.ts";
-import { DIRECTIONS, Game2048, parseMove2048, slideBoard, type Direction } from "../lib/envs/game2048.ts";
+import { Game2048, parseMove2048 } from "../lib/envs/game2048.ts";
 import { generate } from "../lib/model/generate.ts";
 import { makeTaskModel, type Task, type TaskModelOptions } from "./task-model.ts";
 
 /** The notebook's game on its task model: a 3×3 board, won at tile 32 (random legal play wins about 62%). */
-export const BOARD_3X3 = { size: 3, winningTile: 32 } as const;
+const BOARD_3X3 = { size: 3, winningTile: 32 } as const;
 
 export const MODEL_2048_3X3_OPTIONS: Omit<TaskModelOptions, "log"> = {
   seed: 13,
@@ -37,19 +37,13 @@ export const MODEL_2048_3X3_OPTIONS: Omit<TaskModelOptions, "log"> = {
   tokenizer: { vocabSize: 300, corpusConversations: 2000 },
 };
 
-/** The moves that change the board. */
-function legalMoves(game: Game2048): Direction[] {
-  const before = JSON.stringify(game.board);
-  return DIRECTIONS.filter((direction) => JSON.stringify(slideBoard(game.board, direction)) !== before);
-}
-
 /** The boards before each move of one game of uniformly random legal moves. */
 function randomGamePositions(rng: Rng): Game2048[] {
   const game = new Game2048({ ...BOARD_3X3, seed: Math.floor(rng() * 2 ** 31) });
   const positions: Game2048[] = [];
   while (!game.finished()) {
     positions.push(Game2048.fromBoard(game.board, { winningTile: BOARD_3X3.winningTile, seed: 1 }));
-    game.move(pick(rng, legalMoves(game)));
+    game.move(pick(rng, game.changingMoves()));
   }
   return positions;
 }
@@ -65,7 +59,7 @@ function positionsOf(rng: Rng, count: number): Game2048[] {
 
 export const TASK_2048_3X3: Task = {
   conversations: (rng, count) => positionsOf(rng, count).map((game) => ({
-    messages: [...movePrompt(game), { role: "assistant", content: `<move>${pick(rng, legalMoves(game))}</move>` }],
+    messages: [...movePrompt(game), { role: "assistant", content: `<move>${pick(rng, game.changingMoves())}</move>` }],
   })),
   /** Answers that are moves changing the board, at positions of fresh random games. */
   answerRate: async (model, tokenizer, count, seed) => {
@@ -76,7 +70,7 @@ export const TASK_2048_3X3: Task = {
     })), { tokenizer, eosTokenIds: tokenizer.eosTokenIds });
     return results.filter((result, i) => {
       const parsed = parseMove2048(result.text);
-      return parsed.ok && legalMoves(positions[i]!).includes(parsed.move);
+      return parsed.ok && positions[i]!.changingMoves().includes(parsed.move);
     }).length / count;
   },
   answers: "moves that change the board",

@@ -137,8 +137,13 @@ export class Game2048 {
     return true;
   }
 
+  /** The moves that change the board; the others are legal but change nothing and spawn nothing. */
+  changingMoves(): Direction[] {
+    return DIRECTIONS.filter((d) => !sameBoard(slideBoard(this.board, d), this.board));
+  }
+
   canMove(): boolean {
-    return DIRECTIONS.some((d) => !sameBoard(slideBoard(this.board, d), this.board));
+    return this.changingMoves().length > 0;
   }
 
   maxTile(): number {
@@ -180,10 +185,10 @@ export interface Rollout2048Options extends Game2048Options {
   maxMoves?: number;
   /**
    * What the policy sees at each move: "game" (ART's, the default) the whole conversation so far, every board and
-   * every answer; "board" the system prompt and the current board only, each move a history of its own in the
-   * trajectory (the first its main history, the rest additional histories), all sharing the game's reward. The
+   * every answer; "board" the system prompt (if any) and the current board only, each move a history of its own in
+   * the trajectory (the first its main history, the rest additional histories), all sharing the game's reward. The
    * board is the whole state of the game, so nothing a player needs is lost, and a move costs the same at the
-   * hundredth move as at the first (a small model on a CPU learns only this way: docs/cookbook.md).
+   * hundredth move as at the first (the cookbook's 2048 task model plays so: docs/cookbook.md).
    */
   context?: "game" | "board";
   /**

@@ -72,9 +72,12 @@ describe("Game2048", () => {
     expect(almost.reward()).toBe(2);
     const full = Game2048.fromBoard([[2, 4, 2, 4], [4, 2, 4, 2], [2, 4, 2, 4], [4, 2, 4, 2]], { seed: 1 });
     expect(full.canMove()).toBe(false);
+    expect(full.changingMoves()).toEqual([]);
     expect(full.finished()).toBe(true);
     const fullButMergeable = Game2048.fromBoard([[2, 2, 4, 8], [4, 8, 16, 32], [8, 16, 32, 64], [16, 32, 64, 4]], { seed: 1 });
+    expect(fullButMergeable.changingMoves()).toEqual(["left", "right"]);
     expect(fullButMergeable.finished()).toBe(false);
+    expect(Game2048.fromBoard([[2, 0], [0, 0]], { seed: 1 }).changingMoves()).toEqual(["right", "down"]);
   });
 
   it("renders like ART: padded to the widest tile, _ for empty, | between cells", () => {
