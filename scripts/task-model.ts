@@ -11,6 +11,7 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
+import { ArtError } from "../lib/core/errors.ts";
 import { seededRandom, type Rng } from "../lib/core/random.ts";
 import type { Message, Tool } from "../lib/core/trajectory.ts";
 import { tokenizeForSft } from "../lib/grpo/tokenize.ts";
@@ -97,8 +98,12 @@ export async function makeTaskModel(dir: string, task: Task, options: TaskModelO
       });
       const rng = seededRandom(phase.seed);
       for (let step = 1; step <= phase.steps; step++) {
-        const { sequences } = tokenizeForSft(tokenizer, phase.conversations(rng, phase.batchSize), options.maxLength);
+        const { sequences, warnings } = tokenizeForSft(tokenizer, phase.conversations(rng, phase.batchSize), options.maxLength);
         const result = trainer.sftStep(sequences);
+        if (!result.trained) {
+          // A model that learns nothing must not be written as if it had: most likely maxLength cuts off every answer.
+          throw new ArtError("task_model_sft", `${phase.name}: ${result.message} (${warnings.slice(0, 2).join("; ")}); raise maxLength past the conversations' answers`);
+        }
         if (step % 25 === 0 || step === 1) options.log(`${phase.name} step ${step}/${phase.steps}: loss ${result.loss.toFixed(4)}`);
       }
     }

@@ -252,9 +252,12 @@ export function tokenizeForSft(tokenizer: ChatTokenizer, conversations: { messag
       renderedSoFar = full;
     }
     if (tokens.length > maxLength) {
-      warnings.push(`conversation ${c}: truncated to ${maxLength} tokens`);
+      const length = tokens.length;
       tokens.length = maxLength;
       trainable.length = maxLength;
+      warnings.push(trainable.includes(1)
+        ? `conversation ${c}: truncated to ${maxLength} tokens`
+        : `conversation ${c}: truncated to ${maxLength} tokens of its ${length}, which cuts every assistant token: nothing to train`);
     }
     sequences.push({ tokens, trainable: Uint8Array.from(trainable), logprobs: new Float32Array(tokens.length).fill(NaN), advantage: 0, trajectory: c });
   });

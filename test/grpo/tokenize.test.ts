@@ -203,6 +203,16 @@ describe("tokenizeForSft", () => {
     expect(tokenizer.decode(sequence.tokens, { skipSpecialTokens: false })).toBe(tokenizer.applyChatTemplate(messages, {}));
     expect(tokenizer.decode(sequence.tokens.filter((_, i) => sequence.trainable[i]), { skipSpecialTokens: false })).toBe("6<|im_end|>\n");
   });
+
+  it("says when truncation leaves a conversation nothing to train", () => {
+    const messages: Message[] = [{ role: "user", content: "a long question ".repeat(8) }, { role: "assistant", content: "yes" }];
+    const length = tokenizeForSft(tokenizer, [{ messages }], 1000).sequences[0]!.tokens.length;
+    const cut = tokenizeForSft(tokenizer, [{ messages }], length - 1);
+    expect(cut.warnings).toEqual(["conversation 0: truncated to " + (length - 1) + " tokens"]); // the end-of-turn token goes, "yes" stays
+    const none = tokenizeForSft(tokenizer, [{ messages }], 8);
+    expect(none.sequences[0]!.trainable.includes(1)).toBe(false);
+    expect(none.warnings).toEqual([`conversation 0: truncated to 8 tokens of its ${length}, which cuts every assistant token: nothing to train`]);
+  });
 });
 
 describe("Trainer.trainOnGroups (tokenizer + tiny model, end to end)", () => {

@@ -67,3 +67,12 @@ describe.each(MODELS)("$dir", ({ dir: committed, task, options, answers, bar }) 
     for (const file of FILES) expect(fs.readFileSync(path.join(dir, file)).equals(fs.readFileSync(path.join(committed, file))), file).toBe(true);
   }, 3_600_000);
 });
+
+describe("makeTaskModel", () => {
+  it("refuses to write a model whose SFT trained nothing (every answer beyond maxLength)", async () => {
+    const dir = path.join(root, "cut-off");
+    await expect(makeTaskModel(dir, TASK_2048_3X3, { ...MODEL_2048_3X3_OPTIONS, sftSteps: 30, maxLength: 8, log: quiet }))
+      .rejects.toThrow(/sft: step 1: nothing to train — no assistant tokens in the batch \(conversation 0: truncated to 8 tokens of its \d+, which cuts every assistant token: nothing to train; .*\); raise maxLength/);
+    expect(fs.existsSync(dir)).toBe(false);
+  });
+});
