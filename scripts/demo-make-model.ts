@@ -8,8 +8,6 @@
  *
  * Usage: node scripts/demo-make-model.ts [out-dir, default models/tictactoe-tiny]
  */
-import * as path from "node:path";
-import { fileURLToPath } from "node:url";
 import { AGENT_MARK, moveAnswer, movePrompt } from "../lib/demo/tictactoe.ts";
 import { TicTacToeBoard, parseTicTacToeMove, randomOpponent, type Square } from "../lib/envs/tictactoe.ts";
 import { pick, seededRandom, type Rng } from "../lib/core/random.ts";
@@ -17,7 +15,7 @@ import { generate } from "../lib/model/generate.ts";
 import type { Tokenizer } from "../lib/model/tokenizer.ts";
 import type { Transformer } from "../lib/model/transformer.ts";
 import type { Message } from "../lib/core/trajectory.ts";
-import { makeTaskModel, type Task, type TaskModelOptions } from "./task-model.ts";
+import { runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
 
 export const DEMO_MODEL_OPTIONS: Omit<TaskModelOptions, "log"> = {
   seed: 7,
@@ -80,10 +78,4 @@ export async function legalMoveRate(model: Transformer, tokenizer: Tokenizer, po
 
 export const TICTACTOE_TASK: Task = { conversations: sftConversations, answerRate: legalMoveRate, answers: "legal moves" };
 
-if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const dir = process.argv[2] ?? "models/tictactoe-tiny";
-  const started = Date.now();
-  makeTaskModel(dir, TICTACTOE_TASK, { ...DEMO_MODEL_OPTIONS, log: (line) => console.log(line) }).then(() => {
-    console.log(`wrote ${dir} in ${((Date.now() - started) / 1000).toFixed(0)} s`);
-  });
-}
+runTaskModelScript(import.meta.url, "models/tictactoe-tiny", TICTACTOE_TASK, DEMO_MODEL_OPTIONS);

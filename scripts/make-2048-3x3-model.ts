@@ -11,13 +11,11 @@
  *
  * Usage: node scripts/make-2048-3x3-model.ts [out-dir, default models/2048-3x3-tiny]
  */
-import * as path from "node:path";
-import { fileURLToPath } from "node:url";
 import { pick, seededRandom, type Rng } from "../lib/core/random.ts";
 import type { Message } from "../lib/core/trajectory.ts";
 import { Game2048, parseMove2048 } from "../lib/envs/game2048.ts";
 import { generate } from "../lib/model/generate.ts";
-import { makeTaskModel, type Task, type TaskModelOptions } from "./task-model.ts";
+import { runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
 
 /** The notebook's game on its task model: a 3×3 board, won at tile 32 (random legal play wins about 62%). */
 const BOARD_3X3 = { size: 3, winningTile: 32 } as const;
@@ -76,10 +74,4 @@ export const TASK_2048_3X3: Task = {
   answers: "moves that change the board",
 };
 
-if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const dir = process.argv[2] ?? "models/2048-3x3-tiny";
-  const started = Date.now();
-  makeTaskModel(dir, TASK_2048_3X3, { ...MODEL_2048_3X3_OPTIONS, log: (line) => console.log(line) }).then(() => {
-    console.log(`wrote ${dir} in ${((Date.now() - started) / 1000).toFixed(0)} s`);
-  });
-}
+runTaskModelScript(import.meta.url, "models/2048-3x3-tiny", TASK_2048_3X3, MODEL_2048_3X3_OPTIONS);

@@ -11,13 +11,11 @@
  *
  * Usage: node scripts/make-2048-model.ts [out-dir, default models/2048-tiny]
  */
-import * as path from "node:path";
-import { fileURLToPath } from "node:url";
 import { pick, seededRandom, type Rng } from "../lib/core/random.ts";
 import type { Message } from "../lib/core/trajectory.ts";
 import { DIRECTIONS, Game2048, parseMove2048, SYSTEM_PROMPT_2048 } from "../lib/envs/game2048.ts";
 import { generate } from "../lib/model/generate.ts";
-import { makeTaskModel, type Task, type TaskModelOptions } from "./task-model.ts";
+import { runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
 
 export const MODEL_2048_OPTIONS: Omit<TaskModelOptions, "log"> = {
   seed: 11,
@@ -73,10 +71,4 @@ export const TASK_2048: Task = {
   answers: "well-formed moves",
 };
 
-if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const dir = process.argv[2] ?? "models/2048-tiny";
-  const started = Date.now();
-  makeTaskModel(dir, TASK_2048, { ...MODEL_2048_OPTIONS, log: (line) => console.log(line) }).then(() => {
-    console.log(`wrote ${dir} in ${((Date.now() - started) / 1000).toFixed(0)} s`);
-  });
-}
+runTaskModelScript(import.meta.url, "models/2048-tiny", TASK_2048, MODEL_2048_OPTIONS);

@@ -18,8 +18,6 @@
  *
  * Usage: node scripts/make-arte-model.ts [out-dir, default models/arte-tiny]
  */
-import * as path from "node:path";
-import { fileURLToPath } from "node:url";
 import { pick, randomInt, seededRandom, type Rng } from "../lib/core/random.ts";
 import type { Message, Tool } from "../lib/core/trajectory.ts";
 import { EmailDatabase } from "../lib/envs/arte/database.ts";
@@ -29,7 +27,7 @@ import { ARTE_TOOLS, InboxTools } from "../lib/envs/arte/tools.ts";
 import { generate } from "../lib/model/generate.ts";
 import { parseToolCalls } from "../lib/model/tool-calls.ts";
 import { TINY_CHAT_TEMPLATE } from "../lib/model/tokenizer-tiny.ts";
-import { makeTaskModel, type Task, type TaskModelOptions } from "./task-model.ts";
+import { runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
 
 const TOOLS_IN_FULL = `    {{- '# Tools\\n\\nThese functions are available. Their JSON signatures are inside <tools></tools>:\\n<tools>' }}
     {%- for tool in tools %}
@@ -226,10 +224,4 @@ export const TASK_ARTE: Task = {
   ],
 };
 
-if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const dir = process.argv[2] ?? "models/arte-tiny";
-  const started = Date.now();
-  makeTaskModel(dir, TASK_ARTE, { ...ARTE_MODEL_OPTIONS, log: (line) => console.log(line) }).then(() => {
-    console.log(`wrote ${dir} in ${((Date.now() - started) / 1000).toFixed(0)} s`);
-  });
-}
+runTaskModelScript(import.meta.url, "models/arte-tiny", TASK_ARTE, ARTE_MODEL_OPTIONS);

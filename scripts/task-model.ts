@@ -11,6 +11,7 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
+import { fileURLToPath } from "node:url";
 import { ArtError } from "../lib/core/errors.ts";
 import { seededRandom, type Rng } from "../lib/core/random.ts";
 import type { Message, Tool } from "../lib/core/trajectory.ts";
@@ -122,4 +123,17 @@ export async function makeTaskModel(dir: string, task: Task, options: TaskModelO
   } finally {
     fs.rmSync(work, { recursive: true, force: true });
   }
+}
+
+/**
+ * A model script's command line, `node <script> [out-dir]`: makes the model into out-dir (default `defaultDir`) when
+ * `scriptUrl` (the script's import.meta.url) is the program being run; does nothing when the script is imported.
+ */
+export function runTaskModelScript(scriptUrl: string, defaultDir: string, task: Task, options: Omit<TaskModelOptions, "log">): void {
+  if (!process.argv[1] || path.resolve(process.argv[1]) !== fileURLToPath(scriptUrl)) return;
+  const dir = process.argv[2] ?? defaultDir;
+  const started = Date.now();
+  makeTaskModel(dir, task, { ...options, log: (line) => console.log(line) }).then(() => {
+    console.log(`wrote ${dir} in ${((Date.now() - started) / 1000).toFixed(0)} s`);
+  });
 }
