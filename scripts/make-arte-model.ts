@@ -19,7 +19,8 @@
  * Usage: node scripts/make-arte-model.ts [out-dir, default models/arte-tiny]
  */
 import { pick, randomInt, seededRandom, type Rng } from "../lib/core/random.ts";
-import type { Message, Tool } from "../lib/core/trajectory.ts";
+import type { Message } from "../lib/core/trajectory.ts";
+import type { SftConversation } from "../lib/trainable/model.ts";
 import { EmailDatabase } from "../lib/envs/arte/database.ts";
 import { generateInbox, type InboxQuestion } from "../lib/envs/arte/inbox.ts";
 import { arteSystemPrompt } from "../lib/envs/arte/rollout.ts";
@@ -161,7 +162,7 @@ function copyConversation(rng: Rng, inboxes: Inbox[]): { messages: Message[] } {
  * answer in context (a whole episode whose email holds the answer), the question's keywords, or the answer from the
  * email that holds it.
  */
-function stepConversation(rng: Rng, inboxes: Inbox[]): { messages: Message[]; tools?: Tool[] } {
+function stepConversation(rng: Rng, inboxes: Inbox[]): SftConversation {
   const skill = randomInt(rng, 8);
   if (skill <= 5) {
     const episode = scriptedEpisode(rng, inboxes);

@@ -14,7 +14,7 @@ import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import { ArtError } from "../lib/core/errors.ts";
 import { seededRandom, type Rng } from "../lib/core/random.ts";
-import type { Message, Tool } from "../lib/core/trajectory.ts";
+import type { SftConversation } from "../lib/trainable/model.ts";
 import { tokenizeForSft } from "../lib/grpo/tokenize.ts";
 import { Trainer } from "../lib/grpo/train.ts";
 import { CpuBackend } from "../lib/model/cpu/backend.ts";
@@ -50,7 +50,7 @@ export interface TaskModelOptions {
 
 export interface Task {
   /** `count` SFT conversations drawn from `rng`; assistant turns are trained. */
-  conversations(rng: Rng, count: number): { messages: Message[]; tools?: Tool[] }[];
+  conversations(rng: Rng, count: number): SftConversation[];
   /** Share of `count` answers sampled (temperature 1) at fresh positions that are what the task asks for. */
   answerRate(model: Transformer, tokenizer: Tokenizer, count: number, seed: number): Promise<number>;
   /** What answerRate counts, e.g. "legal moves". */
@@ -59,7 +59,7 @@ export interface Task {
    * Phases of SFT before the task's own conversations, each with its own optimizer and schedule, for skills whole
    * conversations teach too slowly (ART·E's copying of ids and answers from earlier in a long context).
    */
-  warmUp?: { steps: number; batchSize: number; conversations(rng: Rng, count: number): { messages: Message[]; tools?: Tool[] }[] }[];
+  warmUp?: { steps: number; batchSize: number; conversations(rng: Rng, count: number): SftConversation[] }[];
 }
 
 /** Writes the task model into `dir`; returns its answer rate (Task.answerRate over options.checkAnswers answers). */
