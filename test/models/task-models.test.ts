@@ -10,10 +10,11 @@ import { afterAll, describe, expect, it } from "vitest";
 import { CpuBackend } from "../../lib/model/cpu/backend.ts";
 import { loadTransformer } from "../../lib/model/transformer.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
-import { DEMO_MODEL_OPTIONS, TICTACTOE_TASK } from "../../scripts/demo-make-model.ts";
 import { MODEL_2048_3X3_OPTIONS, TASK_2048_3X3 } from "../../scripts/make-2048-3x3-model.ts";
 import { MODEL_2048_OPTIONS, TASK_2048 } from "../../scripts/make-2048-model.ts";
 import { ARTE_MODEL_OPTIONS, TASK_ARTE } from "../../scripts/make-arte-model.ts";
+import { TICTACTOE_TASK, TICTACTOE_TINY_OPTIONS } from "../../scripts/make-tictactoe-model.ts";
+import { TICTACTOE_SMALL_OPTIONS } from "../../scripts/make-tictactoe-small-model.ts";
 import { makeTaskModel, type Task, type TaskModelOptions } from "../../scripts/task-model.ts";
 
 const FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"];
@@ -31,7 +32,8 @@ interface TaskModel {
 }
 
 const MODELS: TaskModel[] = [
-  { dir: "models/tictactoe-tiny", task: TICTACTOE_TASK, options: DEMO_MODEL_OPTIONS, answers: 128, bar: 0.9 },
+  { dir: "models/tictactoe-tiny", task: TICTACTOE_TASK, options: TICTACTOE_TINY_OPTIONS, answers: 128, bar: 0.9 },
+  { dir: "models/tictactoe-small", task: TICTACTOE_TASK, options: TICTACTOE_SMALL_OPTIONS, answers: 128, bar: 0.9 },
   // 2048's prompts are whole games (up to ~5k tokens), so fewer answers keep the default run short.
   { dir: "models/2048-tiny", task: TASK_2048, options: MODEL_2048_OPTIONS, answers: 32, bar: 0.85 },
   // Moves that change the board (88.7% of 256 at the script's check): a random legal player's, about.

@@ -1,12 +1,14 @@
 /**
- * Makes the embedded demo model (models/tictactoe-tiny): the tiny byte-level BPE tokenizer with its ChatML template
- * and a small Qwen2-shaped transformer taught the answer format of tic-tac-toe by the engine's own SFT
- * (full-parameter) on synthetic transcripts of random legal play. The result answers `<move>B2</move>` with a legal
- * square chosen about uniformly: it plays like the random opponent, and GRPO (the demo) has to teach it to win.
+ * Makes models/tictactoe-tiny, the notebooks' small stand-in and the tic-tac-toe notebook's model: the tiny
+ * byte-level BPE tokenizer with its ChatML template and a small Qwen2-shaped transformer taught the answer format of
+ * tic-tac-toe by the engine's own SFT (full-parameter) on synthetic transcripts of random legal play. The result
+ * answers `<move>B2</move>` with a legal square chosen about uniformly: it plays like the random opponent, and GRPO
+ * has to teach it to win. The task (TICTACTOE_TASK) is also the main job's model's (make-tictactoe-small-model.ts).
  *
- * Made by scripts/task-model.ts, deterministically; test/demo checks the committed model against this script.
+ * Made by scripts/task-model.ts, deterministically; test/models/task-models.test.ts checks the committed model
+ * against this script.
  *
- * Usage: node scripts/demo-make-model.ts [out-dir, default models/tictactoe-tiny]
+ * Usage: node scripts/make-tictactoe-model.ts [out-dir, default models/tictactoe-tiny]
  */
 import { AGENT_MARK, moveAnswer, movePrompt } from "../lib/demo/tictactoe.ts";
 import { TicTacToeBoard, parseTicTacToeMove, randomOpponent, type Square } from "../lib/envs/tictactoe.ts";
@@ -17,7 +19,7 @@ import type { Transformer } from "../lib/model/transformer.ts";
 import type { Message } from "../lib/core/trajectory.ts";
 import { runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
 
-export const DEMO_MODEL_OPTIONS: Omit<TaskModelOptions, "log"> = {
+export const TICTACTOE_TINY_OPTIONS: Omit<TaskModelOptions, "log"> = {
   seed: 7,
   shape: {
     hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
@@ -78,4 +80,4 @@ export async function legalMoveRate(model: Transformer, tokenizer: Tokenizer, po
 
 export const TICTACTOE_TASK: Task = { conversations: sftConversations, answerRate: legalMoveRate, answers: "legal moves" };
 
-runTaskModelScript(import.meta.url, "models/tictactoe-tiny", TICTACTOE_TASK, DEMO_MODEL_OPTIONS);
+runTaskModelScript(import.meta.url, "models/tictactoe-tiny", TICTACTOE_TASK, TICTACTOE_TINY_OPTIONS);
