@@ -2,8 +2,10 @@
 // thread). Part 1, each product alone: milliseconds of cblas_sgemm (x Wᵀ, row-major, the shapes of the tiny task
 // models' and the 20M bench model's layers) on 1 and on 2 of OpenBLAS's threads, called directly (not through the
 // Gemm, which would apply the bound), best of rounds, and the count the Gemm now gives that product. Part 2, a whole
-// job: `art-ts demo` (the tic-tac-toe demo, whose 64-wide model's products are nearly all small) on ART_CPU_THREADS=1
-// and 2, wall seconds and CPU seconds (user + system: a spinning BLAS thread shows there), alternating runs.
+// job: the tic-tac-toe demo on the tiny model (DEMO_JOB: models/tictactoe-tiny, whose 64-wide products are nearly
+// all small, 120 steps at lr 5e-3; the demo's default before it moved to models/tictactoe-small) on
+// ART_CPU_THREADS=1 and 2, wall seconds and CPU seconds (user + system: a spinning BLAS thread shows there),
+// alternating runs.
 //
 // Usage: node bench/cpu-threads.ts [--demo-runs 2] [--out bench/results/cpu-threads.json]
 import { execFileSync } from "node:child_process";
@@ -53,12 +55,14 @@ const products = shapes.map(([n, k, m]) => {
   };
 });
 
-/** One `art-ts demo` run: wall and CPU seconds, and its results. */
+const DEMO_JOB = "--model models/tictactoe-tiny --steps 120 --lr 0.005";
+
+/** One `art-ts demo` run of DEMO_JOB: wall and CPU seconds, and its results. */
 function demo(threads: number) {
   const dir = mkdtempSync(join(os.tmpdir(), "art-threads-"));
   try {
     const started = performance.now();
-    const child = execFileSync("bash", ["-c", `TIMEFORMAT='%U %S'; { time node lib/cli.ts demo --device cpu --quiet --art-dir '${dir}/art' --out '${dir}/out' > /dev/null; } 2>&1`],
+    const child = execFileSync("bash", ["-c", `TIMEFORMAT='%U %S'; { time node lib/cli.ts demo ${DEMO_JOB} --device cpu --quiet --art-dir '${dir}/art' --out '${dir}/out' > /dev/null; } 2>&1`],
       { encoding: "utf8", env: { ...process.env, ART_CPU_THREADS: String(threads) } });
     const wall = (performance.now() - started) / 1000;
     const [user, system] = child.trim().split(/\s+/).slice(-2).map(Number);

@@ -15,7 +15,7 @@ interface Command {
 }
 
 const COMMANDS: Record<string, Command> = {
-  demo: { summary: "the main job: GRPO teaches the embedded tiny model tic-tac-toe (CPU, minutes)", usage: DEMO_USAGE, run: demoCommand },
+  demo: { summary: "the main job: GRPO teaches the embedded small model tic-tac-toe (CPU, minutes)", usage: DEMO_USAGE, run: demoCommand },
   serve: {
     summary: "serve a model over an OpenAI-compatible HTTP API",
     usage: SERVE_USAGE,

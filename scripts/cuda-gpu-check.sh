@@ -131,10 +131,10 @@ peer=""
 step train_bench 300 results/bench/train.json node bench/cuda-train.ts $peer
 # The first GRPO loop on the GPU: the demo trains the embedded tic-tac-toe model on CUDA (its win rates before and after
 # beside the CPU's, same seed, in docs/cuda.md).
-step demo 120 demo.txt bash -c "mkdir -p '$OUT/results/demo' && node lib/cli.ts demo --device cuda --quiet --out '$OUT/results/demo' --art-dir '$OUT/results/demo/art' 2>&1"
+step demo 240 demo.txt bash -c "mkdir -p '$OUT/results/demo' && node lib/cli.ts demo --device cuda --quiet --out '$OUT/results/demo' --art-dir '$OUT/results/demo/art' 2>&1"
 # The same demo, same seed, on this machine's CPU: learning on the GPU compared with the CPU's in one run (issue 17:
 # the same win rate within noise); each run's history.jsonl is the curve.
-step demo_cpu 200 demo-cpu.txt bash -c "mkdir -p '$OUT/results/demo-cpu' && node lib/cli.ts demo --device cpu --quiet --out '$OUT/results/demo-cpu' --art-dir '$OUT/results/demo-cpu/art' 2>&1"
+step demo_cpu 300 demo-cpu.txt bash -c "mkdir -p '$OUT/results/demo-cpu' && node lib/cli.ts demo --device cpu --quiet --out '$OUT/results/demo-cpu' --art-dir '$OUT/results/demo-cpu/art' 2>&1"
 # The cookbook on CUDA: each notebook's code cells as one Node module (the machine has no Jupyter), CI's sizes,
 # ART_NB_DEVICE=cuda so a notebook that falls back to the CPU fails; needs dist/ (carried). The model: a random-weight
 # checkpoint of ART_GPU_CHECK_NB_SHAPE (default Qwen2.5-0.5B's shape) behind Qwen's tokenizer, chat template and Hermes
@@ -175,6 +175,6 @@ step memory 560 log.txt node bench/grpo-step.ts --shapes "$memory_shapes" --work
 # and at every core.
 step cpu_benches 300 log.txt bash -c "ART_PEER_PYTHON=python3 node bench/cpu-engine.ts --quick --out '$OUT/results/bench/cpu-engine.json' && ART_PEER_PYTHON=python3 node bench/train-cpu.ts --seqs 2 --len 512 --rounds 3 && cp bench/results/train-cpu.json '$OUT/results/bench/train-cpu.json'"
 # The device tool returns at most 8 files of 16 MiB: the bench and demo results travel as one archive, without the
-# demo's checkpoints and saved trajectories (36 MB; its history.jsonl and summary say what it learned).
+# demo's checkpoints and saved trajectories (some 130 MB; its history.jsonl and summary say what it learned).
 tar -cf "$OUT/results.tar" -C "$OUT/results" --exclude=checkpoints --exclude=trajectories . && rm -rf "$OUT/results"
 cat "$OUT/summary.json"

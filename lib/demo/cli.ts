@@ -10,7 +10,7 @@ import { ArtError } from "../core/errors.ts";
 import type { Device } from "../load/causal-lm.ts";
 import { DEMO_DEFAULTS, runDemo, type DemoOptions } from "./run.ts";
 
-export const DEMO_USAGE = `art-ts demo: GRPO teaches the embedded tiny model to beat a random tic-tac-toe opponent (CPU, minutes)
+export const DEMO_USAGE = `art-ts demo: GRPO teaches the embedded small model to beat a random tic-tac-toe opponent (CPU, minutes)
 
 Usage: art-ts demo [--steps N] [--groups N] [--games N] [--eval-games N] [--lr X] [--rank N] [--seed N]
                    [--device auto|cpu|cuda] [--model DIR] [--out DIR] [--art-dir DIR] [--quiet]

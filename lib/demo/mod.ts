@@ -1,4 +1,4 @@
-/** Public names of the demo area: the main job (GRPO on the embedded tiny model) and its short-prompt tic-tac-toe. */
+/** Public names of the demo area: the main job (GRPO on the embedded small model) and its short-prompt tic-tac-toe. */
 export { runDemo, DEMO_DEFAULTS } from "./run.ts";
 export type { DemoOptions, DemoResult, Outcomes } from "./run.ts";
 export { playTicTacToe, compactBoard, movePrompt, moveAnswer, describeGame, AGENT_MARK } from "./tictactoe.ts";

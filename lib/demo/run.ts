@@ -1,5 +1,5 @@
 /**
- * The main job on the embedded default: GRPO teaches the tiny model in models/tictactoe-tiny (which plays random
+ * The main job on the embedded default: GRPO teaches the small model in models/tictactoe-small (which plays random
  * legal moves after its SFT) to beat a random opponent at tic-tac-toe, on the CPU in minutes.
  *
  * One TrainableModel does everything: rollouts go through its unmodified `openai` client in-process (the
@@ -17,7 +17,7 @@ import { TrainableModel } from "../trainable/model.ts";
 import { describeGame, playTicTacToe, type MovePolicy } from "./tictactoe.ts";
 
 export interface DemoOptions {
-  /** The base model: the committed tiny model by default. */
+  /** The base model: the committed models/tictactoe-small by default. */
   baseModel: string;
   artDir: string;
   project: string;
@@ -40,16 +40,16 @@ export interface DemoOptions {
 }
 
 export const DEMO_DEFAULTS: DemoOptions = {
-  baseModel: "models/tictactoe-tiny",
+  baseModel: "models/tictactoe-small",
   artDir: ".art",
   project: "tic-tac-toe",
   name: "demo-001",
   outDir: ".art/tic-tac-toe/demo",
-  steps: 120,
+  steps: 480,
   groupsPerStep: 16,
   gamesPerGroup: 4,
   evalGames: 200,
-  learningRate: 5e-3,
+  learningRate: 2e-3,
   loraRank: 16,
   loraAlpha: 32,
   seed: 1,
@@ -153,10 +153,13 @@ export async function runDemo(init: Partial<DemoOptions> = {}): Promise<DemoResu
       );
       const result = await model.train(groups, {
         learningRate: options.learningRate, maxGradNorm: 1, weightDecay: 0, microBatchSize: 32, seed: options.seed,
-        // Decaying to a tenth steadies the late steps, where a tiny model's policy is easily knocked over.
+        // Decaying to a tenth steadies the late steps, where a small model's policy is easily knocked over.
         schedule: { kind: "cosine", warmupSteps: 0, totalSteps: options.steps, minLearningRate: options.learningRate / 10 },
       });
       history.push(stepRecord(step, groups, "train"));
+      // As ART's notebooks do after each step: the latest checkpoint stays, and the one of the best training reward
+      // (a step's is 1 MB; 480 would fill 0.5 GB).
+      model.deleteCheckpoints({ keepBestBy: "train/reward" });
       const m = result.metrics;
       log(`step ${String(step + 1).padStart(3)}/${options.steps}: reward ${Number(m["train/reward"]).toFixed(3)}, ` +
         `win ${percent(Number(m["train/win"]))}, invalid ${percent(Number(m["train/invalid_move"]))}, loss ${result.loss.toFixed(4)}, ` +
