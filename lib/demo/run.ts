@@ -158,8 +158,9 @@ export async function runDemo(init: Partial<DemoOptions> = {}): Promise<DemoResu
       });
       history.push(stepRecord(step, groups, "train"));
       // As ART's notebooks do after each step: the latest checkpoint stays, and the one of the best training reward
-      // (a step's is 1 MB; 480 would fill 0.5 GB).
-      model.deleteCheckpoints({ keepBestBy: "train/reward" });
+      // (a step's is 1 MB; 480 would fill 0.5 GB). From the second step: the first's reward is the base model's, which
+      // has no checkpoint, and deleteCheckpoints would say so.
+      if (step > 0) model.deleteCheckpoints({ keepBestBy: "train/reward" });
       const m = result.metrics;
       log(`step ${String(step + 1).padStart(3)}/${options.steps}: reward ${Number(m["train/reward"]).toFixed(3)}, ` +
         `win ${percent(Number(m["train/win"]))}, invalid ${percent(Number(m["train/invalid_move"]))}, loss ${result.loss.toFixed(4)}, ` +
