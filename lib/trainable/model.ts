@@ -580,8 +580,9 @@ export class TrainableModel {
 
   /**
    * The alarms this model's history raises at its latest step (reward hacking, collapse, no signal). Each one new at
-   * its step is logged and written to history.jsonl (an `alarm` row naming the step's trajectories); the returned
-   * alarms carry that file's split and path, which `model.trajectories(alarm.step, alarm.split)` reads back.
+   * its step is written to history.jsonl (an `alarm` row naming the step's trajectories) and logged unless it was
+   * raised at the step before too; the returned alarms carry that file's split and path, which
+   * `model.trajectories(alarm.step, alarm.split)` reads back.
    */
   alarms(options: AlarmOptions = {}): Alarm[] {
     const history = this.history();
@@ -590,7 +591,8 @@ export class TrainableModel {
       const split = ["train", "val"].find((name) => fs.existsSync(trajectoriesFile(this.dir, name, alarm.step)));
       const file = split === undefined ? undefined : trajectoriesFile(this.dir, split, alarm.step);
       if (!written.has(`${alarm.step} ${alarm.kind}`)) {
-        this.info(`art-ts: ALARM ${alarm.kind} at step ${alarm.step}: ${alarm.message}`);
+        // A lasting condition (no_signal as a policy settles) is raised step after step: the log says it once a run.
+        if (!written.has(`${alarm.step - 1} ${alarm.kind}`)) this.info(`art-ts: ALARM ${alarm.kind} at step ${alarm.step}: ${alarm.message}`);
         appendHistory(this.dir, {
           step: alarm.step, recorded_at: new Date().toISOString(), alarm: alarm.kind, alarm_message: alarm.message,
           ...(file ? { alarm_trajectories: path.relative(this.dir, file) } : {}),

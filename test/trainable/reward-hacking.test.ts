@@ -115,6 +115,10 @@ describe("reward hacking, end to end on the CPU", () => {
     const alarmRows = history.filter((row) => row.alarm === "reward_up_validation_down");
     expect(alarmRows[0]!.step).toBe(firstFired.get("reward_up_validation_down"));
     expect(new Set(alarmRows.map((row) => row.step)).size).toBe(alarmRows.length);
+    // The log says it once for each run of consecutive steps that raised it.
+    const runs = alarmRows.filter((row, i) => i === 0 || row.step !== alarmRows[i - 1]!.step + 1).length;
+    expect(alarmRows.length).toBeGreaterThan(runs);
+    expect(notes.filter((note) => /ALARM reward_up_validation_down at step/.test(note))).toHaveLength(runs);
     model.alarms(); // the last step's alarms again: already written
     expect(model.history().length).toBe(history.length);
     const [, split, padded] = String(alarmRows[0]!.alarm_trajectories).match(/^trajectories\/(train|val)\/(\d{4})\.jsonl$/)!;
