@@ -15,17 +15,14 @@ import { pick, seededRandom, type Rng } from "../lib/core/random.ts";
 import type { Message } from "../lib/core/trajectory.ts";
 import { Game2048, parseMove2048 } from "../lib/envs/game2048.ts";
 import { generate } from "../lib/model/generate.ts";
-import { runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
+import { TINY_TASK_SHAPE, runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
 
 /** The notebook's game on its task model: a 3×3 board, won at tile 32 (random legal play wins about 62%). */
 const BOARD_3X3 = { size: 3, winningTile: 32 } as const;
 
 export const MODEL_2048_3X3_OPTIONS: Omit<TaskModelOptions, "log"> = {
   seed: 13,
-  shape: {
-    hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
-    max_position_embeddings: 4096,
-  },
+  shape: TINY_TASK_SHAPE,
   sftSteps: 600,
   batchSize: 64,
   learningRate: 5e-3,

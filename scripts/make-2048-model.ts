@@ -15,14 +15,11 @@ import { pick, seededRandom, type Rng } from "../lib/core/random.ts";
 import type { Message } from "../lib/core/trajectory.ts";
 import { DIRECTIONS, Game2048, parseMove2048, SYSTEM_PROMPT_2048 } from "../lib/envs/game2048.ts";
 import { generate } from "../lib/model/generate.ts";
-import { runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
+import { TINY_TASK_SHAPE, runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
 
 export const MODEL_2048_OPTIONS: Omit<TaskModelOptions, "log"> = {
   seed: 11,
-  shape: {
-    hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
-    max_position_embeddings: 8192,
-  },
+  shape: { ...TINY_TASK_SHAPE, max_position_embeddings: 8192 },
   sftSteps: 128,
   batchSize: 4,
   learningRate: 5e-3,

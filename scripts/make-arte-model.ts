@@ -28,7 +28,7 @@ import { ARTE_TOOLS, InboxTools } from "../lib/envs/arte/tools.ts";
 import { generate } from "../lib/model/generate.ts";
 import { parseToolCalls } from "../lib/model/tool-calls.ts";
 import { TINY_CHAT_TEMPLATE } from "../lib/model/tokenizer-tiny.ts";
-import { runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
+import { TINY_TASK_SHAPE, runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
 
 const TOOLS_IN_FULL = `    {{- '# Tools\\n\\nThese functions are available. Their JSON signatures are inside <tools></tools>:\\n<tools>' }}
     {%- for tool in tools %}
@@ -55,10 +55,7 @@ export const SIGNATURES_CHAT_TEMPLATE = (() => {
 
 export const ARTE_MODEL_OPTIONS: Omit<TaskModelOptions, "log"> = {
   seed: 23,
-  shape: {
-    hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
-    max_position_embeddings: 4096, rope_theta: 10_000,
-  },
+  shape: { ...TINY_TASK_SHAPE, rope_theta: 10_000 },
   sftSteps: 600,
   batchSize: 4,
   learningRate: 5e-3,

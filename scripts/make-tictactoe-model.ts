@@ -17,14 +17,11 @@ import { generate } from "../lib/model/generate.ts";
 import type { Tokenizer } from "../lib/model/tokenizer.ts";
 import type { Transformer } from "../lib/model/transformer.ts";
 import type { Message } from "../lib/core/trajectory.ts";
-import { runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
+import { TINY_TASK_SHAPE, runTaskModelScript, type Task, type TaskModelOptions } from "./task-model.ts";
 
 export const TICTACTOE_TINY_OPTIONS: Omit<TaskModelOptions, "log"> = {
   seed: 7,
-  shape: {
-    hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
-    max_position_embeddings: 4096,
-  },
+  shape: TINY_TASK_SHAPE,
   sftSteps: 600,
   batchSize: 64,
   learningRate: 5e-3,

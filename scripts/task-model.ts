@@ -25,6 +25,12 @@ import { DifferentiableTransformer } from "../lib/model/training.ts";
 import { loadTransformer, type Transformer } from "../lib/model/transformer.ts";
 import { writeTinyCheckpoint } from "./make-tiny-checkpoint.ts";
 
+/** The network of the tiny task models: Qwen2-shaped, hidden 64, 2 layers, 4 query and 2 key/value heads (config keys). */
+export const TINY_TASK_SHAPE = {
+  hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
+  max_position_embeddings: 4096,
+} as const;
+
 export interface TaskModelOptions {
   seed: number;
   /** config.json keys over the qwen2 tiny preset */
