@@ -242,6 +242,9 @@ function rowThreads(width: number, cap = 256): number {
   return Math.min(cap, Math.max(32, Math.ceil(width / 32) * 32));
 }
 
+/** convert.cu's f32_to_bf16: the parts one launch narrows. */
+const narrowParts = 4;
+
 /** Grid for a grid-stride elementwise kernel over n elements. */
 function gridFor(n: number): number {
   return Math.max(1, Math.min(Math.ceil(n / 256), 8192));
@@ -339,7 +342,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     if (dtype === "f32") return f32;
     if (shape.length === 2) this.#bf16Matrices = true;
     const narrow = this.#allocate(shape, "bf16");
-    this.#launch("f32_to_bf16", [gridFor(data.length)], [256], [["ptr", f32.address], ["ptr", narrow.address], ["i64", data.length]]);
+    this.#narrowInto([{ source: f32.address, count: data.length }], [narrow.address]);
     this.free(f32);
     return narrow;
   }
@@ -1019,7 +1022,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
    * and one GEMM with the stacked weight), then their LoRAs: dB +=
    * scale · dOutᵀ (x Aᵀ) and the [n, rank] scale · dOut B per LoRA; a stacked group (`stackable`: q/k/v, gate/up
    * as DifferentiableTransformer lays them out) then takes dA += (dOut B)ᵀ x and dx += (dOut B) A as one GEMM each
-   * over its stacked A, a lone LoRA as a GEMM of its own. Full-parameter training's dW += dOutᵀ x is a GEMM (f32) and
+   * over its stacked A, a lone LoRA as a GEMM of its own. Beside bf16 weights, the two products that read dOut read
+   * the bf16 copy the input gradient's product read (with x Aᵀ and B rounded to bf16 for them), as PEFT's bf16
+   * autocast does: dOut is the largest operand of a LoRA's backward, the widest projections' [n, out] in f32 read
+   * twice, and its bf16 copy is half the bytes. Full-parameter training's dW += dOutᵀ x is a GEMM (f32) and
    * dBias += Σ dOut a column sum, per projection.
    */
   projectionsBackward(x: Tensor, projections: readonly ProjectionGradient[], dx: Tensor | null, overwriteDx = false): void {
@@ -1049,7 +1055,7 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       const { n, inFeatures, outFeatures, rank, downWidth } = shapes[i];
       const kept = { tensor: f32("LoRA x·Aᵀ", down.tensor), column: down.column, width: downWidth };
       return [{ a: f32("LoRA A", weights.a), b: f32("LoRA B", weights.b), dA: f32("LoRA A gradient", dA), dB: f32("LoRA B gradient", dB), kept,
-        rank, n, inFeatures, outFeatures, scale: weights.scale, g: gradients[i] }];
+        rank, n, inFeatures, outFeatures, scale: weights.scale, g: gradients[i], projection: i }];
     });
     if (d) d.version++;
     for (const l of loras) {
@@ -1057,6 +1063,9 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       l.dB.version++;
     }
     const weights = projections.map(({ weight }) => cuda(weight));
+    // dOut's bf16 copies, by projection (address and row stride), kept for the LoRAs' products; released at the end.
+    const narrowed: ({ address: bigint; ld: number } | null)[] = projections.map(() => null);
+    const owned: bigint[] = [];
     if (d && weights.length > 1 && weights.length <= 3 && weights.every((w) => w.dtype === "bf16") && adjacent(weights)) {
       const rows = shapes[0].n, widths = shapes.map((s) => s.outFeatures), stackedWidth = widths.reduce((sum, w) => sum + w, 0);
       // gate/up's as swigluBackward wrote them, else merged here.
@@ -1068,28 +1077,46 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
           ...[0, 1, 2].map((j): KernelArg => ["i32", widths[j] ?? 0]), ["i64", rows]]);
       }
       this.blas.gemm(merged, weights[0].address, d.address, rows, shapes[0].inFeatures, stackedWidth, false, false, "bf16", 1, overwriteDx ? 0 : 1);
-      this.#release(merged);
+      owned.push(merged);
+      let column = 0;
+      widths.forEach((width, i) => {
+        narrowed[i] = { address: merged + BigInt(column * 2), ld: stackedWidth };
+        column += width;
+      });
     } else if (d) {
       projections.forEach((_, i) => {
         const { n, inFeatures, outFeatures } = shapes[i], w = weights[i];
         // A bf16 weight's operand is dOut's cached bf16 copy (rmsNormBackward writes the residual stream's), else narrowed now.
         this.blas.gemm(this.#operand(gradients[i], w.dtype), w.address, d.address, n, inFeatures, outFeatures, false, false, w.dtype, 1,
           overwriteDx && i === 0 ? 0 : 1);
+        // That copy, for the projection's LoRA (the next projection's product would replace it in the cache).
+        if (w.dtype === "bf16" && projections[i].lora) {
+          narrowed[i] = { address: this.#takeBf16Operand(gradients[i]), ld: outFeatures };
+          owned.push(narrowed[i]!.address);
+        }
       });
     }
-    if (loras.length === 0) return;
+    if (loras.length === 0) {
+      for (const address of owned) this.#release(address);
+      return;
+    }
     const rows = loras[0].n, inFeatures = loras[0].inFeatures;
     const grouped = stackable(loras);
     const type = loraProducts(weights.some((w) => w.dtype === "bf16"));
     const stackedRank = loras.reduce((sum, l) => sum + l.rank, 0);
+    // The dOut products' operands: bf16 copies beside bf16 weights (dOut's as above, else narrowed now; each kept
+    // x Aᵀ tensor narrowed once, each B), else the f32 tensors themselves.
+    const dOutOperands = type === "tf32" ? this.#bf16LoraOperands(loras, narrowed, owned)
+      : loras.map((l) => ({ g: l.g.address, ldg: l.outFeatures, kept: keptAddress(l.kept), b: l.b.address, type }));
     // scale · dOut B of every LoRA, side by side in one [rows, Σ rank] buffer when stacked.
     const dDown = this.context.pool.allocate(Math.max(1, rows * (grouped ? stackedRank : Math.max(...loras.map((l) => l.rank)))) * 4);
     try {
       let column = 0;
-      for (const l of loras) {
-        this.blas.gemm(l.g.address, keptAddress(l.kept), l.dB.address, l.outFeatures, l.rank, rows, true, false, type, l.scale, 1, { b: l.kept.width });
+      for (const [j, l] of loras.entries()) {
+        const o = dOutOperands[j];
+        this.blas.gemm(o.g, o.kept, l.dB.address, l.outFeatures, l.rank, rows, true, false, o.type, l.scale, 1, { a: o.ldg, b: l.kept.width });
         const at = grouped ? dDown + BigInt(column * 4) : dDown, width = grouped ? stackedRank : l.rank;
-        this.blas.gemm(l.g.address, l.b.address, at, rows, l.rank, l.outFeatures, false, false, type, l.scale, 0, { c: width });
+        this.blas.gemm(o.g, o.b, at, rows, l.rank, l.outFeatures, false, false, o.type, l.scale, 0, { a: o.ldg, c: width });
         column += l.rank;
         if (grouped) continue;
         this.blas.gemm(dDown, xs.address, l.dA.address, l.rank, inFeatures, rows, true, false, type, 1, 1);
@@ -1101,7 +1128,27 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
       }
     } finally {
       this.context.pool.free(dDown);
+      for (const address of owned) this.#release(address);
     }
+  }
+
+  /**
+   * projectionsBackward's bf16 operands of a LoRA's products with dOut: dOut's copy where the input gradient's product
+   * left one (`narrowed`, by projection), and the kept x Aᵀ (each tensor once), B and any other dOut narrowed now, in as
+   * few launches as #narrowAll takes. Every new copy goes to `owned` for the caller to release.
+   */
+  #bf16LoraOperands(loras: readonly { g: CudaTensor; b: CudaTensor; kept: KeptDown; outFeatures: number; projection: number }[],
+    narrowed: readonly ({ address: bigint; ld: number } | null)[], owned: bigint[]) {
+    const keptTensors = [...new Set(loras.map((l) => l.kept.tensor))];
+    const missing = loras.filter((l) => narrowed[l.projection] === null);
+    const sources = [...keptTensors, ...loras.map((l) => l.b), ...missing.map((l) => l.g)];
+    const copies = this.#narrowAll(sources.map((t) => ({ source: t.address, count: t.size })));
+    owned.push(...copies);
+    const copyOf = (t: CudaTensor, from: number) => copies[sources.indexOf(t, from)];
+    return loras.map((l) => {
+      const g = narrowed[l.projection] ?? { address: copyOf(l.g, keptTensors.length + loras.length), ld: l.outFeatures };
+      return { g: g.address, ldg: g.ld, kept: copyOf(l.kept.tensor, 0) + BigInt(l.kept.column * 2), b: copyOf(l.b, keptTensors.length), type: "bf16" as const };
+    });
   }
 
   ropeBackward(dq: Tensor, dk: Tensor, positions: Int32Array, invFreq: Tensor, headDim: number): void {
@@ -1352,9 +1399,26 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
 
   /** A bf16 copy of `count` f32 values (the caller frees it). */
   #narrow(source: bigint, count: number): bigint {
-    const address = this.#transient().allocate(count * 2);
-    this.#launch("f32_to_bf16", [gridFor(count)], [256], [["ptr", source], ["ptr", address], ["i64", count]]);
-    return address;
+    return this.#narrowAll([{ source, count }])[0];
+  }
+
+  /** bf16 copies of several runs of f32 values, four to a launch (the caller frees them). */
+  #narrowAll(parts: readonly { source: bigint; count: number }[]): bigint[] {
+    const copies = parts.map(({ count }) => this.#transient().allocate(Math.max(1, count) * 2));
+    this.#narrowInto(parts, copies);
+    return copies;
+  }
+
+  /** f32_to_bf16 of each part into its destination, four parts to a launch. */
+  #narrowInto(parts: readonly { source: bigint; count: number }[], destinations: readonly bigint[]): void {
+    for (let first = 0; first < parts.length; first += narrowParts) {
+      const args = Array.from({ length: narrowParts }, (_, j): KernelArg[] => {
+        const part = parts[first + j];
+        return part ? [["ptr", part.source], ["ptr", destinations[first + j]], ["i64", part.count]] : [["ptr", 0n], ["ptr", 0n], ["i64", 0]];
+      }).flat();
+      const total = parts.slice(first, first + narrowParts).reduce((sum, { count }) => sum + count, 0);
+      if (total > 0) this.#launch("f32_to_bf16", [gridFor(total)], [256], args);
+    }
   }
 
   /** In-place RoPE of q and k by sign · the angles (sign −1 is the backward), one launch for both. */

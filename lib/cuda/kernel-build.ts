@@ -30,7 +30,7 @@ const packedAttentionKernels = Object.fromEntries([16, 32, 64, 128].flatMap((hd)
 ]).concat([["packed_attention_backward_dq_hd128_two_buffers", packedDqParameters],
   ["packed_attention_group_sum", [ptr, ptr, ptr, ptr, i64, i32, i32, i32]]])) as Record<string, readonly KernelArgType[]>;
 export const kernelModules = {
-  convert: { f32_to_bf16: [ptr, ptr, i64], bf16_to_f32: [ptr, ptr, i64] },
+  convert: { f32_to_bf16: [ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64], bf16_to_f32: [ptr, ptr, i64] },
   elementwise: {
     embedding_f32: [ptr, ptr, ptr, i32], embedding_bf16: [ptr, ptr, ptr, i32],
     add_bias_f32: [ptr, ptr, i64, i32], add_bias_bf16: [ptr, ptr, i64, i32],
