@@ -1233,7 +1233,10 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     return { logprobs, entropies, logsumexp };
   }
 
-  /** dz = g · (onehot − softmax) per block, then dHidden += dz · head and (full-parameter training) dHead += dzᵀ · hidden. */
+  /**
+   * dz = g · (onehot − softmax) per block, then dHidden += dz · head and (full-parameter training) dHead += dzᵀ · hidden.
+   * Beside a bf16 head without dHead, dz goes straight to bf16, the operand of the head's product.
+   */
   targetLogprobsBackward(hidden: Tensor, head: Tensor, targets: Int32Array, logsumexp: Float32Array, dLogprobs: Float32Array,
     dHidden: Tensor, dHead: Tensor | null, chunks: ChunkSizes): void {
     const rows = targets.length;
@@ -1248,18 +1251,21 @@ export class CudaBackend<Device extends DeviceQueue = CudaContext> implements Ba
     d.version++;
     const perRow = cuda(this.upload(Float32Array.from([...logsumexp, ...dLogprobs]), [2, rows]));
     const lse = perRow.address, grad = lse + BigInt(rows * 4);
+    const dzBf16 = w.dtype === "bf16" && !dh ? this.context.pool.allocate(Math.min(chunks.rowChunk, rows) * Math.min(chunks.vocabChunk, w.shape[0]) * 2) : 0n;
     try {
       this.#forEachLogitBlock(h, w, targets, chunks, (block, headRows, targetIndex, r0, rc, v0, vc) => {
-        this.#launch("logprob_block_grad", [rc], [rowThreads(vc)], [["ptr", block], ["i32", vc], ["i32", v0],
+        this.#launch("logprob_block_grad", [rc], [rowThreads(vc)], [["ptr", block], ["ptr", dzBf16], ["i32", vc], ["i32", v0],
           ["ptr", targetIndex + BigInt(r0 * 4)], ["ptr", lse + BigInt(r0 * 4)], ["ptr", grad + BigInt(r0 * 4)]]);
         // dHidden[r0 .. r0+rc] += dz [rc, vc] · head[v0 .. v0+vc] [vc, dim]
         const dRows = new CudaTensor([rc, dim], "f32", d.address + BigInt(r0 * dim * 4));
-        this.#product(new CudaTensor([rc, vc], "f32", block), headRows, dRows, rc, dim, vc, false, false, 1, 1);
+        if (dzBf16) this.blas.gemm(dzBf16, headRows.address, dRows.address, rc, dim, vc, false, false, "bf16", 1, 1);
+        else this.#product(new CudaTensor([rc, vc], "f32", block), headRows, dRows, rc, dim, vc, false, false, 1, 1);
         // dHead[v0 .. v0+vc] += dzᵀ [vc, rc] · hidden[r0 .. r0+rc] [rc, dim]
         if (dh) this.blas.gemm(block, h.address + BigInt(r0 * dim * 4), dh.address + BigInt(v0 * dim * 4), vc, dim, rc, true, false, "f32", 1, 1);
       });
     } finally {
       this.free(perRow);
+      if (dzBf16) this.context.pool.free(dzBf16);
     }
   }
 

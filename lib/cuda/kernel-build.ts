@@ -72,7 +72,7 @@ export const kernelModules = {
   },
   logprobs: {
     logprob_block_stats: [ptr, i32, i32, ptr, ptr],
-    logprob_block_grad: [ptr, i32, i32, ptr, ptr, ptr],
+    logprob_block_grad: [ptr, ptr, i32, i32, ptr, ptr, ptr],
   },
   lora: {
     lora_down_f32: [ptr, ptr, ptr, ptr, ptr, i32, i32, i32], lora_down_bf16: [ptr, ptr, ptr, ptr, ptr, i32, i32, i32],

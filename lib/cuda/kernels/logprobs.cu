@@ -32,14 +32,18 @@ extern "C" __global__ void logprob_block_stats(const float* __restrict__ logits,
   }
 }
 
-// In place over a logits block: dz = g · (onehot(target) − softmax(z)), softmax from the saved log-sum-exp.
-// Rows without a target or with g = 0 get 0.
-extern "C" __global__ void logprob_block_grad(float* __restrict__ block, int cols, int first, const int* __restrict__ targets,
-                                              const float* __restrict__ logsumexp, const float* __restrict__ grad) {
+// Over a logits block: dz = g · (onehot(target) − softmax(z)), softmax from the saved log-sum-exp. Rows without a
+// target or with g = 0 get 0. In place, or (dz_bf16 not null: beside a bf16 head, whose product reads dz rounded)
+// rounded to bf16 into dz_bf16 [rows, cols] only: half the bytes written, and no narrowing pass reading them back.
+extern "C" __global__ void logprob_block_grad(float* __restrict__ block, bf16* __restrict__ dz_bf16, int cols, int first,
+                                              const int* __restrict__ targets, const float* __restrict__ logsumexp,
+                                              const float* __restrict__ grad) {
   const int target = targets[blockIdx.x];
   const float g = target >= 0 ? grad[blockIdx.x] : 0.0f, row_lse = logsumexp[blockIdx.x];
-  float* row = block + (long long)blockIdx.x * cols;
+  const long long offset = (long long)blockIdx.x * cols;
   for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-    row[j] = g == 0.0f ? 0.0f : g * ((first + j == target ? 1.0f : 0.0f) - expf(row[j] - row_lse));
+    const float dz = g == 0.0f ? 0.0f : g * ((first + j == target ? 1.0f : 0.0f) - expf(block[offset + j] - row_lse));
+    if (dz_bf16) dz_bf16[offset + j] = __float2bfloat16_rn(dz);
+    else block[offset + j] = dz;
   }
 }
