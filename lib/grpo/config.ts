@@ -41,6 +41,12 @@ export interface TrainConfig {
   /** ART's KL penalty on advantages against the base model: A += coef · (mean KL − token KL); 0: off */
   klPenaltyCoef: number;
   scaleRewards: boolean;
+  /**
+   * ART's packer divides every batch's advantages by their mean |A|·w over the trained tokens (normalizedAdvantages);
+   * true does so too. Off by default: under AdamW it is nearly a batch-wide factor, and the cookbook's runs were tuned
+   * and measured without it (docs/training.md).
+   */
+  normalizeAdvantages: boolean;
   beta1: number;
   beta2: number;
   adamEps: number;
@@ -86,6 +92,7 @@ export function resolveTrainConfig(init: TrainConfigInit = {}): TrainConfig {
     klCoef: init.klCoef ?? 0,
     klPenaltyCoef: init.klPenaltyCoef ?? 0,
     scaleRewards: init.scaleRewards ?? true,
+    normalizeAdvantages: init.normalizeAdvantages ?? false,
     beta1: init.beta1 ?? 0.9,
     beta2: init.beta2 ?? 0.99,
     adamEps: init.adamEps ?? 1e-8,

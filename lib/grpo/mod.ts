@@ -5,7 +5,7 @@ export { crossEntropyLoss, groupAdvantages, policyLoss, trajectoryTokenWeights }
 export type { PolicyLossResult, PolicyTokens } from "./loss.ts";
 export { adamwStep, createAdamWState } from "./adamw.ts";
 export type { AdamWOptions, AdamWState } from "./adamw.ts";
-export { checkpointDir, Trainer, toBatch, trainedCount } from "./train.ts";
+export { checkpointDir, normalizedAdvantages, Trainer, toBatch, trainedCount } from "./train.ts";
 export type { Objective, StepMetrics, StepResult } from "./train.ts";
 export { tokenizeForSft, tokenizeGroups, tokenizeHistory } from "./tokenize.ts";
 export type { ChatTokenizer, TokenizedGroups, TokenizedHistory, TrainingSequence } from "./tokenize.ts";

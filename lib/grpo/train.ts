@@ -118,7 +118,7 @@ export class Trainer {
    */
   private optimizerStep(all: TrainingSequence[], objective: Objective): StepResult {
     const learningRate = learningRateAt(this.config, this.step);
-    const sequences = this.trainedSequences(all, objective);
+    let sequences = this.trainedSequences(all, objective);
     const totalTokens = sequences.reduce((a, s) => a + trainedCount(s), 0);
     if (totalTokens === 0) {
       this.step += 1;
@@ -127,6 +127,7 @@ export class Trainer {
         : `step ${this.step}: nothing to train — no assistant tokens in the batch`;
       return { ...NO_METRICS, step: this.step, trained: false, message, gradientSteps: 0, gradNorm: 0, learningRate };
     }
+    if (objective === "grpo" && this.config.normalizeAdvantages) sequences = normalizedAdvantages(sequences);
     const weights = tokenWeights(sequences, objective);
     const rows = this.config.optimizerSteps === "one" ? [sequences] : packRows(sequences, this.rowLength(sequences), seededRandom(this.config.seed + this.step));
     const { beta1, beta2, adamEps: eps, weightDecay, maxGradNorm } = this.config;
@@ -345,6 +346,23 @@ export function tokenWeights(sequences: TrainingSequence[], objective: Objective
   const tokensPerTrajectory = trajectories.map((t) => sequences.filter((s) => s.trajectory === t).reduce((a, s) => a + trainedCount(s), 0));
   const weights = trajectoryTokenWeights(tokensPerTrajectory);
   return new Map(sequences.map((s) => [s, weights[trajectories.indexOf(s.trajectory)]]));
+}
+
+/**
+ * ART's batch-level advantage normalisation (its packer does it to every batch): each advantage divided by the mean,
+ * over the batch's trained tokens, of |advantage| times the token weight (tokenWeights, mean 1), so that a train
+ * call's gradient has the same scale whatever the spread of its groups' rewards. Copies of the sequences.
+ */
+export function normalizedAdvantages(sequences: TrainingSequence[]): TrainingSequence[] {
+  const weights = tokenWeights(sequences, "grpo");
+  let tokens = 0, weighted = 0;
+  for (const s of sequences) {
+    const count = trainedCount(s);
+    tokens += count;
+    weighted += count * Math.abs(s.advantage) * weights.get(s)!;
+  }
+  if (weighted === 0) return sequences;
+  return sequences.map((s) => ({ ...s, advantage: (s.advantage * tokens) / weighted }));
 }
 
 /**

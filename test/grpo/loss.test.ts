@@ -22,6 +22,9 @@ describe("advantages and token weights", () => {
 
   it("gives an all-equal group zero advantages (nothing to train)", () => {
     expect(groupAdvantages([0.5, 0.5, 0.5], true)).toEqual([0, 0, 0]);
+    // 0.1 · 3 / 3 is not 0.1 in floating point: still exact zeros, not a rounding residue
+    expect(groupAdvantages([0.1, 0.1, 0.1], true)).toEqual([0, 0, 0]);
+    expect(groupAdvantages([0.1, 0.1, 0.1], false)).toEqual([0, 0, 0]);
   });
 
   it("weights each trajectory's tokens by 1/length, normalised to mean 1 over tokens", () => {

@@ -9,7 +9,7 @@ import { DifferentiableTransformer } from "../../lib/model/training.ts";
 import type { LoraConfig } from "../../lib/model/lora.ts";
 import { loadAdapter, readAdapter } from "../../lib/model/peft.ts";
 import { seededRandom } from "../../lib/core/random.ts";
-import { checkpointDir, packRows, toBatch, Trainer } from "../../lib/grpo/train.ts";
+import { checkpointDir, normalizedAdvantages, packRows, toBatch, tokenWeights, Trainer } from "../../lib/grpo/train.ts";
 import { type TrainingSequence } from "../../lib/grpo/tokenize.ts";
 import { writeTinyCheckpoint } from "../../scripts/make-tiny-checkpoint.ts";
 import { relativeError, tensorFiniteDifferences } from "../model/check.ts";
@@ -149,6 +149,29 @@ describe("Trainer: loss and gradients", () => {
     expect(new Trainer(fresh(), { optimizerSteps: "one" }).trainStep(sequences).gradientSteps).toBe(1);
     // by default a row holds the longest sequence rounded up to 2048 tokens: all four here
     expect(new Trainer(fresh()).trainStep(sequences).gradientSteps).toBe(1);
+  });
+
+  it("normalizeAdvantages: a batch's advantages as ART's packer leaves them, mean |A|·w over the trained tokens 1", () => {
+    const sequences = randomSequences(config.vocabSize, 3);
+    const tokens = (s: TrainingSequence) => s.trainable.reduce((a, b) => a + b, 0);
+    const normalized = normalizedAdvantages(sequences);
+    const weights = tokenWeights(normalized, "grpo");
+    const total = normalized.reduce((a, s) => a + tokens(s), 0);
+    expect(normalized.reduce((a, s) => a + tokens(s) * Math.abs(s.advantage) * weights.get(s)!, 0) / total).toBeCloseTo(1, 12);
+    expect(normalized.map((s) => Math.sign(s.advantage))).toEqual(sequences.map((s) => Math.sign(s.advantage)));
+    // So a step does not see a batch-wide factor on the advantages: the same loss and the same update.
+    const lora: LoraConfig = { rank: 2, alpha: 4, targetModules: ["q_proj", "v_proj"], useRslora: false };
+    const [plain, scaled] = [1, 3].map((factor) => {
+      const model = new DifferentiableTransformer(transformer, { lora, seed: 5 });
+      setLoraB(model, (i) => 0.01 * ((i % 5) - 2));
+      const step = (normalizeAdvantages: boolean) => new Trainer(model, { learningRate: 1e-2, normalizeAdvantages })
+        .trainStep(sequences.map((s) => ({ ...s, advantage: s.advantage * factor })));
+      return { result: step(true), values: parameterValues(model), unnormalized: step(false) };
+    });
+    expect(scaled.result.loss).toBeCloseTo(plain.result.loss, 6);
+    scaled.values.forEach((v, i) => expect(relativeError(plain.values[i], v)).toBeLessThan(1e-6));
+    // Off (the default), the advantages count as given: three times the loss.
+    expect(scaled.unnormalized.loss).toBeCloseTo(3 * plain.unnormalized.loss, 5);
   });
 
   it("a step where every advantage is 0 trains nothing, says so, and still advances", () => {

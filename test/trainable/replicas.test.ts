@@ -65,12 +65,15 @@ async function firstLogprob(client: OpenAI): Promise<number> {
   return completion.choices[0]!.logprobs!.content![0]!.logprob;
 }
 
-/** Eight rollouts on the fleet; answers with more characters score higher, so the groups have signal. */
+/**
+ * Eight rollouts on the fleet, rewarded by their place in the group, so every group has signal whatever the answers
+ * (the tiny model soon answers alike, and a group of equal rewards trains nothing).
+ */
 async function rollouts(client: OpenAI, seed: number): Promise<TrajectoryGroup> {
   const trajectories = await Promise.all(Array.from({ length: 8 }, async (_, i) => {
     const completion = await client.chat.completions.create({ model: "agent", messages: question, max_tokens: 6, seed: seed * 100 + i, logprobs: true });
     const choice = completion.choices[0] as Choice;
-    return new Trajectory({ messagesAndChoices: [...question, choice], reward: (choice.message.content ?? "").length / 10 });
+    return new Trajectory({ messagesAndChoices: [...question, choice], reward: i / 10 });
   }));
   return new TrajectoryGroup(trajectories);
 }
