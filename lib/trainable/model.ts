@@ -187,6 +187,8 @@ export class TrainableModel {
   private queue: Promise<unknown> = Promise.resolve();
   /** when the last train() call ended (performance.now()), for the next step's wall time */
   private lastTrainEnd: number | null = null;
+  /** whether a step with nothing to train has been logged: once a session (history's train/flat_groups counts them) */
+  private nothingToTrainLogged = false;
   /** adapters of past checkpoints loaded for `name@step` requests; freed by close() */
   private readonly pastAdapters: LayerLoras[][] = [];
   /** The replicas given in the options, kept on the latest adapter; null without them. */
@@ -341,6 +343,13 @@ export class TrainableModel {
       };
     });
     this.lastTrainEnd = performance.now();
+    // What ART prints: each sequence dropped as too long; a step with nothing to train, the first time (late in a run
+    // isolated flat steps are common, and the no_signal alarm speaks for a lasting condition).
+    for (const warning of result.warnings) this.info(`art-ts: WARNING: ${this.name} step ${sampledAt + 1}: ${warning}`);
+    if (!result.trained && result.message && !this.nothingToTrainLogged) {
+      this.info(`art-ts: ${this.name}: ${result.message} (said once; history.jsonl's train/flat_groups counts such groups)`);
+      this.nothingToTrainLogged = true;
+    }
     return { ...result, metrics: row };
   }
 

@@ -322,6 +322,24 @@ describe("TrainableModel", () => {
     });
   });
 
+  it("logs the first step with nothing to train, and each sequence dropped as too long", async () => {
+    const lines: string[] = [];
+    const model = await TrainableModel.load({ name: "agent-flat", project: "proj", baseModel: baseDir, artDir, lora: { rank: 2, alpha: 4 }, log: (line) => lines.push(line) });
+    const client = model.openai();
+    const choices = await Promise.all([1, 2, 3, 4].map((seed) => sample(client, "agent-flat", seed)));
+    const group = (rewards: number[]) => new TrajectoryGroup(choices.map((choice, i) => new Trajectory({ messagesAndChoices: [...prompt, choice], reward: rewards[i] })));
+    const nothing = () => lines.filter((line) => line.includes("nothing to train")).length;
+    for (const rewards of [[0.1, 0.1, 0.1, 0.1], [0.3, 0.3, 0.3, 0.3], [0, 1, 0, 1], [0.7, 0.7, 0.7, 0.7]]) await model.train([group(rewards)]);
+    expect(model.step).toBe(4);
+    expect(nothing()).toBe(1); // step 1 only: steps 2 and 4 go unsaid
+    expect(lines.find((line) => line.includes("nothing to train"))).toMatch(/agent-flat: step 1: nothing to train — every trajectory has advantage 0/);
+    const result = await model.train([group([0, 1, 0, 1])], { maxSequenceLength: 4 });
+    expect(result.trained).toBe(false);
+    expect(lines.filter((line) => line.startsWith("art-ts: WARNING: agent-flat step 5:") && line.includes("longer than maxSequenceLength 4"))).toHaveLength(4);
+    expect(nothing()).toBe(1);
+    await model.close();
+  });
+
   it("asks stopping rules and alarms about its own history, logging the decision", async () => {
     const lines: string[] = [];
     const model = await TrainableModel.load({ name: "monitored", project: "p", baseModel: baseDir, artDir, lora: { rank: 4, alpha: 8 }, log: (line) => lines.push(line) });
