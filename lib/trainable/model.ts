@@ -42,7 +42,7 @@ import { IN_PROCESS_BASE_URL, ModelServer } from "../serve/model-server.ts";
 import { checkMode, evaluateScenarios, type EvaluateOptions, type EvaluationMode, type ScenarioRollout } from "./evaluate.ts";
 import { alarms, stopDecision, type Alarm, type AlarmOptions, type StopDecision, type StoppingRule } from "./monitor.ts";
 import {
-  appendHistory, readHistory, readTrajectories, summarizeGroups, trajectoriesFile, writeTrajectories, type HistoryRow,
+  appendHistory, flatGroup, readHistory, readTrajectories, summarizeGroups, trajectoriesFile, writeTrajectories, type HistoryRow,
 } from "./store.ts";
 
 export interface TrainableModelOptions {
@@ -338,6 +338,11 @@ export class TrainableModel {
         "loss/num_gradient_steps": result.gradientSteps,
         "time/step_trainer_s": trainerSeconds,
         ...(wallSeconds === null ? {} : { "time/step_wall_s": wallSeconds }),
+        // ART's names for what the step was given and trained on
+        "data/step_num_trajectories": groups.reduce((n, g) => n + g.trajectories.length, 0),
+        "data/step_num_groups_submitted": groups.length,
+        "data/step_num_groups_trainable": groups.filter((g) => g.trajectories.length > 1 && !flatGroup(g)).length,
+        "data/step_trainable_assistant_tokens": result.trainedTokens,
         "throughput/trained_tokens": result.trainedTokens,
         "throughput/trainer_tokens_per_s": result.trainedTokens / trainerSeconds,
       };

@@ -22,6 +22,11 @@ export interface HistoryRow {
  * and `{split}/reward_std_err`, the standard error of `{split}/reward` (rewardStdErr below). Beside them, for the monitor's alarms: `{split}/repeated_answers`, `{split}/perfect_share` and
  * `{split}/distinct_2grams` (see the functions below).
  */
+/** Whether a group's rewards are all equal (exactly: groupAdvantages gives such a group zeros, and it trains nothing). */
+export function flatGroup(group: Pick<TrajectoryGroup, "trajectories">): boolean {
+  return group.trajectories.every((t) => t.reward === group.trajectories[0]!.reward);
+}
+
 export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "trajectories" | "exceptions">[]): Record<string, number> {
   const sums = new Map<string, { total: number; count: number }>();
   const add = (key: string, value: number) => {
@@ -47,7 +52,7 @@ export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "tr
     [`${split}/reward_std_dev`]: spreads.length === 0 ? 0 : spreads.reduce((a, b) => a + b, 0) / spreads.length,
     [`${split}/exception_rate`]: trajectories.length + exceptions === 0 ? 0 : exceptions / (trajectories.length + exceptions),
     // Groups whose rewards are all equal give GRPO nothing to learn from (lib/trainable/monitor.ts alarms on them).
-    [`${split}/flat_groups`]: multi.length === 0 ? 0 : spreads.filter((s) => s === 0).length / multi.length,
+    [`${split}/flat_groups`]: multi.length === 0 ? 0 : multi.filter(flatGroup).length / multi.length,
     // Rollouts whose final answer repeats another's in the same group: diversity collapsing (monitor.ts alarms).
     [`${split}/repeated_answers`]: repeatedAnswerShare(multi),
     // Rollouts at the top reward: nearly all of them, newly, with validation not rising, is a loophole's sign (monitor.ts).

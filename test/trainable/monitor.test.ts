@@ -216,6 +216,12 @@ describe("alarms", () => {
 describe("what summarizeGroups logs for the alarms", () => {
   const group = (...trajectories: Trajectory[]) => new TrajectoryGroup(trajectories);
 
+  it("flat_groups: the share of groups of several trajectories whose rewards are all equal, exactly", () => {
+    const at = (...rewards: number[]) => group(...rewards.map((r) => answer("x", r)));
+    // 0.1 three times has a floating-point spread of 1e-17: still flat, as its advantages are exactly 0
+    expect(summarizeGroups("train", [at(0.1, 0.1, 0.1), at(1, 0), at(0.5, 0.5), at(0.3)])["train/flat_groups"]).toBeCloseTo(2 / 3, 10);
+  });
+
   it("perfect_share: the share at the split's top reward, once that top is 1 or more", () => {
     const at = (...rewards: number[]) => rewards.map((r) => answer("x", r));
     expect(summarizeGroups("train", [group(...at(1, 1, 0.5, 0)), group(...at(1, 0.2))])["train/perfect_share"]).toBeCloseTo(3 / 6, 10);

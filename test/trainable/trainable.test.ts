@@ -68,6 +68,7 @@ describe("TrainableModel", () => {
     // ART's history fields: the loaders read step and recorded_at, the metrics as {split}/…, loss/*, time/*, throughput/*
     expect(result.metrics).toMatchObject({
       training_step: 1, "train/exception_rate": 0, "loss/num_gradient_steps": result.gradientSteps,
+      "data/step_num_trajectories": 8, "data/step_num_groups_submitted": 2, "data/step_trainable_assistant_tokens": result.trainedTokens,
       "loss/train": result.loss, "loss/grad_norm": result.gradNorm, "loss/learning_rate": 5e-2, "throughput/trained_tokens": result.trainedTokens,
     });
     const spread = (rewards: number[]) => Math.sqrt(rewards.reduce((a, r) => a + (r - rewards.reduce((x, y) => x + y) / rewards.length) ** 2, 0) / rewards.length);
@@ -332,6 +333,7 @@ describe("TrainableModel", () => {
     for (const rewards of [[0.1, 0.1, 0.1, 0.1], [0.3, 0.3, 0.3, 0.3], [0, 1, 0, 1], [0.7, 0.7, 0.7, 0.7]]) await model.train([group(rewards)]);
     expect(model.step).toBe(4);
     expect(nothing()).toBe(1); // step 1 only: steps 2 and 4 go unsaid
+    expect(model.history().filter((row) => row.training_step !== undefined).map((row) => row["data/step_num_groups_trainable"])).toEqual([0, 0, 1, 0]);
     expect(lines.find((line) => line.includes("nothing to train"))).toMatch(/agent-flat: step 1: nothing to train — every trajectory has advantage 0/);
     const result = await model.train([group([0, 1, 0, 1])], { maxSequenceLength: 4 });
     expect(result.trained).toBe(false);
