@@ -10,14 +10,19 @@ import type { ImportanceSampling, TrainConfig } from "./config.ts";
 /** What the policy loss reads of a TrainConfig. */
 export type PolicyLossConfig = Pick<TrainConfig, "policyLoss" | "importanceSampling" | "epsilon" | "epsilonHigh" | "klCoef" | "truncatedImportanceSampling">;
 
+/** Whether a group's rewards are all equal: it has nothing for GRPO to learn from. */
+export function equalRewards(rewards: readonly number[]): boolean {
+  return rewards.every((r) => r === rewards[0]);
+}
+
 /**
- * reward − group mean, divided by (population std + 1e-6) when scaleRewards. Equal rewards give exact zeros (the mean
- * of [0.1, 0.1, 0.1] is not exactly 0.1 in floating point, and the batch's advantage normalisation would otherwise
- * blow the rounding residue up to a full-size advantage).
+ * reward − group mean, divided by (population std + 1e-6) when scaleRewards. Equal rewards give exact zeros: the mean
+ * of [0.1, 0.1, 0.1] is not exactly 0.1 in floating point, and AdamW (or normalizeAdvantages) would turn the rounding
+ * residue's gradient into a full-size update.
  */
 export function groupAdvantages(rewards: number[], scaleRewards: boolean): number[] {
   if (rewards.length === 0) return [];
-  if (rewards.every((r) => r === rewards[0])) return rewards.map(() => 0);
+  if (equalRewards(rewards)) return rewards.map(() => 0);
   const mean = rewards.reduce((a, b) => a + b, 0) / rewards.length;
   const centred = rewards.map((r) => r - mean);
   if (!scaleRewards) return centred;

@@ -3,6 +3,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { ArtError } from "../core/errors.ts";
 import { isChoice, Trajectory, type TrajectoryGroup } from "../core/trajectory.ts";
+import { equalRewards } from "../grpo/loss.ts";
 
 /**
  * One line of history.jsonl: the step, when, and metrics named `{split}/{metric}`; or an alarm raised at the step
@@ -22,9 +23,9 @@ export interface HistoryRow {
  * and `{split}/reward_std_err`, the standard error of `{split}/reward` (rewardStdErr below). Beside them, for the monitor's alarms: `{split}/repeated_answers`, `{split}/perfect_share` and
  * `{split}/distinct_2grams` (see the functions below).
  */
-/** Whether a group's rewards are all equal (exactly: groupAdvantages gives such a group zeros, and it trains nothing). */
+/** Whether a group's rewards are all equal, exactly as groupAdvantages decides it (such a group trains nothing). */
 export function flatGroup(group: Pick<TrajectoryGroup, "trajectories">): boolean {
-  return group.trajectories.every((t) => t.reward === group.trajectories[0]!.reward);
+  return equalRewards(group.trajectories.map((t) => t.reward));
 }
 
 export function summarizeGroups(split: string, groups: Pick<TrajectoryGroup, "trajectories" | "exceptions">[]): Record<string, number> {
