@@ -191,6 +191,7 @@ function keptAddress({ tensor, column }: KeptDown): bigint {
  * How a LoRA's f32 products multiply: beside base products of bf16 weights (`bf16Base`), whose operands round to 8
  * significant bits, on the TF32 tensor cores (operands rounded to 11) rather than the CUDA cores, which ran these skinny
  * products (rank 8 against the whole batch) slowly; beside f32 weights, exactly, as f32 models' results must be.
+ * (The backward's two products with the output gradient read its bf16 copy instead: projectionsBackward.)
  */
 function loraProducts(bf16Base: boolean): GemmType {
   return bf16Base ? "tf32" : "f32";
